@@ -1,0 +1,193 @@
+"""Command line (typer). The `--once` path must not import Textual.
+
+Exit codes: 0 ok, 1 runtime error, 2 usage error (bad weight, key or option).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import sys
+from typing import NoReturn, Optional
+
+import typer
+
+from .core import abi
+
+app = typer.Typer(
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Share one GPU fairly between LLM servers, and watch it.\n\n"
+    "Exit codes: 0 ok, 1 runtime error, 2 usage error.",
+)
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+
+
+def fail(msg: str, code: ExitCode = ExitCode.ERROR) -> NoReturn:
+    """One clear line on stderr, then exit."""
+    print(f"gpushare-tui: {msg}", file=sys.stderr, flush=True)
+    raise typer.Exit(int(code))
+
+
+def checked_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        return abi.validate_gpu_key(key)
+    except abi.BadKeyError as e:
+        fail(str(e), ExitCode.USAGE)
+
+
+def checked_weight(weight: str) -> float:
+    try:
+        return abi.validate_weight(float(weight))
+    except (ValueError, abi.BadWeightError):
+        fail(f"invalid weight {weight!r}: must be a finite number > 0", ExitCode.USAGE)
+
+
+def resolve_key(gpu_key: str | None, gpu: int | None) -> str:
+    """--gpu-key wins; else the NVML UUID of --gpu (default 0)."""
+    if gpu_key is not None:
+        return checked_key(gpu_key)  # type: ignore[return-value]
+    from .core.gpu import GpuKeyError, gpu_key_for_index
+
+    try:
+        return gpu_key_for_index(gpu or 0)
+    except GpuKeyError as e:
+        fail(str(e))
+
+
+GpuKeyOpt = typer.Option(None, "--gpu-key", help="Registry key (overrides --gpu); 1..64 of [A-Za-z0-9._-].")
+GpuIndexOpt = typer.Option(None, "--gpu", help="CUDA device index whose NVML UUID is the key (default 0).")
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def render_table(report: dict) -> str:
+    """The human-readable `--once` table."""
+    lines = []
+    for g in report["gpus"]:
+        period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
+        lines.append(f"{g['segment']}  period {period}  peers {len(g['peers'])}")
+        lines.append(f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} "
+                     f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US")
+        for p in g["peers"]:
+            win = f"[{p['window_us'][0]}, {p['window_us'][1]})" if p["window_us"] else "-"
+            lines.append(
+                f"  {p['slot']:>4} {p['pid']:>8} {p['name'][:20]:<20} {_fmt(p['weight'], '.3g'):>7} "
+                f"{p['share_pct']:>7.1f} {p['busy_pct']:>6.1f} {'yes' if p['active'] else 'no':<6} "
+                f"{'yes' if p['alive'] else 'no':<5} {p['heartbeat_age_ms']:>7.0f}  {win}"
+            )
+    for e in report["errors"]:
+        lines.append(f"error: {e['segment']}: {e['error']}")
+    if not report["gpus"] and not report["errors"]:
+        lines.append("no /opencoti-gpu-* segments on this host")
+    return "\n".join(lines)
+
+
+def once_report(gpu_key: str | None) -> dict:
+    from .core.clock import wall_us
+    from .core.snapshot import SegmentReader, report_to_json
+
+    reader = SegmentReader(gpu_key)
+    try:
+        now = wall_us()
+        gpus, errors = reader.read(now)
+        return report_to_json(gpus, errors, now)
+    finally:
+        reader.close()
+
+
+@app.callback(invoke_without_command=True)
+def main(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="Print one snapshot of every segment and exit."),
+    as_json: bool = typer.Option(False, "--json", help="With --once: one JSON object."),
+    gpu_key: Optional[str] = typer.Option(None, "--gpu-key", help="Show only this segment."),
+    interval: float = typer.Option(1.0, "--interval", help="Dashboard refresh in seconds (min 0.2)."),
+    readonly: bool = typer.Option(False, "--readonly", help="Dashboard: disable every admin action."),
+) -> None:
+    """Open the dashboard, or with --once print a snapshot."""
+    if ctx.invoked_subcommand is not None:
+        return
+    key = checked_key(gpu_key)
+    if as_json and not once:
+        fail("--json needs --once", ExitCode.USAGE)
+    if once:
+        report = once_report(key)
+        print(json.dumps(report, allow_nan=False) if as_json else render_table(report))
+        raise typer.Exit(0)
+    if not math.isfinite(interval) or interval < 0.2:
+        fail(f"invalid --interval {interval}: at least 0.2 seconds", ExitCode.USAGE)
+    from .app import run_dashboard
+
+    run_dashboard(gpu_key=key, interval_s=interval, readonly=readonly)
+
+
+@app.command()
+def synth(
+    weight: str = typer.Option(..., "--weight", help="Share weight (finite, > 0)."),
+    name: str = typer.Option("synth", "--name"),
+    gpu_key: Optional[str] = GpuKeyOpt,
+    gpu: Optional[int] = GpuIndexOpt,
+    step_ms: float = typer.Option(5.0, "--step-ms", help="CPU work per decode step, in ms (unpaced)."),
+    duration: float = typer.Option(0.0, "--duration", help="Seconds to run (0 = until stopped)."),
+    status_file: Optional[str] = typer.Option(None, "--status-file", help="Write JSON stats here every second."),
+    no_pace: bool = typer.Option(False, "--no-pace", help="Join but never sleep (baseline)."),
+    busy_idle: Optional[str] = typer.Option(None, "--busy-idle", help="BUSY_S:IDLE_S duty pattern."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-second lines on stdout."),
+    work_units: int = typer.Option(0, "--work-units", help="Fixed work per step (0 = calibrate to --step-ms)."),
+) -> None:
+    """A synthetic engine: real CPU work per step, paced by the registry."""
+    w = checked_weight(weight)
+    if not (math.isfinite(step_ms) and 0.05 <= step_ms <= 10_000):
+        fail(f"invalid --step-ms {step_ms}: between 0.05 and 10000", ExitCode.USAGE)
+    pattern = _parse_pattern(busy_idle)
+    key = resolve_key(gpu_key, gpu)
+    from .core.engines.synthetic import run_synth
+    from .core.lifecycle import exit_on_termination
+    from .core.registry import Membership, RegistryFullError
+    from .core.segment import SegmentError
+
+    exit_on_termination()
+    m = Membership(key, w, name)
+    try:
+        slot = m.join()
+    except (RegistryFullError, SegmentError) as e:
+        fail(str(e))
+    print(f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {slot} (weight {w:g}, {m.peers_alive()} peers alive)",
+          file=sys.stderr, flush=True)
+    try:
+        run_synth(m, step_ms=step_ms, duration_s=duration, pace=not no_pace, pattern=pattern,
+                  status_file=status_file, report=(lambda _l: None) if quiet else None,
+                  units=work_units or None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        m.leave()
+
+
+def _parse_pattern(text: str | None):
+    from .core.engines.synthetic import DutyPattern
+
+    if text is None:
+        return DutyPattern()
+    try:
+        busy_s, idle_s = (float(x) for x in text.split(":"))
+        if busy_s > 0 and idle_s >= 0 and math.isfinite(busy_s + idle_s):
+            return DutyPattern(busy_s, idle_s)
+    except ValueError:
+        pass
+    fail(f"invalid --busy-idle {text!r}: use BUSY_S:IDLE_S, e.g. 3:1", ExitCode.USAGE)
+
+
+def entrypoint() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""Core library: ABI, segment I/O, membership, schedule, pacing, snapshots. No UI imports."""

@@ -1,0 +1,181 @@
+"""Registry ABI v1: layout constants and pure pack/unpack (spec registry-abi.md §1–3).
+
+No I/O here. Offsets are byte-exact; C peers read and write the same segment.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"OCGPU\0\0\0"
+VERSION = 1
+SLOT_COUNT = 16
+SLOT_SIZE = 128
+HEADER_SIZE = 64
+SEGMENT_SIZE = 4096
+SEGMENT_PREFIX = "opencoti-gpu-"
+NAME_BYTES = 48
+
+ALIVE_US = 3_000_000  # heartbeat age beyond which a slot is dead
+ACTIVITY_WINDOW_US = 2_000_000
+
+HEADER_STRUCT = struct.Struct("<8sIIII40x")
+# pid, seq, boot_us, weight, active, heartbeat_us, busy_ppm, name, reserved
+SLOT_STRUCT = struct.Struct("<IIqfIqI48s44x")
+
+# Field offsets within a slot (natural C alignment, checked against cc in tests).
+OFF_PID = 0
+OFF_SEQ = 4
+OFF_BOOT_US = 8
+OFF_WEIGHT = 16
+OFF_ACTIVE = 20
+OFF_HEARTBEAT_US = 24
+OFF_BUSY_PPM = 32
+OFF_NAME = 36
+OFF_RESERVED = 84
+
+HEADER_OFFSETS = {"magic": 0, "version": 8, "slot_count": 12, "slot_size": 16, "header_size": 20}
+SLOT_OFFSETS = {
+    "pid": OFF_PID,
+    "seq": OFF_SEQ,
+    "boot_us": OFF_BOOT_US,
+    "weight": OFF_WEIGHT,
+    "active": OFF_ACTIVE,
+    "heartbeat_us": OFF_HEARTBEAT_US,
+    "busy_ppm": OFF_BUSY_PPM,
+    "name": OFF_NAME,
+}
+
+_KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_KEY_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class BadKeyError(ValueError):
+    """A gpu_key that does not match `[A-Za-z0-9._-]{1,64}`."""
+
+
+class BadWeightError(ValueError):
+    """A weight that is not a finite f32 > 0."""
+
+
+def validate_gpu_key(key: str) -> str:
+    """Return `key` unchanged if valid, else raise BadKeyError."""
+    if not _KEY_RE.fullmatch(key or "") or key in (".", ".."):
+        raise BadKeyError(f"invalid gpu key {key!r}: use 1..64 characters of [A-Za-z0-9._-]")
+    return key
+
+
+def derive_gpu_key(raw: str) -> str:
+    """Turn a derived identifier (e.g. an NVML UUID) into a valid key."""
+    return validate_gpu_key(_KEY_BAD_CHAR.sub("-", raw)[:64])
+
+
+def segment_name(key: str) -> str:
+    """POSIX shm name (with leading slash) for a gpu key."""
+    return "/" + SEGMENT_PREFIX + key
+
+
+def to_f32(x: float) -> float:
+    """Round a float to the f32 the slot stores."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def weight_is_valid(w: float) -> bool:
+    return math.isfinite(w) and w > 0
+
+
+def validate_weight(w: float) -> float:
+    """Return the f32-rounded weight, or raise BadWeightError."""
+    try:
+        w = float(w)
+    except (TypeError, ValueError):
+        raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0") from None
+    if not weight_is_valid(w):
+        raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0")
+    w32 = to_f32(w) if w < 3.4e38 else math.inf
+    if not weight_is_valid(w32):
+        raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0 that fits in f32")
+    return w32
+
+
+@dataclass(frozen=True)
+class Header:
+    magic: bytes
+    version: int
+    slot_count: int
+    slot_size: int
+    header_size: int
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """One slot as read (already seqlock-consistent)."""
+
+    index: int
+    pid: int
+    seq: int
+    boot_us: int
+    weight: float
+    active: int
+    heartbeat_us: int
+    busy_ppm: int
+    name_raw: bytes
+
+    @property
+    def name(self) -> str:
+        return self.name_raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+
+    def is_alive(self, now_us: int) -> bool:
+        return self.pid != 0 and now_us - self.heartbeat_us <= ALIVE_US
+
+    def is_member(self, now_us: int) -> bool:
+        return self.is_alive(now_us) and self.active == 1 and weight_is_valid(self.weight)
+
+
+def pack_header() -> bytes:
+    return HEADER_STRUCT.pack(MAGIC, VERSION, SLOT_COUNT, SLOT_SIZE, HEADER_SIZE)
+
+
+def unpack_header(buf: bytes) -> Header:
+    magic, version, slot_count, slot_size, header_size = HEADER_STRUCT.unpack_from(buf, 0)
+    return Header(magic, version, slot_count, slot_size, header_size)
+
+
+def header_problem(h: Header, segment_size: int) -> str | None:
+    """Why a header cannot be used, or None if it is valid for ABI v1 readers."""
+    if h.magic != MAGIC:
+        return f"bad magic {h.magic!r}"
+    if h.version != VERSION:
+        return f"unsupported version {h.version}"
+    if h.slot_size < SLOT_SIZE or h.header_size < HEADER_SIZE or h.slot_count == 0:
+        return f"bad layout (header {h.header_size}, slot {h.slot_size} x {h.slot_count})"
+    if h.header_size + h.slot_count * h.slot_size > segment_size:
+        return f"layout exceeds segment size {segment_size}"
+    return None
+
+
+def encode_name(name: str) -> bytes:
+    """UTF-8, truncated to 48 bytes on a character boundary, NUL-padded."""
+    raw = name.encode("utf-8")[:NAME_BYTES]
+    while raw:
+        try:
+            raw.decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            raw = raw[:-1]
+    return raw.ljust(NAME_BYTES, b"\0")
+
+
+def unpack_slot(index: int, buf: bytes) -> SlotRecord:
+    pid, seq, boot_us, weight, active, hb, busy, name = SLOT_STRUCT.unpack_from(buf, 0)
+    return SlotRecord(index, pid, seq, boot_us, weight, active, hb, busy, name)
+
+
+def pack_slot(rec: SlotRecord) -> bytes:
+    return SLOT_STRUCT.pack(
+        rec.pid, rec.seq, rec.boot_us, rec.weight, rec.active,
+        rec.heartbeat_us, rec.busy_ppm, rec.name_raw,
+    )

@@ -1,0 +1,1 @@
+"""Engines: what a supervisor or pacer runs (llama-server, the synthetic engine)."""

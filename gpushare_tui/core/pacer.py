@@ -1,0 +1,65 @@
+"""In-process TDM pacer for Python engine loops (spec §5.7)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from . import schedule
+from .clock import ClockUs, wall_us
+from .registry import Membership
+
+BUSY_WINDOW_US = 1_000_000
+
+
+class Pacer:
+    """Call `step_done()` after each decode step.
+
+    It marks the member active (at once), re-reads the registry, and when the
+    step ended outside our window sleeps exactly until our next window starts.
+    Alone, or with every other peer idle, there is no schedule and it never sleeps.
+    It also publishes the busy fraction (time not spent sleeping here).
+    """
+
+    def __init__(
+        self,
+        membership: Membership,
+        *,
+        clock_us: ClockUs = wall_us,
+        sleep_s: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._m = membership
+        self._clock = clock_us
+        self._sleep = sleep_s
+        self._window_start_us = clock_us()
+        self._last_return_us = self._window_start_us
+        self._busy_us = 0
+        self.total_slept_us = 0
+
+    def step_done(self, step_us: int | None = None) -> int:
+        """Returns the µs slept (0 when we may keep running).
+
+        `step_us` is the step's busy time; by default the time since the
+        previous `step_done` returned.
+        """
+        now = self._clock()
+        self._busy_us += (now - self._last_return_us) if step_us is None else step_us
+        self._m.mark_active(now)
+        slot = self._m.slot
+        slots = self._m.segment.read_slots()
+        sched = schedule.build_schedule(schedule.member_weights(slots, now))
+        slept = 0
+        if slot is not None and not schedule.may_run(sched, slot, now):
+            target = schedule.next_window_start_us(sched, slot, now)
+            self._sleep((target - now) / 1e6)
+            after = self._clock()
+            slept = after - now
+            now = after
+        self.total_slept_us += slept
+        self._last_return_us = now
+        elapsed = now - self._window_start_us
+        if elapsed >= BUSY_WINDOW_US:
+            self._m.set_busy_ppm(self._busy_us * 1_000_000 // elapsed)
+            self._window_start_us = now
+            self._busy_us = 0
+        return slept

@@ -1,0 +1,215 @@
+"""Registry membership: join / heartbeat / eviction / leave (spec §4)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+from . import abi
+from .clock import ClockUs, wall_us
+from .segment import Segment
+
+HEARTBEAT_S = 0.5
+
+
+class RegistryFullError(RuntimeError):
+    def __init__(self, key: str, slot_count: int) -> None:
+        super().__init__(f"registry full: {slot_count} live peers on {key}")
+
+
+def _log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Membership:
+    """One slot owned on behalf of `pid` (default: this process).
+
+    Thread-safe. The heartbeat thread also drops `active` 2 s after the last
+    `mark_active()` and re-claims a slot if this one was evicted.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        weight: float,
+        name: str,
+        *,
+        pid: int | None = None,
+        clock_us: ClockUs = wall_us,
+        heartbeat_s: float = HEARTBEAT_S,
+        log: Callable[[str], None] = _log_stderr,
+    ) -> None:
+        self.key = abi.validate_gpu_key(key)
+        self._weight = abi.validate_weight(weight)
+        self._name_raw = abi.encode_name(name)
+        self.pid = pid if pid is not None else os.getpid()
+        self._clock = clock_us
+        self._heartbeat_s = heartbeat_s
+        self._log = log
+        self.boot_us = clock_us()
+        self._lock = threading.RLock()
+        self._active = 0
+        self._last_active_us = 0
+        self._busy_ppm = 0
+        self._slot: int | None = None
+        self._segment: Segment | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def join(self) -> int:
+        """Open the segment, claim a slot, start heartbeating. Returns the slot."""
+        with self._lock:
+            if self._segment is None:
+                self._segment = Segment.create_or_attach(self.key)
+            self._slot = self._claim()
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._heartbeat_loop, name="gpushare-heartbeat", daemon=True)
+            self._thread.start()
+        atexit.register(self.leave)
+        return self._slot
+
+    def _claim(self) -> int:
+        seg = self._segment
+        assert seg is not None
+        for rec in seg.read_slots():
+            now = self._clock()
+            if rec.is_alive(now):
+                continue
+            seg.store_heartbeat(rec.index, now)
+            if not seg.cas_pid(rec.index, rec.pid, self.pid):
+                continue
+            self._slot = rec.index
+            self._active = 0
+            self._write(now)
+            return rec.index
+        raise RegistryFullError(self.key, seg.slot_count)
+
+    def leave(self) -> None:
+        """Clean exit (spec "Leave"). Idempotent; safe from atexit and signals."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        with self._lock:
+            seg, slot = self._segment, self._slot
+            if seg is None:
+                return
+            if slot is not None and self._still_mine(slot):
+                seg.write_slot_fields(
+                    slot, boot_us=self.boot_us, weight=self._weight, active=0,
+                    heartbeat_us=0, busy_ppm=0, name_raw=self._name_raw,
+                )
+                seg.cas_pid(slot, self.pid, 0)
+            self._slot = None
+            self._segment = None
+            seg.close()
+        atexit.unregister(self.leave)
+
+    def __enter__(self) -> Membership:
+        if self._slot is None:
+            self.join()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.leave()
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def slot(self) -> int | None:
+        return self._slot
+
+    @property
+    def segment(self) -> Segment:
+        if self._segment is None:
+            raise RuntimeError("not joined")
+        return self._segment
+
+    @property
+    def weight(self) -> float:
+        return self._weight
+
+    @property
+    def active(self) -> bool:
+        return bool(self._active)
+
+    def peers_alive(self) -> int:
+        now = self._clock()
+        return sum(1 for r in self.segment.read_slots() if r.is_alive(now))
+
+    def set_weight(self, weight: float) -> float:
+        """Validate (finite, > 0), store as f32 in our slot; returns the stored value."""
+        w = abi.validate_weight(weight)
+        with self._lock:
+            self._weight = w
+            self._write_if_joined()
+        return w
+
+    def set_busy_ppm(self, ppm: int) -> None:
+        self._busy_ppm = max(0, min(1_000_000, int(ppm)))
+
+    def mark_active(self, now_us: int | None = None) -> None:
+        """A decode/prefill step happened: raise `active` at once if it was down."""
+        now = self._clock() if now_us is None else now_us
+        self._last_active_us = now
+        if not self._active:
+            with self._lock:
+                self._active = 1
+                self._write_if_joined(now)
+
+    def mark_idle(self) -> None:
+        """Drop `active` now (e.g. the engine was seen idle)."""
+        with self._lock:
+            if self._active:
+                self._active = 0
+                self._write_if_joined()
+
+    # -- internals ---------------------------------------------------------
+
+    def _write_if_joined(self, now: int | None = None) -> None:
+        if self._slot is not None and self._segment is not None:
+            self._write(self._clock() if now is None else now)
+
+    def _write(self, now: int) -> None:
+        assert self._segment is not None and self._slot is not None
+        self._segment.write_slot_fields(
+            self._slot, boot_us=self.boot_us, weight=self._weight, active=self._active,
+            heartbeat_us=now, busy_ppm=self._busy_ppm, name_raw=self._name_raw,
+        )
+
+    def _still_mine(self, slot: int) -> bool:
+        rec = self.segment.read_slot(slot)
+        return rec.pid == self.pid and rec.boot_us == self.boot_us
+
+    def heartbeat(self) -> None:
+        """One heartbeat (the thread calls this every ~500 ms)."""
+        with self._lock:
+            if self._segment is None or self._slot is None:
+                return
+            now = self._clock()
+            if self._active and now - self._last_active_us > abi.ACTIVITY_WINDOW_US:
+                self._active = 0
+                self._busy_ppm = 0
+            if self._still_mine(self._slot):
+                self._write(now)
+                return
+            old = self._slot
+            self._slot = None
+            try:
+                new = self._claim()
+            except RegistryFullError as e:
+                self._log(f"gpu-share: evicted from {self.segment.name} slot {old}; re-join failed: {e}")
+                return
+            self._log(f"gpu-share: evicted from {self.segment.name} slot {old}; re-joined slot {new}")
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            try:
+                self.heartbeat()
+            except Exception as e:  # keep heartbeating through transient errors
+                self._log(f"gpu-share: heartbeat error: {e}")

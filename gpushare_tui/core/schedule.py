@@ -1,0 +1,127 @@
+"""Weighted TDM schedule (spec registry-abi.md §5). Pure: time is a parameter."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .abi import SlotRecord
+
+SHARE_FLOOR = 0.10
+MIN_WINDOW_MS = 40.0
+PERIOD_MIN_MS = 80
+PERIOD_MAX_MS = 400
+
+
+def member_weights(slots: Iterable[SlotRecord], now_us: int) -> list[tuple[int, float]]:
+    """(slot index, weight) of the schedule's members, in slot order."""
+    return [(s.index, float(s.weight)) for s in sorted(slots, key=lambda s: s.index) if s.is_member(now_us)]
+
+
+def share_pct(weights: Sequence[float]) -> list[float]:
+    """Plain ratio 100·w_i/Σw, what every view shows."""
+    total = sum(weights)
+    return [100.0 * w / total for w in weights]
+
+
+def window_shares(weights: Sequence[float]) -> list[float]:
+    """Window fractions with the water-filling floor min(0.10, 1/n)."""
+    n = len(weights)
+    if n == 0:
+        return []
+    floor = min(SHARE_FLOOR, 1.0 / n)
+    floored: set[int] = set()
+    while True:
+        rest = [i for i in range(n) if i not in floored]
+        rest_total = sum(weights[i] for i in rest)
+        shares = [0.0] * n
+        for i in floored:
+            shares[i] = floor
+        for i in rest:
+            shares[i] = (1.0 - floor * len(floored)) * weights[i] / rest_total
+        low = [i for i in rest if shares[i] < floor]
+        if not low:
+            return shares
+        floored.update(low)
+
+
+def period_ms(shares: Sequence[float]) -> int:
+    return min(max(math.floor(MIN_WINDOW_MS / min(shares) + 0.5), PERIOD_MIN_MS), PERIOD_MAX_MS)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Windows [start_us, end_us) within a period, one per member, in slot order."""
+
+    slots: tuple[int, ...]
+    shares: tuple[float, ...]
+    period_us: int
+    windows_us: tuple[tuple[int, int], ...]
+
+    @property
+    def period_ms(self) -> int:
+        return self.period_us // 1000
+
+    def window_of(self, slot: int) -> tuple[int, int] | None:
+        try:
+            return self.windows_us[self.slots.index(slot)]
+        except ValueError:
+            return None
+
+    def running_slot(self, now_us: int) -> int:
+        """The member whose window contains now_us."""
+        pos = now_us % self.period_us
+        for slot, (start, end) in zip(self.slots, self.windows_us):
+            if start <= pos < end:
+                return slot
+        return self.slots[-1]
+
+
+def build_schedule(members: Sequence[tuple[int, float]]) -> Schedule | None:
+    """Schedule for (slot, weight) members; None when n <= 1 (run unthrottled)."""
+    if len(members) <= 1:
+        return None
+    weights = [w for _, w in members]
+    shares = window_shares(weights)
+    period_us = 1000 * period_ms(shares)
+    starts = []
+    acc = 0.0
+    for s in shares:
+        starts.append(math.floor(period_us * acc + 0.5))
+        acc += s
+    ends = starts[1:] + [period_us]
+    return Schedule(
+        slots=tuple(slot for slot, _ in members),
+        shares=tuple(shares),
+        period_us=period_us,
+        windows_us=tuple(zip(starts, ends)),
+    )
+
+
+def may_run(schedule: Schedule | None, slot: int, now_us: int) -> bool:
+    """True when there is no schedule, `slot` is not a member, or now is in its window."""
+    if schedule is None:
+        return True
+    window = schedule.window_of(slot)
+    if window is None:
+        return True
+    pos = now_us % schedule.period_us
+    return window[0] <= pos < window[1]
+
+
+def next_window_start_us(schedule: Schedule | None, slot: int, now_us: int) -> int:
+    """now_us if `slot` may run now, else the absolute start of its next window."""
+    if may_run(schedule, slot, now_us):
+        return now_us
+    assert schedule is not None
+    start, _ = schedule.window_of(slot)  # type: ignore[misc]
+    pos = now_us % schedule.period_us
+    base = now_us - pos + start
+    return base if pos < start else base + schedule.period_us
+
+
+def window_end_us(schedule: Schedule, slot: int, now_us: int) -> int:
+    """Absolute end of the window containing now_us (caller checked may_run)."""
+    _, end = schedule.window_of(slot)  # type: ignore[misc]
+    return now_us - now_us % schedule.period_us + end

@@ -1,0 +1,144 @@
+"""Immutable per-GPU snapshots built from read-only segments, and their JSON form."""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from . import schedule
+from .abi import SlotRecord, weight_is_valid
+from .segment import Segment, SegmentError, key_from_path, list_segment_paths
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PeerSnapshot:
+    slot: int
+    pid: int
+    name: str
+    weight: float | None  # None when not a finite number
+    share_pct: float
+    window_us: tuple[int, int] | None  # [start, end) within the period
+    busy_pct: float
+    active: bool
+    alive: bool
+    heartbeat_age_ms: float
+    boot_us: int
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    gpu_key: str
+    segment: str
+    period_ms: int | None
+    peers: tuple[PeerSnapshot, ...]
+    now_us: int
+
+    def running_slot(self) -> int | None:
+        """Which member's window contains now (None without a schedule)."""
+        if self.period_ms is None:
+            return None
+        pos = self.now_us % (self.period_ms * 1000)
+        for p in self.peers:
+            if p.window_us and p.window_us[0] <= pos < p.window_us[1]:
+                return p.slot
+        return None
+
+
+@dataclass(frozen=True)
+class SegmentProblem:
+    segment: str
+    error: str
+
+
+def build_gpu_snapshot(gpu_key: str, segment: str, slots: Iterable[SlotRecord], now_us: int) -> GpuSnapshot:
+    """Pure: shares and windows per spec §5 from consistent slot records."""
+    slots = tuple(slots)
+    members = schedule.member_weights(slots, now_us)
+    sched = schedule.build_schedule(members)
+    shares = dict(zip((s for s, _ in members), schedule.share_pct([w for _, w in members]))) if members else {}
+    peers = []
+    for rec in slots:
+        if rec.pid == 0:
+            continue
+        peers.append(PeerSnapshot(
+            slot=rec.index,
+            pid=rec.pid,
+            name=rec.name,
+            weight=float(rec.weight) if weight_is_valid(rec.weight) else None,
+            share_pct=shares.get(rec.index, 0.0),
+            window_us=sched.window_of(rec.index) if sched else None,
+            busy_pct=rec.busy_ppm / 10_000,
+            active=rec.active == 1,
+            alive=rec.is_alive(now_us),
+            heartbeat_age_ms=max(0, now_us - rec.heartbeat_us) / 1000,
+            boot_us=rec.boot_us,
+        ))
+    return GpuSnapshot(gpu_key, segment, sched.period_ms if sched else None, tuple(peers), now_us)
+
+
+class SegmentReader:
+    """Keeps read-only mappings open across refreshes; picks up new/removed segments."""
+
+    def __init__(self, gpu_key: str | None = None, shm_dir: str | None = None) -> None:
+        self.gpu_key = gpu_key
+        self.shm_dir = shm_dir
+        self._open: dict[str, Segment] = {}
+
+    def read(self, now_us: int) -> tuple[list[GpuSnapshot], list[SegmentProblem]]:
+        paths = list_segment_paths(self.shm_dir)
+        if self.gpu_key is not None:
+            paths = [p for p in paths if key_from_path(p) == self.gpu_key]
+        for gone in set(self._open) - set(paths):
+            self._open.pop(gone).close()
+        gpus, errors = [], []
+        for path in paths:
+            try:
+                seg = self._open.get(path)
+                if seg is None:
+                    seg = self._open[path] = Segment.attach_readonly(path)
+                gpus.append(build_gpu_snapshot(seg.key, seg.name, seg.read_slots(), now_us))
+            except SegmentError as e:
+                errors.append(SegmentProblem(e.segment, e.why))
+            except (OSError, ValueError) as e:
+                errors.append(SegmentProblem("/" + path.rsplit("/", 1)[-1], str(e)))
+        return gpus, errors
+
+    def close(self) -> None:
+        for seg in self._open.values():
+            seg.close()
+        self._open.clear()
+
+
+def _json_number(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def peer_to_json(p: PeerSnapshot) -> dict:
+    d = asdict(p)
+    d["weight"] = _json_number(p.weight)
+    d["window_us"] = list(p.window_us) if p.window_us else None
+    return d
+
+
+def gpu_to_json(g: GpuSnapshot) -> dict:
+    return {
+        "gpu_key": g.gpu_key,
+        "segment": g.segment,
+        "period_ms": g.period_ms,
+        "peers": [peer_to_json(p) for p in g.peers],
+    }
+
+
+def report_to_json(gpus: list[GpuSnapshot], errors: list[SegmentProblem], timestamp_us: int) -> dict:
+    """The `--once --json` document."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "hostname": socket.gethostname(),
+        "timestamp": timestamp_us / 1e6,
+        "gpus": [gpu_to_json(g) for g in gpus],
+        "errors": [{"segment": e.segment, "error": e.error} for e in errors],
+    }

