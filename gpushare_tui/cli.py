@@ -8,7 +8,9 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 import sys
+import threading
 from typing import NoReturn, Optional
 
 import typer
@@ -152,7 +154,8 @@ def synth(
         fail(f"invalid --step-ms {step_ms}: between 0.05 and 10000", ExitCode.USAGE)
     pattern = _parse_pattern(busy_idle)
     key = resolve_key(gpu_key, gpu)
-    from .core.engines.synthetic import run_synth
+    from .core.control import ControlError, ControlServer
+    from .core.engines.synthetic import SynthStats, run_synth, synth_handlers
     from .core.lifecycle import exit_on_termination
     from .core.registry import Membership, RegistryFullError
     from .core.segment import SegmentError
@@ -165,13 +168,20 @@ def synth(
         fail(str(e))
     print(f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {slot} (weight {w:g}, {m.peers_alive()} peers alive)",
           file=sys.stderr, flush=True)
+    stats, stop = SynthStats(), threading.Event()
+    server = None
     try:
+        server = ControlServer(os.getpid(), synth_handlers(m, stats, stop))
         run_synth(m, step_ms=step_ms, duration_s=duration, pace=not no_pace, pattern=pattern,
                   status_file=status_file, report=(lambda _l: None) if quiet else None,
-                  units=work_units or None)
+                  units=work_units or None, stats=stats, stop=stop)
     except KeyboardInterrupt:
         pass
+    except ControlError as e:
+        fail(str(e))
     finally:
+        if server is not None:
+            server.close()
         m.leave()
 
 

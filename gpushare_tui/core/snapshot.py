@@ -80,6 +80,12 @@ def build_gpu_snapshot(gpu_key: str, segment: str, slots: Iterable[SlotRecord], 
     return GpuSnapshot(gpu_key, segment, sched.period_ms if sched else None, tuple(peers), now_us)
 
 
+def own_peer(segment: Segment, slot: int | None, now_us: int) -> PeerSnapshot | None:
+    """Our own row (share, window) as every peer computes it."""
+    snap = build_gpu_snapshot(segment.key, segment.name, segment.read_slots(), now_us)
+    return next((p for p in snap.peers if p.slot == slot), None)
+
+
 class SegmentReader:
     """Keeps read-only mappings open across refreshes; picks up new/removed segments."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,15 +75,19 @@ def run_synth(
     status_file: str | None = None,
     report: Callable[[str], None] | None = None,
     units: int | None = None,
+    stats: SynthStats | None = None,
+    stop: threading.Event | None = None,
 ) -> SynthStats:
-    """Run until `duration_s` (0 = forever). Reports steps/s once a second."""
+    """Run until `duration_s` (0 = forever) or `stop` is set. Reports steps/s once a second."""
     units = units or calibrate_units(step_ms)
     pacer = Pacer(membership)
-    stats = SynthStats(started_us=time.time_ns() // 1000, slot=membership.slot)
+    stats = stats or SynthStats()
+    stats.started_us, stats.slot = time.time_ns() // 1000, membership.slot
+    stop = stop or threading.Event()
     t0 = last_t = time.monotonic()
     last_steps = 0
     report = report or (lambda line: print(line, flush=True))
-    while duration_s <= 0 or time.monotonic() - t0 < duration_s:
+    while (duration_s <= 0 or time.monotonic() - t0 < duration_s) and not stop.is_set():
         now = time.monotonic()
         if pattern.busy_at(now - t0):
             s0 = time.perf_counter_ns()
@@ -111,3 +116,33 @@ def run_synth(
                                     "units": units, **stats.__dict__})
     return stats
 
+
+
+def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event) -> dict:
+    """Control-socket handlers (same protocol as the llama-server supervisor)."""
+    from ..clock import wall_us
+    from ..snapshot import own_peer
+
+    def status(_req: dict) -> dict:
+        now = wall_us()
+        me = own_peer(membership.segment, membership.slot, now)
+        return {
+            "engine_pid": os.getpid(), "port": None, "model": "synthetic", "kind": "synth",
+            "state": stats.state, "tok_s": stats.steps_per_s, "weight": membership.weight,
+            "share_pct": me.share_pct if me else 0.0, "busy_pct": me.busy_pct if me else 0.0,
+            "uptime_s": (now - stats.started_us) / 1e6, "slot": membership.slot, "gpu_key": membership.key,
+        }
+
+    def set_weight(req: dict) -> dict:
+        try:
+            w = membership.set_weight(req.get("weight"))  # type: ignore[arg-type]
+        except Exception as e:
+            raise ValueError(str(e)) from None
+        return {"weight": w}
+
+    def stop_(_req: dict) -> dict:
+        stats.state = "exiting"
+        stop.set()
+        return {"state": "exiting"}
+
+    return {"status": status, "set_weight": set_weight, "stop": stop_}
