@@ -201,3 +201,6 @@ def _parse_pattern(text: str | None):
 
 def entrypoint() -> None:
     app()
+
+
+from . import engine_cli  # noqa: E402,F401  (registers run/launch/status/weight/stop)

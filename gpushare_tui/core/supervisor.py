@@ -1,0 +1,288 @@
+"""Supervisor: weighted TDM for an unmodified engine process, from outside.
+
+It owns one registry slot on behalf of the engine (slot pid = engine pid) and
+enforces the schedule with SIGCONT at the window start and SIGSTOP at its end.
+An idle engine, a lone engine, or one whose peers are all idle is never
+stopped. Every exit path continues the engine; if the supervisor is SIGKILLed,
+the kernel sends the engine SIGCONT (PR_SET_PDEATHSIG) so it is never left
+stopped — it then runs on unpaced until someone stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import psutil
+
+from . import abi, schedule
+from .clock import wall_us
+from .control import ControlServer
+from .engines import llama_server as ls
+from .registry import Membership
+
+RECHECK_US = 20_000  # re-read the registry at least this often
+UNTHROTTLED_POLL_S = 0.010
+IDLE_PROBE_S = 0.050  # raise `active` within ~100 ms of the first decode
+ACTIVE_PROBE_S = 0.100
+PROBE_TIMEOUT_S = 0.25
+PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
+STATS_EVERY_S = 1.0
+STOP_GRACE_S = 10.0
+
+
+@dataclass
+class EngineStatus:
+    state: str = "loading"  # loading / running / stopped / exited
+    tok_s: float = 0.0
+    busy_pct: float = 0.0
+    exit_code: int | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        args: ls.EngineArgs,
+        *,
+        gpu_key: str,
+        weight: float,
+        name: str,
+        log_path: str,
+        load_timeout_s: float = 600.0,
+        gpu_busy: Callable[[int, int], float | None] | None = None,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.args = args
+        self.gpu_key = abi.validate_gpu_key(gpu_key)
+        self.weight = abi.validate_weight(weight)
+        self.name = name
+        self.log_path = log_path
+        self.load_timeout_s = load_timeout_s
+        self._gpu_busy = gpu_busy
+        self._say = say
+        self.status = EngineStatus()
+        self.proc: subprocess.Popen | None = None
+        self.membership: Membership | None = None
+        self._control: ControlServer | None = None
+        self._quit = threading.Event()
+        self._sig_lock = threading.Lock()
+        self._stopped = False
+        self._window_end_us: int | None = None
+        self._started_us = wall_us()
+        self.base_url = f"http://{args.host}:{args.port}"
+
+    # -- public ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
+        self.proc = ls.start(self.args, self.log_path)
+        try:
+            ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
+            self.membership = Membership(self.gpu_key, self.weight, self.name, pid=self.proc.pid)
+            slot = self.membership.join()
+            self._control = ControlServer(self.proc.pid, self._handlers())
+        except BaseException:
+            self.shutdown()
+            raise
+        self.status.state = "running"
+        self._say(f"gpu-share: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
+                  f"(weight {self.weight:g}, {self.membership.peers_alive()} peers alive)")
+
+    def run(self) -> int:
+        """Pace until the engine exits or a stop is requested; returns the exit code."""
+        monitor = threading.Thread(target=self._monitor_loop, name="gpushare-monitor", daemon=True)
+        monitor.start()
+        try:
+            self._pace_loop()
+        finally:
+            self.shutdown()
+        return self.status.exit_code if self.status.exit_code is not None else 1
+
+    def request_stop(self) -> None:
+        """Thread- and signal-safe: ends `run()`, which then stops the engine."""
+        self._quit.set()
+
+    def shutdown(self) -> None:
+        """Continue the engine, end it (TERM, then KILL after 10 s), leave, close. Idempotent."""
+        self._quit.set()
+        proc = self.proc
+        if proc is not None:
+            self._resume(force=True)
+            if proc.poll() is None:
+                self._terminate(proc)
+            code = proc.wait()
+            self.status.exit_code = 128 - code if code < 0 else code
+            self.status.state = "exited"
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self.membership is not None:
+            self.membership.leave()
+
+    # -- signals -----------------------------------------------------------
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # type: ignore[union-attr]
+        except ProcessLookupError:
+            pass
+
+    def _suspend(self) -> None:
+        with self._sig_lock:
+            if not self._stopped:
+                self._stopped = True  # before the signal: the monitor must not probe now
+                self.status.state = "stopped"
+                self._signal(signal.SIGSTOP)
+
+    def _resume(self, force: bool = False) -> None:
+        with self._sig_lock:
+            if self._stopped or force:
+                self._signal(signal.SIGCONT)
+            if self._stopped:
+                self._stopped = False
+                if self.status.state == "stopped":
+                    self.status.state = "running"
+
+    def _terminate(self, proc: subprocess.Popen) -> None:
+        self._signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+
+    # -- pacing ------------------------------------------------------------
+
+    def _pace_loop(self) -> None:
+        m, proc = self.membership, self.proc
+        assert m is not None and proc is not None
+        seg = m.segment
+        while not self._quit.is_set() and proc.poll() is None:
+            now = wall_us()
+            slot = m.slot
+            sched = schedule.build_schedule(schedule.member_weights(seg.read_slots(), now))
+            if sched is None or slot is None or slot not in sched.slots:
+                self._window_end_us = None
+                self._resume()
+                wait_us = int(UNTHROTTLED_POLL_S * 1e6)
+            elif schedule.may_run(sched, slot, now):
+                end = schedule.window_end_us(sched, slot, now)
+                self._window_end_us = end
+                self._resume()
+                wait_us = min(end - now, RECHECK_US)
+            else:
+                self._window_end_us = None
+                self._suspend()
+                wait_us = min(schedule.next_window_start_us(sched, slot, now) - now, RECHECK_US)
+            time.sleep(max(wait_us, 0) / 1e6)
+
+    # -- activity, busy, tok/s --------------------------------------------
+
+    def _may_probe(self) -> bool:
+        if self._stopped:
+            return False
+        end = self._window_end_us
+        return end is None or end - wall_us() >= PROBE_MARGIN_US
+
+    def _monitor_loop(self) -> None:
+        m, proc = self.membership, self.proc
+        assert m is not None and proc is not None
+        last_decode: float | None = None
+        last_activity_us = 0
+        processing = False
+        rate_mark: tuple[float, float] | None = None  # (monotonic s, n_decode_total)
+        cpu = _CpuBusy(proc.pid)
+        next_stats = time.monotonic() + STATS_EVERY_S
+        with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+            while not self._quit.is_set() and proc.poll() is None:
+                now = wall_us()
+                if self._may_probe():
+                    try:
+                        met = ls.parse_metrics(client.get(self.base_url + "/metrics").text)
+                    except httpx.HTTPError:
+                        met = None
+                    if met is not None:
+                        t = time.monotonic()
+                        rose = last_decode is not None and met.n_decode_total > last_decode
+                        processing = met.requests_processing > 0
+                        if rose or processing:
+                            last_activity_us = wall_us()
+                            m.mark_active(last_activity_us)
+                        last_decode = met.n_decode_total
+                        if rate_mark is None or t - rate_mark[0] >= STATS_EVERY_S:
+                            if rate_mark is not None:
+                                self.status.tok_s = (met.n_decode_total - rate_mark[1]) / (t - rate_mark[0])
+                            rate_mark = (t, met.n_decode_total)
+                elif processing:
+                    last_activity_us = now  # stopped mid-request: still busy, not idle
+                    m.mark_active(now)
+                if m.active and now - last_activity_us > abi.ACTIVITY_WINDOW_US:
+                    m.mark_idle()
+                    self.status.tok_s = 0.0
+                if time.monotonic() >= next_stats:
+                    next_stats += STATS_EVERY_S
+                    busy = self._gpu_busy(proc.pid, now - int(STATS_EVERY_S * 1e6)) if self._gpu_busy else None
+                    frac = busy / 100 if busy is not None else cpu.fraction()
+                    self.status.busy_pct = 100 * frac
+                    m.set_busy_ppm(int(frac * 1_000_000))
+                time.sleep(ACTIVE_PROBE_S if m.active else IDLE_PROBE_S)
+
+    # -- control socket ----------------------------------------------------
+
+    def _handlers(self) -> dict:
+        def status(_req: dict) -> dict:
+            m = self.membership
+            from .snapshot import own_peer
+
+            me = own_peer(m.segment, m.slot, wall_us()) if m else None
+            return {
+                "engine_pid": self.proc.pid if self.proc else None, "port": self.args.port,
+                "model": self.args.model, "name": self.name, "kind": "llama-server", "state": self.status.state,
+                "tok_s": self.status.tok_s, "weight": m.weight if m else self.weight,
+                "share_pct": me.share_pct if me else 0.0, "busy_pct": self.status.busy_pct,
+                "uptime_s": (wall_us() - self._started_us) / 1e6, "slot": m.slot if m else None,
+                "gpu_key": self.gpu_key, "log": self.log_path,
+            }
+
+        def set_weight(req: dict) -> dict:
+            try:
+                w = abi.validate_weight(req.get("weight"))  # type: ignore[arg-type]
+            except abi.BadWeightError as e:
+                raise ValueError(str(e)) from None
+            self.weight = self.membership.set_weight(w)  # type: ignore[union-attr]
+            return {"weight": self.weight}
+
+        def stop(_req: dict) -> dict:
+            self.request_stop()
+            return {"state": "stopping"}
+
+        return {"status": status, "set_weight": set_weight, "stop": stop}
+
+
+class _CpuBusy:
+    """Engine CPU time as a fraction of the machine's cores since the last call."""
+
+    def __init__(self, pid: int) -> None:
+        self._proc = psutil.Process(pid)
+        self._cores = os.cpu_count() or 1
+        self._last = self._sample()
+
+    def _sample(self) -> tuple[float, float]:
+        try:
+            t = self._proc.cpu_times()
+            return time.monotonic(), t.user + t.system
+        except psutil.Error:
+            return time.monotonic(), 0.0
+
+    def fraction(self) -> float:
+        now = self._sample()
+        (t0, c0), (t1, c1) = self._last, now
+        self._last = now
+        if t1 <= t0:
+            return 0.0
+        return max(0.0, min(1.0, (c1 - c0) / ((t1 - t0) * self._cores)))
