@@ -95,7 +95,10 @@ def validate_weight(w: float) -> float:
         raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0") from None
     if not weight_is_valid(w):
         raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0")
-    w32 = to_f32(w) if w < 3.4e38 else math.inf
+    try:
+        w32 = to_f32(w)
+    except OverflowError:  # beyond FLT_MAX
+        w32 = math.inf
     if not weight_is_valid(w32):
         raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0 that fits in f32")
     return w32

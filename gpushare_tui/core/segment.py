@@ -52,6 +52,7 @@ class Segment:
         self._fd = fd
         self._mm = mm
         self._views: dict[tuple[int, int], tuple[object, object]] = {}
+        self._last_good: dict[int, bytes] = {}
         self._mv = memoryview(mm) if writable else None
         self.header = abi.unpack_header(mm[: abi.HEADER_SIZE])
         problem = abi.header_problem(self.header, len(mm))
@@ -152,22 +153,27 @@ class Segment:
     def read_slots(self) -> tuple[abi.SlotRecord, ...]:
         """All slots, each seqlock-consistent (retry ≤ 8 times per slot).
 
-        A slot still torn after the retries is reported as read last; only
-        display fields can be affected because writers keep them short.
+        A slot still torn after the retries (its writer stalled mid-write) is
+        reported as last read consistently; a torn copy only if there is none.
         """
         h = self.header
         start, size = h.header_size, h.slot_size
         end = start + h.slot_count * size
-        first = self._mm[start:end]
-        again = self._mm[start:end]
+        # Three separate copies: every seq in `before` is loaded before any byte
+        # of `data`, every seq in `after` after it (one memcpy has no load order).
+        before = self._mm[start:end]
+        data = self._mm[start:end]
+        after = self._mm[start:end]
         out = []
         for i in range(h.slot_count):
             off = i * size
-            buf = first[off : off + abi.SLOT_SIZE]
-            seq_a = _SEQS.unpack_from(buf, abi.OFF_SEQ)[0]
-            seq_b = _SEQS.unpack_from(again, off + abi.OFF_SEQ)[0]
+            buf = data[off : off + abi.SLOT_SIZE]
+            seq_a = _SEQS.unpack_from(before, off + abi.OFF_SEQ)[0]
+            seq_b = _SEQS.unpack_from(after, off + abi.OFF_SEQ)[0]
             if seq_a & 1 or seq_a != seq_b:
                 buf = self._read_slot_bytes(i)
+            else:
+                self._last_good[i] = buf
             out.append(abi.unpack_slot(i, buf))
         return tuple(out)
 
@@ -178,14 +184,17 @@ class Segment:
         off = self.slot_offset(index)
         seq_off = off + abi.OFF_SEQ
         buf = b""
-        for _ in range(SEQLOCK_RETRIES):
+        for attempt in range(SEQLOCK_RETRIES):
             seq_a = _SEQS.unpack_from(self._mm, seq_off)[0]
             buf = self._mm[off : off + abi.SLOT_SIZE]
             seq_b = _SEQS.unpack_from(self._mm, seq_off)[0]
             if not seq_a & 1 and seq_a == seq_b:
+                self._last_good[index] = buf
                 return buf
-            time.sleep(0)
-        return buf
+            # The writer may be descheduled mid-write: back off (≈6 ms in all).
+            time.sleep(0 if attempt < 2 else 0.0001 * 2 ** (attempt - 2))
+        # Still torn: the last consistent copy of this slot, if we ever had one.
+        return self._last_good.get(index, buf)
 
     # -- writing (RW only) -------------------------------------------------
 
