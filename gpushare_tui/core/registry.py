@@ -66,7 +66,12 @@ class Membership:
         with self._lock:
             if self._segment is None:
                 self._segment = Segment.create_or_attach(self.key)
-            self._slot = self._claim()
+            try:
+                self._slot = self._claim()
+            except RegistryFullError:
+                self._segment.close()  # don't leak the mapping (and its atomic views) of a failed join
+                self._segment = None
+                raise
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
             self._thread = threading.Thread(target=self._heartbeat_loop, name="gpushare-heartbeat", daemon=True)
