@@ -135,6 +135,7 @@ def gpu_to_json(g: GpuSnapshot) -> dict:
         "gpu_key": g.gpu_key,
         "segment": g.segment,
         "period_ms": g.period_ms,
+        "self": None,  # spec §6: null for an observer
         "peers": [peer_to_json(p) for p in g.peers],
     }
 

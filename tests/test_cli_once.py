@@ -1,0 +1,189 @@
+"""`gpushare-tui --once [--json]`: the headless snapshot, end to end in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+from conftest import cli_argv, shm_file, wait_for
+
+from gpushare_tui.core import abi
+from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.segment import Segment
+from gpushare_tui.core.snapshot import SegmentReader
+
+TOP_KEYS = ["schema_version", "hostname", "timestamp", "gpus", "errors"]
+GPU_TYPES = {"gpu_key": str, "segment": str, "period_ms": (int, type(None)), "self": type(None), "peers": list}
+PEER_TYPES = {
+    "slot": int,
+    "pid": int,
+    "name": str,
+    "weight": (float, type(None)),
+    "share_pct": float,
+    "window_us": (list, type(None)),
+    "busy_pct": float,
+    "active": bool,
+    "alive": bool,
+    "heartbeat_age_ms": float,
+    "boot_us": int,
+}
+BAD_PID = 4_000_123
+
+
+def _members(key: str, n: int) -> bool:
+    reader = SegmentReader(key)
+    try:
+        gpus, _ = reader.read(wall_us())
+        return bool(gpus) and sum(p.alive and p.active for p in gpus[0].peers) == n
+    finally:
+        reader.close()
+
+
+def _start_pair(procs, key: str) -> tuple:
+    a = procs.start(cli_argv("synth", "--weight", "2", "--name", "peer-a", "--gpu-key", key, "--step-ms", "2", "-q"))
+    wait_for(lambda: _members(key, 1), 15, what="peer-a active")  # a gets slot 0, b slot 1
+    b = procs.start(cli_argv("synth", "--weight", "1", "--name", "peer-b", "--gpu-key", key, "--step-ms", "2", "-q"))
+    wait_for(lambda: _members(key, 2), 15, what="both peers active")
+    return a, b
+
+
+def _check_types(obj: dict, types: dict) -> None:
+    assert set(obj) == set(types), set(obj) ^ set(types)
+    for k, t in types.items():
+        assert isinstance(obj[k], t), (k, obj[k])
+        if t is int or t is float:
+            assert not isinstance(obj[k], bool), k
+
+
+def _corrupt(shm_files, key: str) -> dict[str, tuple[bytes, str]]:
+    """Corrupt segments beside the good one: name -> (bytes, expected error fragment)."""
+    good = abi.pack_header() + bytes(4096 - 64)
+    random = os.urandom(4096)
+    cases = {
+        f"{key}-badmagic": (b"BADMAGIC" + good[8:], "bad magic"),
+        f"{key}-badversion": (abi.HEADER_STRUCT.pack(abi.MAGIC, 7, 16, 128, 64) + bytes(4032), "unsupported version 7"),
+        f"{key}-wrongsize": (good[:1000], "wrong size 1000"),
+        f"{key}-random": (random if random[:8] != abi.MAGIC else b"X" + random[1:], "bad magic"),
+    }
+    for k, (data, _) in cases.items():
+        with open(shm_files(abi.SEGMENT_PREFIX + k), "xb") as f:
+            f.write(data)
+    return cases
+
+
+def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli) -> None:
+    a, b = _start_pair(procs, gpu_key)
+    corrupt = _corrupt(shm_files, gpu_key)
+    # a third owner, written directly: idle, with a name that is not valid UTF-8
+    with Segment.create_or_attach(gpu_key) as seg:
+        assert seg.cas_pid(2, 0, BAD_PID)
+        seg.write_slot_fields(2, boot_us=7, weight=0.5, active=0, heartbeat_us=wall_us(), busy_ppm=0,
+                              name_raw=b"bad\xff\xfename".ljust(48, b"\0"))  # fmt: skip
+        t0 = time.time()
+        r = cli("--once", "--json")  # no filter: every segment on the host
+        t1 = time.time()
+        snapshot_of_corrupt = {k: open(shm_file(k), "rb").read() for k in corrupt}
+
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    doc = json.loads(r.stdout)
+    assert list(doc) == TOP_KEYS
+    assert doc["schema_version"] == 1
+    assert doc["hostname"] == socket.gethostname()
+    assert isinstance(doc["timestamp"], float) and t0 - 1 <= doc["timestamp"] <= t1 + 1
+    assert isinstance(doc["gpus"], list) and isinstance(doc["errors"], list)
+
+    # one error per corrupt segment, naming it; the segments are left as they were
+    ours = {e["segment"]: e["error"] for e in doc["errors"] if e["segment"].startswith(f"/opencoti-gpu-{gpu_key}-")}
+    assert set(ours) == {f"/opencoti-gpu-{k}" for k in corrupt}
+    for k, (data, why) in corrupt.items():
+        assert why in ours[f"/opencoti-gpu-{k}"]
+        assert snapshot_of_corrupt[k] == data
+    for e in doc["errors"]:
+        assert set(e) == {"segment", "error"} and isinstance(e["error"], str) and e["error"]
+    assert not any(g["gpu_key"].startswith(f"{gpu_key}-") for g in doc["gpus"])
+
+    # the good segment still shows, field by field
+    (g,) = [g for g in doc["gpus"] if g["gpu_key"] == gpu_key]
+    _check_types(g, GPU_TYPES)
+    assert g["segment"] == f"/opencoti-gpu-{gpu_key}"
+    assert g["period_ms"] == 120
+    peers = g["peers"]
+    assert [p["slot"] for p in peers] == [0, 1, 2]
+    for p in peers:
+        _check_types(p, PEER_TYPES)
+    pa, pb, pc = peers
+    assert (pa["pid"], pa["name"], pa["weight"]) == (a.pid, "peer-a", 2.0)
+    assert (pb["pid"], pb["name"], pb["weight"]) == (b.pid, "peer-b", 1.0)
+    assert pa["share_pct"] == pytest.approx(200 / 3) and pb["share_pct"] == pytest.approx(100 / 3)
+    assert pa["window_us"] == [0, 80_000] and pb["window_us"] == [80_000, 120_000]
+    for p in (pa, pb):
+        assert p["active"] is True and p["alive"] is True
+        assert 0 <= p["heartbeat_age_ms"] < 3000
+        assert 0.0 <= p["busy_pct"] <= 100.0
+        assert abs(p["boot_us"] - t0 * 1e6) < 120e6
+    assert pc == {
+        "slot": 2, "pid": BAD_PID, "name": "bad\ufffd\ufffdname", "weight": 0.5, "share_pct": 0.0, "window_us": None,
+        "busy_pct": 0.0, "active": False, "alive": True, "heartbeat_age_ms": pc["heartbeat_age_ms"], "boot_us": 7,
+    }  # fmt: skip
+
+
+def test_once_json_filtered_by_key(procs, gpu_key: str, cli) -> None:
+    a, b = _start_pair(procs, gpu_key)
+    r = cli("--once", "--json", "--gpu-key", gpu_key)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [g["gpu_key"] for g in doc["gpus"]] == [gpu_key]
+    assert doc["errors"] == []
+    assert {p["pid"] for p in doc["gpus"][0]["peers"]} == {a.pid, b.pid}
+
+    # the human table shows the same peers
+    r = cli("--once", "--gpu-key", gpu_key)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"/opencoti-gpu-{gpu_key}") and "period 120 ms" in lines[0] and "peers 2" in lines[0]
+    assert "SLOT" in lines[1] and "SHARE%" in lines[1]
+    rows = {int(line.split()[1]): line for line in lines[2:]}
+    assert set(rows) == {a.pid, b.pid}
+    assert "peer-a" in rows[a.pid] and "66.7" in rows[a.pid] and "[0, 80000)" in rows[a.pid]
+    assert "peer-b" in rows[b.pid] and "33.3" in rows[b.pid] and "[80000, 120000)" in rows[b.pid]
+
+
+def test_once_without_segments(cli, gpu_key: str) -> None:
+    r = cli("--once", "--json", "--gpu-key", gpu_key)  # nothing with this key exists
+    assert r.returncode == 0 and r.stderr == ""
+    doc = json.loads(r.stdout)
+    assert doc["gpus"] == [] and doc["errors"] == []
+    r = cli("--once", "--gpu-key", gpu_key)
+    assert r.returncode == 0
+    assert r.stdout.strip() == "no /opencoti-gpu-* segments on this host"
+    assert not os.path.exists(shm_file(gpu_key))  # observing creates nothing
+
+
+def test_once_table_lists_errors(shm_files, gpu_key: str, cli) -> None:
+    name = f"{gpu_key}-broken"
+    with open(shm_files(abi.SEGMENT_PREFIX + name), "xb") as f:
+        f.write(b"nope")
+    r = cli("--once", "--gpu-key", name)
+    assert r.returncode == 0
+    assert r.stdout.strip() == f"error: /opencoti-gpu-{name}: wrong size 4 (expected 4096)"
+
+
+@pytest.mark.parametrize("key", ["../x", "a/b", "", "x" * 65, "sp ace"])
+def test_bad_gpu_key_is_a_usage_error(cli, key: str) -> None:
+    r = cli("--once", "--json", "--gpu-key", key)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("gpushare-tui: invalid gpu key")
+
+
+def test_json_without_once_is_a_usage_error(cli) -> None:
+    r = cli("--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "--json needs --once" in line

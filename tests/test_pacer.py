@@ -1,0 +1,182 @@
+"""In-process pacer (spec §5.7) with an injected clock and sleep, and a second owner in the segment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import shm_file
+
+from gpushare_tui.core import abi
+from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.pacer import Pacer
+from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.segment import Segment
+
+OTHER_PID = 3_999_500
+PERIOD = 120_000  # weights 2 (us, slot 0) : 1 (other, slot 1) -> [0, 80000) [80000, 120000)
+
+
+class World:
+    """Our membership + pacer on a fake clock, and a second owner writing its own slot."""
+
+    def __init__(self, key: str) -> None:
+        self.t = wall_us() // PERIOD * PERIOD  # a period boundary
+        self.sleeps: list[float] = []
+        self.active_when_sleeping: list[int] = []
+        self.m = Membership(key, 2.0, "me", clock_us=self.clock, heartbeat_s=3600)
+        self.m.join()
+        assert self.m.slot == 0
+        self.pacer = Pacer(self.m, clock_us=self.clock, sleep_s=self.sleep)
+        self.other = Segment.create_or_attach(key)
+        self.ro = Segment.attach_readonly(shm_file(key))
+
+    def clock(self) -> int:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.active_when_sleeping.append(self.ro.read_slot(0).active)
+        self.t += round(s * 1e6)
+
+    def other_peer(self, *, active: int = 1, age_us: int = 0, weight: float = 1.0) -> None:
+        self.other.cas_pid(1, 0, OTHER_PID)
+        self.other.write_slot_fields(
+            1,
+            boot_us=1,
+            weight=weight,
+            active=active,
+            heartbeat_us=self.t - age_us,
+            busy_ppm=0,
+            name_raw=abi.encode_name("other"),
+        )
+
+    def at(self, pos: int) -> None:
+        """Move the clock forward to phase `pos` of the next period."""
+        self.t = (self.t // PERIOD + 1) * PERIOD + pos
+
+    def close(self) -> None:
+        self.m.leave()
+        self.other.close()
+        self.ro.close()
+
+
+@pytest.fixture
+def world(gpu_key: str) -> Iterator[World]:
+    w = World(gpu_key)
+    yield w
+    w.close()
+
+
+def test_outside_window_sleeps_exactly_until_next_window(world: World) -> None:
+    world.other_peer()
+    world.at(100_000)  # the other peer's window
+    now = world.t
+    slept = world.pacer.step_done(step_us=5000)
+    assert world.sleeps == [0.02]  # until 120000 = our next window start
+    assert slept == 20_000 == world.pacer.total_slept_us
+    assert world.t == now + 20_000 and world.t % PERIOD == 0
+    assert world.active_when_sleeping == [1]  # active was raised before the schedule was computed
+
+
+def test_window_end_is_exclusive_and_start_of_next_is_in_next_period(world: World) -> None:
+    world.other_peer()
+    world.at(80_000)
+    assert world.pacer.step_done() == 40_000
+    assert world.sleeps == [0.04]
+    world.at(79_999)
+    assert world.pacer.step_done() == 0  # still ours
+    assert world.sleeps == [0.04]
+
+
+def test_inside_window_never_sleeps(world: World) -> None:
+    world.other_peer()
+    for pos in (0, 1, 40_000, 79_999):
+        world.at(pos)
+        world.other_peer()  # keep the other peer's heartbeat fresh on the fake clock
+        assert world.pacer.step_done() == 0
+    assert world.sleeps == []
+
+
+def test_the_other_peer_sleeps_for_our_window(gpu_key: str, world: World) -> None:
+    # from the other peer's point of view (slot 1, weight 1): its window is [80000, 120000)
+    world.m.mark_active(world.t)
+    sleeps: list[float] = []
+    t = [world.t]
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        t[0] += round(s * 1e6)
+
+    with Membership(gpu_key, 1.0, "peer", pid=OTHER_PID + 1, clock_us=lambda: t[0], heartbeat_s=3600) as m2:
+        assert m2.slot == 1
+        p2 = Pacer(m2, clock_us=lambda: t[0], sleep_s=sleep)
+        t[0] = (t[0] // PERIOD + 1) * PERIOD + 10_000
+        world.t = t[0]
+        world.m.mark_active(t[0])
+        assert p2.step_done() == 70_000
+        assert sleeps == [0.07]
+
+
+def test_alone_never_sleeps(world: World) -> None:
+    for pos in range(0, PERIOD, 7_000):
+        world.at(pos)
+        assert world.pacer.step_done() == 0
+    assert world.sleeps == []
+    assert world.ro.read_slot(0).active == 1
+
+
+def test_idle_other_peer_does_not_throttle(world: World) -> None:
+    world.other_peer(active=0)
+    world.at(100_000)
+    assert world.pacer.step_done() == 0
+    assert world.sleeps == []
+    world.other_peer(active=1)  # it starts decoding: now we are paced
+    assert world.pacer.step_done() == 20_000
+
+
+def test_dead_other_peer_does_not_throttle(world: World) -> None:
+    world.at(100_000)
+    world.other_peer(age_us=3_000_001)
+    assert world.pacer.step_done() == 0
+    world.other_peer(age_us=3_000_000)  # exactly 3 s is still alive
+    assert world.pacer.step_done() == 20_000
+
+
+def test_invalid_weight_other_peer_does_not_throttle(world: World) -> None:
+    world.at(100_000)
+    world.other_peer(weight=float("nan"))
+    assert world.pacer.step_done() == 0
+    world.other_peer(weight=0.0)
+    assert world.pacer.step_done() == 0
+
+
+def test_first_step_raises_active(world: World) -> None:
+    assert world.ro.read_slot(0).active == 0
+    world.pacer.step_done()
+    assert world.ro.read_slot(0).active == 1
+
+
+def test_busy_fraction_is_published(world: World) -> None:
+    # alone: 5 ms of work every 10 ms for > 1 s -> busy 50%
+    for _ in range(110):
+        world.t += 10_000
+        world.pacer.step_done(step_us=5_000)
+    world.m.heartbeat()
+    assert world.ro.read_slot(0).busy_ppm == pytest.approx(500_000, rel=0.02)
+
+
+def test_busy_fraction_counts_time_between_steps_by_default(world: World) -> None:
+    # no step_us: the time since step_done returned counts as busy; time slept does not
+    world.other_peer()
+    world.at(0)
+    world.pacer._last_return_us = world.t  # start of measurement
+    world.pacer._window_start_us = world.t
+    start = world.t
+    while world.t - start < 1_150_000:  # > 1 s of 2:1 periods -> busy ~ 2/3 (80 of every 120 ms)
+        world.t += 4_000
+        world.other_peer()
+        world.pacer.step_done()
+    assert world.pacer.total_slept_us > 0
+    world.m.heartbeat()
+    assert world.ro.read_slot(0).busy_ppm == pytest.approx(666_666, rel=0.1)

@@ -1,0 +1,173 @@
+"""Immutable snapshots and their JSON (spec §6), built in-process from records and real segments."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+
+import pytest
+from conftest import shm_file
+
+from gpushare_tui.core import abi
+from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.segment import Segment
+from gpushare_tui.core.snapshot import (
+    SCHEMA_VERSION,
+    GpuSnapshot,
+    SegmentProblem,
+    SegmentReader,
+    build_gpu_snapshot,
+    gpu_to_json,
+    own_peer,
+    report_to_json,
+)
+
+NOW = 1_764_000_000_123_456
+PEER_KEYS = {
+    "slot", "pid", "name", "weight", "share_pct", "window_us", "busy_pct", "active", "alive", "heartbeat_age_ms",
+    "boot_us",
+}  # fmt: skip
+
+
+def rec(i: int, **kw: object) -> abi.SlotRecord:
+    d: dict = dict(pid=100 + i, seq=2, boot_us=NOW - 10**7, weight=1.0, active=1, heartbeat_us=NOW - 250_000,
+                   busy_ppm=0, name_raw=abi.encode_name(f"p{i}"))  # fmt: skip
+    d.update(kw)
+    return abi.SlotRecord(index=i, **d)
+
+
+def test_snapshot_rows() -> None:
+    slots = [
+        rec(0, weight=2.0, busy_ppm=123_456),
+        rec(1, pid=0),
+        rec(2, weight=1.0),
+        rec(3, active=0, weight=5.0),
+        rec(4, heartbeat_us=NOW - 3_500_000),
+        rec(5, weight=math.nan, name_raw=b"\xff\xfebad".ljust(48, b"\0")),
+    ]
+    snap = build_gpu_snapshot("k", "/opencoti-gpu-k", slots, NOW)
+    assert isinstance(snap, GpuSnapshot)
+    assert snap.period_ms == 120 and snap.gpu_key == "k" and snap.segment == "/opencoti-gpu-k"
+    peers = {p.slot: p for p in snap.peers}
+    assert sorted(peers) == [0, 2, 3, 4, 5]  # free slots are not peers
+    assert peers[0].share_pct == pytest.approx(200 / 3) and peers[0].window_us == (0, 80_000)
+    assert peers[0].busy_pct == pytest.approx(12.3456)
+    assert peers[2].share_pct == pytest.approx(100 / 3) and peers[2].window_us == (80_000, 120_000)
+    assert peers[3].share_pct == 0.0 and peers[3].window_us is None and not peers[3].active and peers[3].alive
+    assert not peers[4].alive and peers[4].share_pct == 0.0 and peers[4].heartbeat_age_ms == 3500.0
+    assert peers[5].weight is None and peers[5].name == "\ufffd\ufffdbad" and peers[5].share_pct == 0.0
+    assert peers[0].heartbeat_age_ms == 250.0 and peers[0].boot_us == NOW - 10**7
+    assert snap.running_slot() == (0 if NOW % 120_000 < 80_000 else 2)
+    with pytest.raises(AttributeError):
+        snap.period_ms = 1  # type: ignore[misc]  # immutable
+
+
+def test_heartbeat_age_never_negative() -> None:
+    snap = build_gpu_snapshot("k", "/s", [rec(0, heartbeat_us=NOW + 5_000)], NOW)
+    assert snap.peers[0].heartbeat_age_ms == 0
+    assert snap.period_ms is None and snap.peers[0].share_pct == 100.0 and snap.running_slot() is None
+
+
+def test_json_document_shape_and_nulls() -> None:
+    slots = [rec(0, weight=2.0), rec(1), rec(2, weight=math.inf)]
+    snap = build_gpu_snapshot("k", "/opencoti-gpu-k", slots, NOW)
+    doc = report_to_json([snap], [SegmentProblem("/opencoti-gpu-bad", "bad magic")], NOW)
+    text = json.dumps(doc, allow_nan=False)  # no NaN/Infinity ever
+    doc = json.loads(text)
+    assert list(doc) == ["schema_version", "hostname", "timestamp", "gpus", "errors"]
+    assert doc["schema_version"] == SCHEMA_VERSION == 1
+    assert doc["hostname"] == socket.gethostname()
+    assert doc["timestamp"] == NOW / 1e6
+    assert doc["errors"] == [{"segment": "/opencoti-gpu-bad", "error": "bad magic"}]
+    g = doc["gpus"][0]
+    assert {"gpu_key", "segment", "period_ms", "self", "peers"} <= set(g)
+    assert g["self"] is None  # spec §6: an observer
+    assert g["period_ms"] == 120
+    for p in g["peers"]:
+        assert set(p) == PEER_KEYS
+    assert g["peers"][2]["weight"] is None and g["peers"][2]["window_us"] is None
+    assert g["peers"][0]["window_us"] == [0, 80_000]
+    assert gpu_to_json(snap)["peers"][1]["window_us"] == [80_000, 120_000]
+
+
+def test_segment_reader_empty_and_missing_dirs(tmp_path) -> None:
+    r = SegmentReader(shm_dir=str(tmp_path))
+    assert r.read(wall_us()) == ([], [])
+    r = SegmentReader(shm_dir=str(tmp_path / "missing"))
+    assert r.read(wall_us()) == ([], [])
+
+
+def test_segment_reader_reports_bad_segments_and_keeps_good_ones(tmp_path, gpu_key: str) -> None:
+    good = tmp_path / "opencoti-gpu-good"
+    bad = tmp_path / "opencoti-gpu-bad"
+    short = tmp_path / "opencoti-gpu-short"
+    unreadable = tmp_path / "opencoti-gpu-dir"
+    body = bytearray(abi.pack_header() + bytes(4096 - 64))
+    body[64 : 64 + 128] = abi.pack_slot(rec(0, heartbeat_us=wall_us()))
+    good.write_bytes(bytes(body))
+    bad.write_bytes(b"garbage!" + bytes(4088))
+    short.write_bytes(b"OCGPU")
+    unreadable.mkdir()
+    reader = SegmentReader(shm_dir=str(tmp_path))
+    try:
+        gpus, errors = reader.read(wall_us())
+        assert [g.gpu_key for g in gpus] == ["good"]
+        assert gpus[0].peers[0].name == "p0" and gpus[0].peers[0].alive
+        errs = {e.segment: e.error for e in errors}
+        assert set(errs) == {"/opencoti-gpu-bad", "/opencoti-gpu-short", "/opencoti-gpu-dir"}
+        assert "bad magic" in errs["/opencoti-gpu-bad"] and "wrong size 5" in errs["/opencoti-gpu-short"]
+        # segments appear and disappear between refreshes
+        good.unlink()
+        gpus, _ = reader.read(wall_us())
+        assert gpus == []
+    finally:
+        reader.close()
+    # filtered by key
+    with Segment.create_or_attach(gpu_key):
+        pass
+    reader = SegmentReader(gpu_key)
+    try:
+        gpus, errors = reader.read(wall_us())
+        assert [g.gpu_key for g in gpus] == [gpu_key] and errors == []
+    finally:
+        reader.close()
+
+
+def test_segment_reader_follows_live_changes_read_only(gpu_key: str) -> None:
+    reader = SegmentReader(gpu_key)
+    try:
+        with Membership(gpu_key, 3.0, "live", heartbeat_s=3600) as m:
+            before = open(shm_file(gpu_key), "rb").read()
+            (g,) = reader.read(wall_us())[0]
+            assert [(p.pid, p.weight, p.active) for p in g.peers] == [(os.getpid(), 3.0, False)]
+            assert open(shm_file(gpu_key), "rb").read() == before  # observing writes nothing
+            m.set_weight(4.0)
+            m.mark_active()
+            (g,) = reader.read(wall_us())[0]  # same mapping, new values
+            assert [(p.weight, p.active, p.share_pct) for p in g.peers] == [(4.0, True, 100.0)]
+            me = own_peer(m.segment, m.slot, wall_us())
+            assert me is not None and me.pid == os.getpid() and me.share_pct == 100.0
+            assert own_peer(m.segment, 15, wall_us()) is None
+        (g,) = reader.read(wall_us())[0]
+        assert g.peers == ()
+    finally:
+        reader.close()
+
+
+def test_dead_peer_shows_not_alive(gpu_key: str) -> None:
+    with Segment.create_or_attach(gpu_key) as seg:
+        seg.store_pid(3, 4_000_001)
+        now = wall_us()
+        seg.write_slot_fields(3, boot_us=1, weight=1.0, active=1, heartbeat_us=now - 5_000_000, busy_ppm=0,
+                              name_raw=abi.encode_name("ghost"))  # fmt: skip
+        reader = SegmentReader(gpu_key)
+        try:
+            (g,) = reader.read(now)[0]
+            (p,) = g.peers
+            assert (p.slot, p.alive, p.share_pct, p.name) == (3, False, 0.0, "ghost")
+            assert p.heartbeat_age_ms == pytest.approx(5000.0)
+        finally:
+            reader.close()
