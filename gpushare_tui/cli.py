@@ -199,8 +199,43 @@ def _parse_pattern(text: str | None):
     fail(f"invalid --busy-idle {text!r}: use BUSY_S:IDLE_S, e.g. 3:1", ExitCode.USAGE)
 
 
+@app.command()
+def demo(
+    interval: float = typer.Option(1.0, "--interval", help="Dashboard refresh in seconds (min 0.2)."),
+    readonly: bool = typer.Option(False, "--readonly", help="Disable every admin action."),
+    gpu_key: Optional[str] = typer.Option(None, "--gpu-key", help="Demo segment key (default demo-<pid>)."),
+    history: float = typer.Option(120.0, "--history", help="Seconds of history in the plots."),
+) -> None:
+    """Try it without a GPU: three synthetic engines (weights 2/1/1) and the dashboard on them."""
+    key = checked_key(gpu_key)
+    if not math.isfinite(interval) or interval < 0.2:
+        fail(f"invalid --interval {interval}: at least 0.2 seconds", ExitCode.USAGE)
+    if not math.isfinite(history) or history < 10:
+        fail(f"invalid --history {history}: at least 10 seconds", ExitCode.USAGE)
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(interval_s=interval, readonly=readonly, key=key, history_s=history))
+
+
 def entrypoint() -> None:
-    app()
+    """Console script: usage errors become one line on stderr (exit 2), never a panel or traceback."""
+    # click's (or typer's vendored click's) exception classes, whichever this typer uses
+    mro = typer.BadParameter.__mro__
+    usage_error = next(c for c in mro if c.__name__ == "UsageError")
+    click_exception = next(c for c in mro if c.__name__ == "ClickException")
+    try:
+        code = app(standalone_mode=False)
+    except usage_error as e:
+        sub = e.ctx.info_name if e.ctx is not None and e.ctx.parent is not None else ""  # type: ignore[attr-defined]
+        print(f"gpushare-tui: {e.format_message()} (see: gpushare-tui {sub + ' ' if sub else ''}--help)",
+              file=sys.stderr)
+        sys.exit(int(ExitCode.USAGE))
+    except typer.Abort:
+        sys.exit(130)
+    except click_exception as e:
+        print(f"gpushare-tui: {e.format_message()}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 from . import engine_cli  # noqa: E402,F401  (registers run/launch/status/weight/stop)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,6 +76,7 @@ class Supervisor:
         self._stopped = False
         self._window_end_us: int | None = None
         self._started_us = wall_us()
+        self.lateness_us: deque[int] = deque(maxlen=4096)
         self.base_url = f"http://{args.host}:{args.port}"
 
     # -- public ------------------------------------------------------------
@@ -173,13 +175,33 @@ class Supervisor:
             elif schedule.may_run(sched, slot, now):
                 end = schedule.window_end_us(sched, slot, now)
                 self._window_end_us = end
-                self._resume()
+                if self._stopped:
+                    self._resume()
+                    self._note_lateness(sched, slot, now, edge=0)
                 wait_us = min(end - now, RECHECK_US)
             else:
                 self._window_end_us = None
-                self._suspend()
+                if not self._stopped:
+                    self._suspend()
+                    self._note_lateness(sched, slot, now, edge=1)
                 wait_us = min(schedule.next_window_start_us(sched, slot, now) - now, RECHECK_US)
             time.sleep(max(wait_us, 0) / 1e6)
+
+    def _note_lateness(self, sched: schedule.Schedule, slot: int, now_us: int, edge: int) -> None:
+        """How late after its window edge (0 start, 1 end) a signal went out."""
+        boundary = sched.window_of(slot)[edge]  # type: ignore[index]
+        late = (wall_us() - boundary) % sched.period_us
+        self.lateness_us.append(late)
+        if late > 5000 and os.environ.get("GPUSHARE_DEBUG"):
+            print(f"late {late} edge {edge} slots {sched.slots} windows {sched.windows_us} now {now_us}", flush=True)
+
+    def lateness_summary(self) -> dict:
+        """p50/p99/max µs by which SIGCONT/SIGSTOP trailed their window edges."""
+        xs = sorted(self.lateness_us)
+        if not xs:
+            return {"n": 0, "p50_us": None, "p99_us": None, "max_us": None}
+        return {"n": len(xs), "p50_us": xs[len(xs) // 2], "p99_us": xs[min(len(xs) - 1, len(xs) * 99 // 100)],
+                "max_us": xs[-1]}
 
     # -- activity, busy, tok/s --------------------------------------------
 
@@ -246,7 +268,7 @@ class Supervisor:
                 "tok_s": self.status.tok_s, "weight": m.weight if m else self.weight,
                 "share_pct": me.share_pct if me else 0.0, "busy_pct": self.status.busy_pct,
                 "uptime_s": (wall_us() - self._started_us) / 1e6, "slot": m.slot if m else None,
-                "gpu_key": self.gpu_key, "log": self.log_path,
+                "gpu_key": self.gpu_key, "log": self.log_path, "signal_lateness": self.lateness_summary(),
             }
 
         def set_weight(req: dict) -> dict:

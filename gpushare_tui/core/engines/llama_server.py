@@ -104,6 +104,12 @@ def _child_setup(parent_pid: int) -> None:
     # stopped engine whose supervisor vanished must not stay stopped.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGCONT, 0, 0, 0)
+    # SCHED_BATCH (no privilege needed, same nice level): the engine's threads,
+    # woken by SIGCONT, do not preempt the supervisors, so window edges stay sharp.
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        pass
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGCONT)
 

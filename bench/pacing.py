@@ -1,0 +1,262 @@
+"""Pacing benchmark: real llama-server engines sharing this machine's cores.
+
+Scenarios (one run): solo, 1:1, 2:1, 2/1/1 under the gpushare supervisor;
+unpaced (plain llama-servers side by side) and nice-weighted 2:1.
+Prints a table and writes bench/results/pacing.json.
+
+    python bench/pacing.py [--seconds 15] [--embd 768 --layers 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))
+
+from gpushare_tui.core import schedule  # noqa: E402
+from gpushare_tui.core.engines.llama_server import free_port  # noqa: E402
+from gpushare_tui.testing.tiny_gguf import write_tiny_llama  # noqa: E402
+
+CLI = [sys.executable, "-m", "gpushare_tui"]
+
+
+def llama_server_path() -> str:
+    found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
+    if found:
+        return found
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "install-llama-server.sh")], check=True,
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class Engine:
+    weight: float
+    port: int
+    pid: int
+    proc: subprocess.Popen | None = None  # plain (unsupervised) engines only
+    managed: bool = True
+    tokens: list[float] = field(default_factory=list)  # arrival times (monotonic s)
+    stop_load: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+def stream_load(e: Engine, n_predict: int) -> None:
+    """Back-to-back streaming completions; records each token's arrival time."""
+    body = {"prompt": "the a of", "n_predict": n_predict, "ignore_eos": True, "stream": True, "cache_prompt": False}
+    with httpx.Client(timeout=httpx.Timeout(60.0)) as c:
+        while not e.stop_load.is_set():
+            try:
+                with c.stream("POST", f"http://127.0.0.1:{e.port}/completion", json=body) as r:
+                    for line in r.iter_lines():
+                        if line.startswith("data: ") and '"content"' in line:
+                            e.tokens.append(time.monotonic())
+                        if e.stop_load.is_set():
+                            break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+
+
+def start_supervised(server: str, model: str, key: str, weight: float, threads: int, ctx: int) -> Engine:
+    port = free_port()
+    out = subprocess.run(
+        [*CLI, "launch", "--json", "--weight", str(weight), "--gpu-key", key, "--name", f"w{weight:g}-{port}", "--",
+         server, "-m", model, "-t", str(threads), "-c", str(ctx), "-np", "1", "--port", str(port)],
+        capture_output=True, text=True, timeout=180,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"launch failed: {out.stderr.strip()}")
+    info = json.loads(out.stdout)
+    return Engine(weight, info["port"], info["engine_pid"])
+
+
+def start_plain(server: str, model: str, weight: float, threads: int, ctx: int, nice: int = 0) -> Engine:
+    port = free_port()
+    cmd = [server, "-m", model, "-t", str(threads), "-c", str(ctx), "-np", "1", "--port", str(port),
+           "--host", "127.0.0.1"]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return Engine(weight, port, proc.pid, proc=proc, managed=False)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("plain llama-server did not become healthy")
+
+
+def end(engines: list[Engine]) -> None:
+    for e in engines:
+        e.stop_load.set()
+    for e in engines:
+        if e.thread:
+            e.thread.join(timeout=30)
+    for e in engines:
+        if e.managed:
+            subprocess.run([*CLI, "stop", str(e.pid)], capture_output=True, timeout=60)
+        elif e.proc:
+            e.proc.terminate()
+            try:
+                e.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                e.proc.kill()
+                e.proc.wait()
+
+
+def rate(times: list[float], t0: float, t1: float) -> float:
+    return sum(1 for t in times if t0 <= t < t1) / (t1 - t0)
+
+
+def gaps_ms(times: list[float], t0: float, t1: float) -> dict:
+    ts = [t for t in times if t0 <= t < t1]
+    g = sorted((b - a) * 1000 for a, b in zip(ts, ts[1:]))
+    if not g:
+        return {"p50": None, "p95": None, "max": None}
+    return {"p50": g[len(g) // 2], "p95": g[min(len(g) - 1, int(len(g) * 0.95))], "max": g[-1]}
+
+
+def measure(engines: list[Engine], seconds: float, n_predict: int, warmup_s: float = 3.0) -> tuple[float, float]:
+    for e in engines:
+        e.thread = threading.Thread(target=stream_load, args=(e, n_predict), daemon=True)
+        e.thread.start()
+    deadline = time.monotonic() + 60
+    while any(not e.tokens for e in engines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(warmup_s)
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    return t0, time.monotonic()
+
+
+def idle_release_s(stays: Engine, goes: Engine, solo_tok_s: float, limit_s: float = 8.0) -> float | None:
+    """Time from `goes` going idle until `stays` streams at >= 95% of solo (0.5 s windows)."""
+    goes.stop_load.set()
+    t_idle = time.monotonic()
+    step = 0.1
+    while time.monotonic() - t_idle < limit_s:
+        time.sleep(step)
+        now = time.monotonic()
+        if now - t_idle >= 0.5 and rate(stays.tokens, now - 0.5, now) >= 0.95 * solo_tok_s:
+            return now - 0.5 - t_idle if now - 0.5 > t_idle else 0.0
+    return None
+
+
+def scenario(name: str, engines: list[Engine], seconds: float, n_predict: int, solo: float | None,
+             release: bool = False) -> dict:
+    try:
+        t0, t1 = measure(engines, seconds, n_predict)
+        rates = [rate(e.tokens, t0, t1) for e in engines]
+        gaps = [gaps_ms(e.tokens, t0, t1) for e in engines]
+        rel = idle_release_s(engines[0], engines[1], solo) if release and solo else None
+    finally:
+        end(engines)
+    weights = [e.weight for e in engines]
+    row = {"scenario": name, "weights": weights, "tok_s": rates, "aggregate_tok_s": sum(rates), "gaps_ms": gaps}
+    if len(engines) > 1:
+        achieved = [r / rates[-1] if rates[-1] else math.inf for r in rates]
+        configured = [w / weights[-1] for w in weights]
+        row["ratio_achieved"] = achieved
+        row["ratio_error_pct"] = max(abs(a / c - 1) * 100 for a, c in zip(achieved, configured))
+        sched = schedule.build_schedule(list(enumerate(weights)))
+        row["period_ms"] = sched.period_ms if sched else None
+        if sched:
+            row["stall_bound_ms"] = [(1 - s) * sched.period_ms for s in sched.shares]
+    if solo:
+        row["aggregate_pct_of_solo"] = 100 * sum(rates) / solo
+    if release:
+        row["idle_release_s"] = rel
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=15.0, help="measurement window per scenario")
+    ap.add_argument("--embd", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--only", default="", help="comma list of scenarios to run")
+    a = ap.parse_args()
+    server = llama_server_path()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    model = RESULTS / f"model-{a.embd}x{a.layers}.gguf"
+    if not model.exists():
+        write_tiny_llama(str(model), a.embd, a.layers)
+    ctx, n_predict = 4096, 3500
+    key = f"bench-{uuid.uuid4().hex[:8]}"
+    only = set(a.only.split(",")) if a.only else None
+    rows: list[dict] = []
+    solo = None
+
+    def sup(*weights: float) -> list[Engine]:
+        return [start_supervised(server, str(model), key, w, a.threads, ctx) for w in weights]
+
+    def want(n: str) -> bool:
+        return only is None or n in only
+
+    try:
+        if want("solo") or solo is None:
+            r = scenario("solo", sup(1), a.seconds, n_predict, None)
+            solo = r["tok_s"][0]
+            r["aggregate_pct_of_solo"] = 100.0
+            rows.append(r)
+        if want("1:1"):
+            rows.append(scenario("1:1", sup(1, 1), a.seconds, n_predict, solo))
+        if want("2:1"):
+            rows.append(scenario("2:1", sup(2, 1), a.seconds, n_predict, solo, release=True))
+        if want("2/1/1"):
+            rows.append(scenario("2/1/1", sup(2, 1, 1), a.seconds, n_predict, solo))
+        if want("unpaced"):
+            plain = [start_plain(server, str(model), w, a.threads, ctx) for w in (1, 1)]
+            rows.append(scenario("unpaced 1:1", plain, a.seconds, n_predict, solo))
+        if want("nice"):
+            plain = [start_plain(server, str(model), 2, a.threads, ctx, 0),
+                     start_plain(server, str(model), 1, a.threads, ctx, 3)]
+            rows.append(scenario("nice 2:1", plain, a.seconds, n_predict, solo))
+    finally:
+        try:
+            os.unlink(f"/dev/shm/opencoti-gpu-{key}")
+        except FileNotFoundError:
+            pass
+    (RESULTS / "pacing.json").write_text(json.dumps({"model": model.name, "threads": a.threads,
+                                                      "seconds": a.seconds, "rows": rows}, indent=1))
+    print_table(rows)
+
+
+def _f(x, spec=".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'scenario':<12} {'tok/s per engine':<24} {'ratio':<16} {'err%':>6} {'agg%solo':>9} "
+          f"{'release_s':>9}  gaps p50/p95/max ms per engine (stall bound)")
+    for r in rows:
+        toks = "/".join(f"{t:.1f}" for t in r["tok_s"])
+        ratio = ":".join(f"{x:.2f}" for x in r.get("ratio_achieved", [1.0]))
+        gaps = "  ".join(f"{_f(g['p50'], '.0f')}/{_f(g['p95'], '.0f')}/{_f(g['max'], '.0f')}" for g in r["gaps_ms"])
+        bound = ("  (" + "/".join(f"{b:.0f}" for b in r["stall_bound_ms"]) + ")") if r.get("stall_bound_ms") else ""
+        print(f"{r['scenario']:<12} {toks:<24} {ratio:<16} {_f(r.get('ratio_error_pct')):>6} "
+              f"{_f(r.get('aggregate_pct_of_solo')):>9} {_f(r.get('idle_release_s'), '.2f'):>9}  {gaps}{bound}")
+
+
+if __name__ == "__main__":
+    main()

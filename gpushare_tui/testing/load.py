@@ -1,0 +1,47 @@
+"""Streaming completion load against a llama-server, recording each token's arrival."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+
+class StreamLoad:
+    """Back-to-back streaming /completion requests on a thread."""
+
+    def __init__(self, port: int, n_predict: int = 3500, host: str = "127.0.0.1") -> None:
+        self.url = f"http://{host}:{port}/completion"
+        self.body = {"prompt": "the a of", "n_predict": n_predict, "ignore_eos": True, "stream": True,
+                     "cache_prompt": False}
+        self.tokens: list[float] = []  # time.monotonic() of each streamed token
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> StreamLoad:
+        self._thread.start()
+        return self
+
+    def stop(self, join_s: float = 30.0) -> None:
+        self._stop.set()
+        self._thread.join(join_s)
+
+    def stop_nowait(self) -> None:
+        self._stop.set()
+
+    def count(self, t0: float, t1: float) -> int:
+        return sum(1 for t in self.tokens if t0 <= t < t1)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=httpx.Timeout(60.0)) as c:
+            while not self._stop.is_set():
+                try:
+                    with c.stream("POST", self.url, json=self.body) as r:
+                        for line in r.iter_lines():
+                            if line.startswith("data: ") and '"content"' in line:
+                                self.tokens.append(time.monotonic())
+                            if self._stop.is_set():
+                                break
+                except httpx.HTTPError:
+                    time.sleep(0.05)

@@ -1,0 +1,235 @@
+"""Supervisor acceptance tests against real llama-server processes (CPU, tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import cli_argv, run_cli, wait_for
+from llama_env import end_pid, llama_server, proc_state, tiny_model  # noqa: F401 (fixtures)
+
+from gpushare_tui.core.segment import Segment, shm_path
+from gpushare_tui.testing.load import StreamLoad
+
+pytestmark = pytest.mark.llama
+
+
+class Engines:
+    """Supervisors started by a test and their engines; all ended at teardown."""
+
+    def __init__(self, procs, key: str, server: str, model: str) -> None:
+        self.procs, self.key, self.server, self.model = procs, key, server, model
+        self.engine_pids: list[int] = []
+
+    def run(self, weight: float = 1.0, *extra_engine: str, name: str | None = None, threads: int = 1):
+        argv = cli_argv("run", "--weight", str(weight), "--gpu-key", self.key)
+        if name:
+            argv += ["--name", name]
+        argv += ["--", self.server, "-m", self.model, "-t", str(threads), "-c", "4096", "-np", "1", *extra_engine]
+        sup = self.procs.start(argv)
+        line = wait_for(lambda: _read_join_line(sup), 60, what="supervisor join line")
+        pid = self.slot_pid_of(line)
+        self.engine_pids.append(pid)
+        return sup, pid, line
+
+    def slot_pid_of(self, join_line: str) -> int:
+        slot = int(join_line.split(" slot ")[1].split()[0])
+        with Segment.attach_readonly(shm_path(self.key)) as seg:
+            return seg.read_slot(slot).pid
+
+    def slot_of(self, pid: int):
+        with Segment.attach_readonly(shm_path(self.key)) as seg:
+            return next((r for r in seg.read_slots() if r.pid == pid), None)
+
+    def end(self) -> None:
+        for pid in self.engine_pids:
+            end_pid(pid)
+
+
+def _read_join_line(sup) -> str | None:
+    if sup.poll() is not None:
+        pytest.fail(f"supervisor exited {sup.returncode}: {sup.stderr.read()}")
+    line = sup.stderr.readline()
+    return line if "joined" in line else None
+
+
+@pytest.fixture
+def engines(procs, gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F811
+    e = Engines(procs, gpu_key, llama_server, tiny_model)
+    yield e
+    e.end()
+
+
+def port_of(pid: int) -> int:
+    return json.loads(run_cli("status", str(pid), "--json").stdout)["port"]
+
+
+def start_load(port: int, n_predict: int = 3500) -> StreamLoad:
+    return StreamLoad(port, n_predict).start()
+
+
+def test_run_joins_with_engine_pid_and_defaults(engines):
+    sup, pid, line = engines.run(1.5)
+    assert line.startswith(f"gpu-share: joined /opencoti-gpu-{engines.key} slot 0 (weight 1.5, 1 peers alive)")
+    rec = engines.slot_of(pid)
+    assert rec is not None and rec.pid == pid != sup.pid
+    assert rec.name == "tiny-llama"  # model file stem
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    for flag in (b"--metrics", b"--slots", b"--port", b"--host"):
+        assert flag in argv
+    assert os.getpgid(pid) == pid  # its own process group
+    st = json.loads(run_cli("status", str(pid), "--json").stdout)
+    assert st["engine_pid"] == pid and st["state"] == "running" and st["weight"] == 1.5
+    assert httpx.get(f"http://127.0.0.1:{st['port']}/health").status_code == 200
+
+
+def test_activity_raised_fast_and_dropped_after_idle(engines):
+    _, pid, _ = engines.run()
+    port = port_of(pid)
+    assert not engines.slot_of(pid).active
+    t0 = time.monotonic()
+    lo = start_load(port, 2000)
+    wait_for(lambda: engines.slot_of(pid).active, 2.0, 0.005, "active raised")
+    raised_s = time.monotonic() - t0
+    assert raised_s < 1.0, raised_s  # ~100 ms target; loose for a loaded CI box
+    lo.stop()
+    t_idle = time.monotonic()
+    wait_for(lambda: not engines.slot_of(pid).active, 5.0, 0.02, "active dropped")
+    assert 1.5 <= time.monotonic() - t_idle <= 4.0
+
+
+def test_two_engines_paced_two_to_one(engines):
+    sup_a, a, _ = engines.run(2, threads=2)
+    sup_b, b, _ = engines.run(1, threads=2)
+    loads = [start_load(port_of(p)) for p in (a, b)]
+    time.sleep(2.0)
+    t0 = time.monotonic()
+    stopped_seen = {a: 0, b: 0}
+    while time.monotonic() < t0 + 8:
+        for p in (a, b):
+            stopped_seen[p] += proc_state(p) == "T"
+        time.sleep(0.01)
+    t1 = time.monotonic()
+    ta, tb = (lo.count(t0, t1) for lo in loads)
+    for lo in loads:
+        lo.stop()
+    assert tb > 0 and 1.5 <= ta / tb <= 2.6, (ta, tb)
+    assert stopped_seen[a] > 0 and stopped_seen[b] > 0  # really paced by signals
+    # both go idle, and idle engines are never stopped
+    wait_for(lambda: not engines.slot_of(a).active and not engines.slot_of(b).active, 8, what="both idle")
+    states = []
+    for _ in range(50):
+        states += [proc_state(a), proc_state(b)]
+        time.sleep(0.01)
+    assert "T" not in states
+
+
+def test_lone_and_idle_engines_are_never_stopped(engines):
+    _, a, _ = engines.run(1)
+    _, b, _ = engines.run(1)
+    lo = start_load(port_of(a))
+    states_a, states_b = [], []
+    t_end = time.monotonic() + 3
+    while time.monotonic() < t_end:
+        states_a.append(proc_state(a))
+        states_b.append(proc_state(b))
+        time.sleep(0.005)
+    lo.stop()
+    assert lo.tokens
+    assert "T" not in states_a  # alone active: unthrottled
+    assert "T" not in states_b  # idle: never stopped
+
+
+def test_sigkill_supervisor_never_leaves_engine_stopped(engines):
+    sup_a, a, _ = engines.run(1)
+    sup_b, b, _ = engines.run(1)
+    loads = [start_load(port_of(p)) for p in (a, b)]
+    wait_for(lambda: proc_state(a) == "T", 10, 0.001, "engine a stopped by its supervisor")
+    os.kill(sup_a.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    assert proc_state(a) not in ("T", None)
+    for lo in loads:
+        lo.stop_nowait()
+
+
+def test_sigterm_supervisor_stops_engine_and_leaves_slot(engines):
+    sup, pid, _ = engines.run(1)
+    os.kill(sup.pid, signal.SIGTERM)
+    assert sup.wait(20) == 0  # llama-server exits 0 on SIGTERM
+    assert proc_state(pid) is None
+    assert engines.slot_of(pid) is None
+
+
+def test_control_weight_and_stop(engines):
+    sup, pid, _ = engines.run(1)
+    r = run_cli("weight", str(pid), "2.5")
+    assert r.returncode == 0, r.stderr
+    assert engines.slot_of(pid).weight == 2.5
+    for bad in ("nan", "inf", "0", "-1", "abc"):
+        r = run_cli("weight", str(pid), "--", bad)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    r = run_cli("weight", str(pid), "-1")  # looks like an option: still one line, exit 2
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert engines.slot_of(pid).weight == 2.5
+    from gpushare_tui.core.control import ControlError, request
+
+    with pytest.raises(ControlError, match="invalid weight"):
+        request(pid, "set_weight", weight=float("nan"))
+    sock = Path(os.environ["XDG_RUNTIME_DIR"]) / "gpushare-tui" / f"{pid}.sock"
+    assert sock.stat().st_mode & 0o777 == 0o600
+    r = run_cli("stop", str(pid))
+    assert r.returncode == 0, r.stderr
+    assert sup.wait(20) == 0
+    assert proc_state(pid) is None and engines.slot_of(pid) is None and not sock.exists()
+
+
+def test_control_cli_errors(runtime_dir):
+    r = run_cli("status", "999999")
+    assert r.returncode == 1 and "no process 999999" in r.stderr
+    r = run_cli("weight", str(os.getpid()), "2")
+    assert r.returncode == 1 and "not managed" in r.stderr
+    r = run_cli("stop", "1")
+    assert r.returncode == 1 and ("not managed" in r.stderr or "another user" in r.stderr)
+
+
+def test_launch_detached_and_stop(gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F811
+    r = run_cli("launch", "--json", "--weight", "1", "--gpu-key", gpu_key, "--", llama_server, "-m", tiny_model,
+                "-t", "1", "-c", "512", timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    try:
+        assert os.path.exists(info["log"]) and httpx.get(f"http://127.0.0.1:{info['port']}/health").status_code == 200
+        assert os.getsid(info["supervisor_pid"]) == info["supervisor_pid"]  # own session
+        assert run_cli("stop", str(info["engine_pid"])).returncode == 0
+        wait_for(lambda: proc_state(info["supervisor_pid"]) in (None, "Z"), 15, what="supervisor exit")
+    finally:
+        end_pid(info["engine_pid"])
+        end_pid(info["supervisor_pid"])
+
+
+def test_bad_inputs_fail_with_one_line(gpu_key, llama_server, tiny_model, tmp_path, runtime_dir):  # noqa: F811
+    r = run_cli("run", "--weight", "1", "--gpu-key", gpu_key, "--", "/nonexistent/llama-server", "-m", tiny_model)
+    assert r.returncode != 0 and "engine binary not found" in r.stderr and "Traceback" not in r.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_cli("run", "--gpu-key", gpu_key, "--", llama_server, "-m", tiny_model, "--port", str(port))
+    assert r.returncode != 0 and f"port {port}" in r.stderr and "in use" in r.stderr
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf")
+    r = run_cli("run", "--gpu-key", gpu_key, "--", llama_server, "-m", str(bad), "-t", "1", timeout=60)
+    assert r.returncode == 1 and "exited with code" in r.stderr and "last lines of the engine log" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_cli("launch", "--gpu-key", gpu_key, "--", llama_server, "-m", str(bad), "-t", "1", timeout=60)
+    assert r.returncode == 1 and "exited with code" in r.stderr
+    r = run_cli("run", "--weight", "nan", "--gpu-key", gpu_key, "--", llama_server)
+    assert r.returncode == 2 and "invalid weight" in r.stderr
