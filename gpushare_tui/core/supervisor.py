@@ -161,6 +161,7 @@ class Supervisor:
     # -- pacing ------------------------------------------------------------
 
     def _pace_loop(self) -> None:
+        _raise_priority()
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
         seg = m.segment
@@ -284,6 +285,15 @@ class Supervisor:
             return {"state": "stopping"}
 
         return {"status": status, "set_weight": set_weight, "stop": stop}
+
+
+def _raise_priority() -> None:
+    """Real-time priority for the calling (pacing) thread where permitted (root or
+    RLIMIT_RTPRIO): window edges then stay sharp even when every core is busy."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (OSError, AttributeError):
+        pass
 
 
 class _CpuBusy:
