@@ -1,0 +1,153 @@
+"""Control socket (one JSON line each way) against a real synth engine process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import stat
+
+import pytest
+from conftest import cli_argv, shm_file, wait_for
+
+from gpushare_tui.core import control
+from gpushare_tui.core.control import ControlError, ControlServer
+from gpushare_tui.core.segment import Segment
+
+
+def _raw(path: str, payload: bytes) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(payload)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return json.loads(data)
+
+
+@pytest.fixture
+def engine(procs, gpu_key: str, runtime_dir: str):
+    p = procs.start(cli_argv("synth", "--weight", "1.5", "--name", "ctl", "--gpu-key", gpu_key, "--step-ms", "1", "-q"))
+    path = os.path.join(runtime_dir, "gpushare-tui", f"{p.pid}.sock")
+    wait_for(lambda: os.path.exists(path), 15, what="the control socket")
+    assert control.socket_path(p.pid) == path
+    return p
+
+
+def test_socket_is_private(engine, runtime_dir: str) -> None:
+    d = os.path.join(runtime_dir, "gpushare-tui")
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(control.socket_path(engine.pid)).st_mode) == 0o600
+    assert control.is_managed(engine.pid) and not control.is_managed(os.getpid())
+
+
+def test_status(engine, gpu_key: str) -> None:
+    r = control.request(engine.pid, "status")
+    assert r["ok"] is True
+    assert r["engine_pid"] == engine.pid and r["kind"] == "synth" and r["gpu_key"] == gpu_key
+    assert r["weight"] == 1.5 and r["slot"] == 0 and r["state"] == "running"
+    assert r["share_pct"] in (0.0, 100.0) and r["uptime_s"] >= 0
+    for k in ("tok_s", "busy_pct", "port", "model"):
+        assert k in r
+
+
+def test_set_weight(engine, gpu_key: str) -> None:
+    with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+        assert seg.read_slot(0).weight == 1.5
+        assert control.request(engine.pid, "set_weight", weight=3.25) == {"ok": True, "weight": 3.25}
+        assert seg.read_slot(0).weight == 3.25  # written at once
+        r = control.request(engine.pid, "set_weight", weight=0.1)
+        assert r["weight"] == pytest.approx(0.1) and r["weight"] != 0.1  # the f32 that was stored
+        assert seg.read_slot(0).weight == r["weight"]
+        for bad in (math.nan, math.inf, 0, -1, "abc", None, 1e39):
+            with pytest.raises(ControlError, match=f"engine {engine.pid}: invalid weight"):
+                control.request(engine.pid, "set_weight", weight=bad)
+            assert seg.read_slot(0).weight == r["weight"]
+        with pytest.raises(ControlError, match="invalid weight"):
+            control.request(engine.pid, "set_weight")  # missing
+        assert control.request(engine.pid, "status")["weight"] == r["weight"]
+
+
+def test_bad_requests(engine) -> None:
+    path = control.socket_path(engine.pid)
+    assert _raw(path, b"not json\n") == {"ok": False, "error": "bad request: expected one JSON object with a 'cmd'"}
+    assert _raw(path, b'{"nocmd": 1}\n')["ok"] is False
+    assert _raw(path, b"[1, 2]\n")["ok"] is False
+    r = _raw(path, b'{"cmd": "reboot"}\n')
+    assert r == {"ok": False, "error": "unknown command 'reboot'"}
+    with pytest.raises(ControlError, match="unknown command"):
+        control.request(engine.pid, "reboot")
+    assert control.request(engine.pid, "status")["ok"]  # still serving
+
+
+def test_stop(engine, gpu_key: str, runtime_dir: str) -> None:
+    with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+        assert seg.read_slot(0).pid == engine.pid
+        assert control.request(engine.pid, "stop") == {"ok": True, "state": "exiting"}
+        assert engine.wait(timeout=15) == 0
+        r = seg.read_slot(0)
+        assert (r.pid, r.active, r.heartbeat_us) == (0, 0, 0)  # it left its slot
+    assert not os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{engine.pid}.sock"))
+    with pytest.raises(ControlError, match="no process|not managed"):
+        control.request(engine.pid, "status")
+
+
+def test_unknown_pid(runtime_dir: str) -> None:
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid = int(f.read()) + 1  # no such process can exist
+    with pytest.raises(ControlError, match=f"^no process {pid}$"):
+        control.request(pid, "status")
+    assert not control.is_managed(pid)
+
+
+def test_unmanaged_pid(runtime_dir: str) -> None:
+    with pytest.raises(ControlError, match=f"engine {os.getpid()} is not managed by gpushare-tui"):
+        control.request(os.getpid(), "status")
+
+
+def test_stale_socket(runtime_dir: str) -> None:
+    pid = os.getpid()
+    path = control.socket_path(pid)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)  # bound, never listening: a supervisor that died
+    s.close()
+    try:
+        with pytest.raises(ControlError, match="stale socket"):
+            control.request(pid, "status")
+    finally:
+        os.unlink(path)
+
+
+def test_server_in_process_replaces_stale_socket_and_cleans_up(runtime_dir: str) -> None:
+    pid = os.getpid()
+    path = control.socket_path(pid)
+    open(path, "w").close()  # stale leftover of the same pid
+
+    def refuse(_req: dict) -> dict:
+        raise ValueError("foo is not allowed")
+
+    server = ControlServer(pid, {"status": lambda req: {"echo": req.get("x")}, "refuse": refuse})
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert control.request(pid, "status", x=[1, "a"]) == {"ok": True, "echo": [1, "a"]}
+        with pytest.raises(ControlError, match=f"^engine {pid}: foo is not allowed$"):
+            control.request(pid, "refuse")
+    finally:
+        server.close()
+    assert not os.path.exists(path)
+
+
+def test_runtime_dir_must_be_private(runtime_dir: str) -> None:
+    d = os.path.join(runtime_dir, "gpushare-tui")
+    os.makedirs(d, exist_ok=True)
+    os.chmod(d, 0o755)
+    try:
+        with pytest.raises(ControlError, match="not private"):
+            control.runtime_dir()
+    finally:
+        os.chmod(d, 0o700)

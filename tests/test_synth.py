@@ -1,0 +1,146 @@
+"""The synthetic engine and its CLI: validation, weighted ratio under real pacing, pacing overhead alone."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import cli_argv, read_json_file, shm_file, wait_for
+from typer.testing import CliRunner
+
+from gpushare_tui import cli as cli_mod
+from gpushare_tui.core.engines import synthetic
+from gpushare_tui.core.engines.synthetic import DutyPattern
+
+BAD_WEIGHTS = ["nan", "NaN", "inf", "-inf", "0", "-0", "-1", "abc", "", "1e39"]
+BAD_KEYS = ["../x", "a/b", "", "x" * 65, "sp ace", ".."]
+
+
+@pytest.mark.parametrize("weight", BAD_WEIGHTS)
+def test_synth_bad_weight_in_process(weight: str, gpu_key: str) -> None:
+    r = CliRunner().invoke(cli_mod.app, ["synth", "--weight", weight, "--gpu-key", gpu_key, "--duration", "0.1"])
+    assert r.exit_code == 2
+    assert r.stdout == ""
+    assert r.stderr.splitlines() == [f"gpushare-tui: invalid weight {weight!r}: must be a finite number > 0"]
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_synth_bad_key_in_process(key: str) -> None:
+    r = CliRunner().invoke(cli_mod.app, ["synth", "--weight", "1", "--gpu-key", key, "--duration", "0.1"])
+    assert r.exit_code == 2
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("gpushare-tui: invalid gpu key")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--weight", "nan"],
+        ["--weight", "inf"],
+        ["--weight", "0"],
+        ["--weight", "-1"],
+        ["--weight", "abc"],
+        ["--weight", "1", "--gpu-key", "../x"],
+        ["--weight", "1", "--step-ms", "0"],
+        ["--weight", "1", "--busy-idle", "x:y"],
+    ],
+    ids=["nan", "inf", "zero", "negative", "abc", "bad-key", "bad-step", "bad-pattern"],
+)
+def test_synth_usage_errors_in_a_real_process(args: list[str], gpu_key: str, cli) -> None:
+    if "--gpu-key" not in args:
+        args = [*args, "--gpu-key", gpu_key]
+    r = cli("synth", *args, "--duration", "0.1", timeout=30)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("gpushare-tui: invalid")
+    assert not os.path.exists(shm_file(gpu_key))  # refused before joining anything
+
+
+def test_duty_pattern() -> None:
+    p = DutyPattern(3.0, 1.0)
+    assert p.busy_at(0) and p.busy_at(2.9) and not p.busy_at(3.5) and p.busy_at(4.1)
+    assert DutyPattern().busy_at(123.0)
+
+
+def test_work_units_scale() -> None:
+    units = synthetic.calibrate_units(5.0)
+    assert units >= 1
+    t0 = time.perf_counter()
+    synthetic.work(units)
+    one = time.perf_counter() - t0
+    assert 0.0005 < one < 0.1
+
+
+# -- measured under real pacing ----------------------------------------------------
+
+
+def _start(procs, key: str, weight: str, status, units: int, *extra: str):
+    return procs.start(
+        cli_argv(
+            "synth",
+            "--weight",
+            weight,
+            "--gpu-key",
+            key,
+            "--work-units",
+            str(units),
+            "--status-file",
+            str(status),
+            "-q",
+            *extra,
+        )  # fmt: skip
+    )
+
+
+def _sample(status) -> tuple[int, int]:
+    d = wait_for(lambda: read_json_file(status), 15, what=f"status file {status}")
+    return d["time_us"], d["steps_total"]  # type: ignore[index]
+
+
+def _rate(a: tuple[int, int], b: tuple[int, int]) -> float:
+    return (b[1] - a[1]) / ((b[0] - a[0]) / 1e6)
+
+
+def _measure(statuses: list, warmup_s: float, measure_s: float) -> list[float]:
+    """steps/s of each engine over the same window, excluding the warm-up."""
+    for s in statuses:
+        _sample(s)
+    time.sleep(warmup_s)
+    first = [_sample(s) for s in statuses]
+    time.sleep(measure_s)
+    last = [_sample(s) for s in statuses]
+    for a, b in zip(first, last, strict=True):
+        assert b[0] - a[0] > 0.6 * measure_s * 1e6, "status files stopped updating"
+    return [_rate(a, b) for a, b in zip(first, last, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def units() -> int:
+    return synthetic.calibrate_units(2.0)
+
+
+def test_two_to_one_ratio(procs, new_gpu_key, tmp_path, units: int) -> None:
+    key = new_gpu_key()
+    sa, sb = tmp_path / "a.json", tmp_path / "b.json"
+    _start(procs, key, "2", sa, units)
+    _start(procs, key, "1", sb, units)
+    ra, rb = _measure([sa, sb], warmup_s=1.5, measure_s=4.0)
+    ratio = ra / rb
+    print(f"2:1 weights: {ra:.1f} : {rb:.1f} steps/s = {ratio:.2f}")
+    assert 1.6 <= ratio <= 2.4, f"2:1 weights gave {ra:.1f} : {rb:.1f} steps/s = {ratio:.2f}"
+
+
+def test_lone_paced_engine_runs_near_unpaced_speed(procs, new_gpu_key, tmp_path, units: int) -> None:
+    # Both run at once, each alone on its own key, so both see the same machine noise;
+    # a pacer that sleeps without a second member would fall far behind.
+    su, sp = tmp_path / "unpaced.json", tmp_path / "paced.json"
+    _start(procs, new_gpu_key(), "1", su, units, "--no-pace")
+    _start(procs, new_gpu_key(), "1", sp, units)
+    unpaced, paced = _measure([su, sp], warmup_s=1.0, measure_s=3.0)
+    assert unpaced > 50
+    assert paced >= 0.85 * unpaced, f"paced {paced:.1f} vs unpaced {unpaced:.1f} steps/s"
+    d = read_json_file(sp)
+    assert d is not None and d["slept_us"] == 0  # alone: never slept
