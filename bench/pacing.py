@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -40,8 +39,9 @@ def llama_server_path() -> str:
     found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if found:
         return found
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "install-llama-server.sh")], check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install-llama-server.sh")], check=True, capture_output=True, text=True
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -76,9 +76,32 @@ def stream_load(e: Engine, n_predict: int) -> None:
 def start_supervised(server: str, model: str, key: str, weight: float, threads: int, ctx: int) -> Engine:
     port = free_port()
     out = subprocess.run(
-        [*CLI, "launch", "--json", "--weight", str(weight), "--gpu-key", key, "--name", f"w{weight:g}-{port}", "--",
-         server, "-m", model, "-t", str(threads), "-c", str(ctx), "-np", "1", "--port", str(port)],
-        capture_output=True, text=True, timeout=180,
+        [
+            *CLI,
+            "launch",
+            "--json",
+            "--weight",
+            str(weight),
+            "--gpu-key",
+            key,
+            "--name",
+            f"w{weight:g}-{port}",
+            "--",
+            server,
+            "-m",
+            model,
+            "-t",
+            str(threads),
+            "-c",
+            str(ctx),
+            "-np",
+            "1",
+            "--port",
+            str(port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     if out.returncode != 0:
         raise RuntimeError(f"launch failed: {out.stderr.strip()}")
@@ -88,8 +111,21 @@ def start_supervised(server: str, model: str, key: str, weight: float, threads: 
 
 def start_plain(server: str, model: str, weight: float, threads: int, ctx: int, nice: int = 0) -> Engine:
     port = free_port()
-    cmd = [server, "-m", model, "-t", str(threads), "-c", str(ctx), "-np", "1", "--port", str(port),
-           "--host", "127.0.0.1"]
+    cmd = [
+        server,
+        "-m",
+        model,
+        "-t",
+        str(threads),
+        "-c",
+        str(ctx),
+        "-np",
+        "1",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+    ]
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -161,8 +197,9 @@ def idle_release_s(stays: Engine, goes: Engine, solo_tok_s: float, limit_s: floa
     return None
 
 
-def scenario(name: str, engines: list[Engine], seconds: float, n_predict: int, solo: float | None,
-             release: bool = False) -> dict:
+def scenario(
+    name: str, engines: list[Engine], seconds: float, n_predict: int, solo: float | None, release: bool = False
+) -> dict:
     try:
         t0, t1 = measure(engines, seconds, n_predict)
         rates = [rate(e.tokens, t0, t1) for e in engines]
@@ -229,16 +266,19 @@ def main() -> None:
             plain = [start_plain(server, str(model), w, a.threads, ctx) for w in (1, 1)]
             rows.append(scenario("unpaced 1:1", plain, a.seconds, n_predict, solo))
         if want("nice"):
-            plain = [start_plain(server, str(model), 2, a.threads, ctx, 0),
-                     start_plain(server, str(model), 1, a.threads, ctx, 3)]
+            plain = [
+                start_plain(server, str(model), 2, a.threads, ctx, 0),
+                start_plain(server, str(model), 1, a.threads, ctx, 3),
+            ]
             rows.append(scenario("nice 2:1", plain, a.seconds, n_predict, solo))
     finally:
         try:
             os.unlink(f"/dev/shm/opencoti-gpu-{key}")
         except FileNotFoundError:
             pass
-    (RESULTS / "pacing.json").write_text(json.dumps({"model": model.name, "threads": a.threads,
-                                                      "seconds": a.seconds, "rows": rows}, indent=1))
+    (RESULTS / "pacing.json").write_text(
+        json.dumps({"model": model.name, "threads": a.threads, "seconds": a.seconds, "rows": rows}, indent=1)
+    )
     print_table(rows)
 
 
@@ -247,15 +287,19 @@ def _f(x, spec=".1f") -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'scenario':<12} {'tok/s per engine':<24} {'ratio':<16} {'err%':>6} {'agg%solo':>9} "
-          f"{'release_s':>9}  gaps p50/p95/max ms per engine (stall bound)")
+    print(
+        f"{'scenario':<12} {'tok/s per engine':<24} {'ratio':<16} {'err%':>6} {'agg%solo':>9} "
+        f"{'release_s':>9}  gaps p50/p95/max ms per engine (stall bound)"
+    )
     for r in rows:
         toks = "/".join(f"{t:.1f}" for t in r["tok_s"])
         ratio = ":".join(f"{x:.2f}" for x in r.get("ratio_achieved", [1.0]))
         gaps = "  ".join(f"{_f(g['p50'], '.0f')}/{_f(g['p95'], '.0f')}/{_f(g['max'], '.0f')}" for g in r["gaps_ms"])
         bound = ("  (" + "/".join(f"{b:.0f}" for b in r["stall_bound_ms"]) + ")") if r.get("stall_bound_ms") else ""
-        print(f"{r['scenario']:<12} {toks:<24} {ratio:<16} {_f(r.get('ratio_error_pct')):>6} "
-              f"{_f(r.get('aggregate_pct_of_solo')):>9} {_f(r.get('idle_release_s'), '.2f'):>9}  {gaps}{bound}")
+        print(
+            f"{r['scenario']:<12} {toks:<24} {ratio:<16} {_f(r.get('ratio_error_pct')):>6} "
+            f"{_f(r.get('aggregate_pct_of_solo')):>9} {_f(r.get('idle_release_s'), '.2f'):>9}  {gaps}{bound}"
+        )
 
 
 if __name__ == "__main__":

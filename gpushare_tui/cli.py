@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import threading
-from typing import NoReturn, Optional
+from typing import NoReturn
 
 import typer
 
@@ -20,8 +20,7 @@ from .core import abi
 app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="Share one GPU fairly between LLM servers, and watch it.\n\n"
-    "Exit codes: 0 ok, 1 runtime error, 2 usage error.",
+    help="Share one GPU fairly between LLM servers, and watch it.\n\nExit codes: 0 ok, 1 runtime error, 2 usage error.",
 )
 
 
@@ -79,8 +78,10 @@ def render_table(report: dict) -> str:
     for g in report["gpus"]:
         period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
         lines.append(f"{g['segment']}  period {period}  peers {len(g['peers'])}")
-        lines.append(f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} "
-                     f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US")
+        lines.append(
+            f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} "
+            f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US"
+        )
         for p in g["peers"]:
             win = f"[{p['window_us'][0]}, {p['window_us'][1]})" if p["window_us"] else "-"
             lines.append(
@@ -113,7 +114,7 @@ def main(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Print one snapshot of every segment and exit."),
     as_json: bool = typer.Option(False, "--json", help="With --once: one JSON object."),
-    gpu_key: Optional[str] = typer.Option(None, "--gpu-key", help="Show only this segment."),
+    gpu_key: str | None = typer.Option(None, "--gpu-key", help="Show only this segment."),
     interval: float = typer.Option(1.0, "--interval", help="Dashboard refresh in seconds (min 0.2)."),
     readonly: bool = typer.Option(False, "--readonly", help="Dashboard: disable every admin action."),
 ) -> None:
@@ -138,13 +139,13 @@ def main(
 def synth(
     weight: str = typer.Option(..., "--weight", help="Share weight (finite, > 0)."),
     name: str = typer.Option("synth", "--name"),
-    gpu_key: Optional[str] = GpuKeyOpt,
-    gpu: Optional[int] = GpuIndexOpt,
+    gpu_key: str | None = GpuKeyOpt,
+    gpu: int | None = GpuIndexOpt,
     step_ms: float = typer.Option(5.0, "--step-ms", help="CPU work per decode step, in ms (unpaced)."),
     duration: float = typer.Option(0.0, "--duration", help="Seconds to run (0 = until stopped)."),
-    status_file: Optional[str] = typer.Option(None, "--status-file", help="Write JSON stats here every second."),
+    status_file: str | None = typer.Option(None, "--status-file", help="Write JSON stats here every second."),
     no_pace: bool = typer.Option(False, "--no-pace", help="Join but never sleep (baseline)."),
-    busy_idle: Optional[str] = typer.Option(None, "--busy-idle", help="BUSY_S:IDLE_S duty pattern."),
+    busy_idle: str | None = typer.Option(None, "--busy-idle", help="BUSY_S:IDLE_S duty pattern."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-second lines on stdout."),
     work_units: int = typer.Option(0, "--work-units", help="Fixed work per step (0 = calibrate to --step-ms)."),
 ) -> None:
@@ -166,15 +167,27 @@ def synth(
         slot = m.join()
     except (RegistryFullError, SegmentError) as e:
         fail(str(e))
-    print(f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {slot} (weight {w:g}, {m.peers_alive()} peers alive)",
-          file=sys.stderr, flush=True)
+    print(
+        f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {slot} (weight {w:g}, {m.peers_alive()} peers alive)",
+        file=sys.stderr,
+        flush=True,
+    )
     stats, stop = SynthStats(), threading.Event()
     server = None
     try:
         server = ControlServer(os.getpid(), synth_handlers(m, stats, stop))
-        run_synth(m, step_ms=step_ms, duration_s=duration, pace=not no_pace, pattern=pattern,
-                  status_file=status_file, report=(lambda _l: None) if quiet else None,
-                  units=work_units or None, stats=stats, stop=stop)
+        run_synth(
+            m,
+            step_ms=step_ms,
+            duration_s=duration,
+            pace=not no_pace,
+            pattern=pattern,
+            status_file=status_file,
+            report=(lambda _l: None) if quiet else None,
+            units=work_units or None,
+            stats=stats,
+            stop=stop,
+        )
     except KeyboardInterrupt:
         pass
     except ControlError as e:
@@ -203,7 +216,7 @@ def _parse_pattern(text: str | None):
 def demo(
     interval: float = typer.Option(1.0, "--interval", help="Dashboard refresh in seconds (min 0.2)."),
     readonly: bool = typer.Option(False, "--readonly", help="Disable every admin action."),
-    gpu_key: Optional[str] = typer.Option(None, "--gpu-key", help="Demo segment key (default demo-<pid>)."),
+    gpu_key: str | None = typer.Option(None, "--gpu-key", help="Demo segment key (default demo-<pid>)."),
     history: float = typer.Option(120.0, "--history", help="Seconds of history in the plots."),
 ) -> None:
     """Try it without a GPU: three synthetic engines (weights 2/1/1) and the dashboard on them."""
@@ -227,8 +240,9 @@ def entrypoint() -> None:
         code = app(standalone_mode=False)
     except usage_error as e:
         sub = e.ctx.info_name if e.ctx is not None and e.ctx.parent is not None else ""  # type: ignore[attr-defined]
-        print(f"gpushare-tui: {e.format_message()} (see: gpushare-tui {sub + ' ' if sub else ''}--help)",
-              file=sys.stderr)
+        print(
+            f"gpushare-tui: {e.format_message()} (see: gpushare-tui {sub + ' ' if sub else ''}--help)", file=sys.stderr
+        )
         sys.exit(int(ExitCode.USAGE))
     except typer.Abort:
         sys.exit(130)

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Optional
 
 import typer
 
@@ -38,11 +37,11 @@ def _notify(fd: int | None, msg: dict) -> None:
 def run(
     ctx: typer.Context,
     weight: str = typer.Option("1", "--weight", help="Share weight (finite, > 0)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Display name (default: the model file's stem)."),
-    gpu_key: Optional[str] = GpuKeyOpt,
-    gpu: Optional[int] = GpuIndexOpt,
+    name: str | None = typer.Option(None, "--name", help="Display name (default: the model file's stem)."),
+    gpu_key: str | None = GpuKeyOpt,
+    gpu: int | None = GpuIndexOpt,
     load_timeout: float = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200."),
-    notify_fd: Optional[int] = typer.Option(None, "--notify-fd", hidden=True),
+    notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
     from .core.engines import llama_server as ls
@@ -67,8 +66,16 @@ def run(
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.port_chosen:
         say(f"gpu-share: engine port {args.port} on {args.host} (free port picked)")
-    sup = Supervisor(args, gpu_key=key, weight=w, name=name, log_path=log_path,
-                     load_timeout_s=load_timeout, gpu_busy=_gpu_busy_for(key), say=say)
+    sup = Supervisor(
+        args,
+        gpu_key=key,
+        weight=w,
+        name=name,
+        log_path=log_path,
+        load_timeout_s=load_timeout,
+        gpu_busy=_gpu_busy_for(key),
+        say=say,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: sup.request_stop())
     say(f"gpu-share: starting {args.argv[0]} (log {log_path})")
@@ -78,8 +85,18 @@ def run(
         refuse(str(e), tail=e.log_tail)
     except Exception as e:  # registry full, bad segment, ...
         refuse(str(e))
-    _notify(notify_fd, {"ok": True, "engine_pid": sup.proc.pid, "port": args.port, "host": args.host,
-                        "log": log_path, "slot": sup.membership.slot, "supervisor_pid": os.getpid()})
+    _notify(
+        notify_fd,
+        {
+            "ok": True,
+            "engine_pid": sup.proc.pid,
+            "port": args.port,
+            "host": args.host,
+            "log": log_path,
+            "slot": sup.membership.slot,
+            "supervisor_pid": os.getpid(),
+        },
+    )
     code = sup.run()
     say(f"gpu-share: engine {sup.proc.pid} exited with code {code}")
     raise typer.Exit(code)
@@ -98,9 +115,9 @@ def _gpu_busy_for(key: str):
 def launch(
     ctx: typer.Context,
     weight: str = typer.Option("1", "--weight", help="Share weight (finite, > 0)."),
-    name: Optional[str] = typer.Option(None, "--name"),
-    gpu_key: Optional[str] = GpuKeyOpt,
-    gpu: Optional[int] = GpuIndexOpt,
+    name: str | None = typer.Option(None, "--name"),
+    gpu_key: str | None = GpuKeyOpt,
+    gpu: int | None = GpuIndexOpt,
     load_timeout: float = typer.Option(600.0, "--load-timeout"),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
@@ -113,8 +130,18 @@ def launch(
     if not ctx.args:
         fail("no engine command given (use: -- llama-server ARGS...)", ExitCode.USAGE)
     read_fd, write_fd = os.pipe()
-    cmd = [sys.executable, "-m", "gpushare_tui", "run", "--weight", weight, "--load-timeout", str(load_timeout),
-           "--notify-fd", str(write_fd)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpushare_tui",
+        "run",
+        "--weight",
+        weight,
+        "--load-timeout",
+        str(load_timeout),
+        "--notify-fd",
+        str(write_fd),
+    ]
     if name:
         cmd += ["--name", name]
     if gpu_key:
@@ -123,8 +150,14 @@ def launch(
         cmd += ["--gpu", str(gpu)]
     sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
     with open(sup_log, "ab") as log:
-        proc = subprocess.Popen([*cmd, "--", *ctx.args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                pass_fds=(write_fd,), start_new_session=True)
+        proc = subprocess.Popen(
+            [*cmd, "--", *ctx.args],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as r:
         line = r.readline()
@@ -135,15 +168,19 @@ def launch(
         fail(f"supervisor exited (code {proc.returncode}) before the engine was ready; see {sup_log}")
     if not msg.get("ok"):
         tail = msg.get("log_tail") or ""
-        print(f"gpushare-tui: {msg.get('error')}" + (f"\n--- last lines of the engine log ---\n{tail}" if tail else ""),
-              file=sys.stderr)
+        print(
+            f"gpushare-tui: {msg.get('error')}" + (f"\n--- last lines of the engine log ---\n{tail}" if tail else ""),
+            file=sys.stderr,
+        )
         raise typer.Exit(int(ExitCode.ERROR))
     msg["supervisor_log"] = sup_log
     if as_json:
         print(json.dumps(msg))
     else:
-        print(f"engine pid {msg['engine_pid']} port {msg['port']} (slot {msg['slot']})\n"
-              f"engine log {msg['log']}\nsupervisor pid {msg['supervisor_pid']} log {sup_log}")
+        print(
+            f"engine pid {msg['engine_pid']} port {msg['port']} (slot {msg['slot']})\n"
+            f"engine log {msg['log']}\nsupervisor pid {msg['supervisor_pid']} log {sup_log}"
+        )
 
 
 def _control(pid: int, cmd: str, **args: object) -> dict:
@@ -156,8 +193,7 @@ def _control(pid: int, cmd: str, **args: object) -> dict:
 
 
 @app.command()
-def status(pid: int = typer.Argument(..., help="Engine pid."),
-           as_json: bool = typer.Option(False, "--json")) -> None:
+def status(pid: int = typer.Argument(..., help="Engine pid."), as_json: bool = typer.Option(False, "--json")) -> None:
     """Show a managed engine's status."""
     reply = _control(pid, "status")
     reply.pop("ok", None)
@@ -169,8 +205,10 @@ def status(pid: int = typer.Argument(..., help="Engine pid."),
 
 
 @app.command()
-def weight(pid: int = typer.Argument(..., help="Engine pid."),
-           value: str = typer.Argument(..., help="New weight (finite, > 0).")) -> None:
+def weight(
+    pid: int = typer.Argument(..., help="Engine pid."),
+    value: str = typer.Argument(..., help="New weight (finite, > 0)."),
+) -> None:
     """Change a managed engine's weight."""
     w = checked_weight(value)
     reply = _control(pid, "set_weight", weight=w)
@@ -178,8 +216,10 @@ def weight(pid: int = typer.Argument(..., help="Engine pid."),
 
 
 @app.command()
-def stop(pid: int = typer.Argument(..., help="Engine pid."),
-         wait: float = typer.Option(15.0, "--wait", help="Seconds to wait for the engine to exit.")) -> None:
+def stop(
+    pid: int = typer.Argument(..., help="Engine pid."),
+    wait: float = typer.Option(15.0, "--wait", help="Seconds to wait for the engine to exit."),
+) -> None:
     """Stop a managed engine (SIGCONT, SIGTERM, SIGKILL after 10 s) and leave its slot."""
     import psutil
 

@@ -18,8 +18,9 @@ def find_llama_server() -> str:
     found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if found:
         return found
-    out = subprocess.run(["bash", str(REPO / "scripts" / "install-llama-server.sh")],
-                         capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install-llama-server.sh")], capture_output=True, text=True, timeout=3600
+    )
     if out.returncode != 0:
         pytest.fail(f"could not install llama-server: {out.stderr[-2000:]}")
     return out.stdout.strip().splitlines()[-1]

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -201,8 +200,23 @@ def test_control_cli_errors(runtime_dir):
 
 
 def test_launch_detached_and_stop(gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F811
-    r = run_cli("launch", "--json", "--weight", "1", "--gpu-key", gpu_key, "--", llama_server, "-m", tiny_model,
-                "-t", "1", "-c", "512", timeout=120)
+    r = run_cli(
+        "launch",
+        "--json",
+        "--weight",
+        "1",
+        "--gpu-key",
+        gpu_key,
+        "--",
+        llama_server,
+        "-m",
+        tiny_model,
+        "-t",
+        "1",
+        "-c",
+        "512",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     try:

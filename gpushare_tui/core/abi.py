@@ -179,6 +179,12 @@ def unpack_slot(index: int, buf: bytes) -> SlotRecord:
 
 def pack_slot(rec: SlotRecord) -> bytes:
     return SLOT_STRUCT.pack(
-        rec.pid, rec.seq, rec.boot_us, rec.weight, rec.active,
-        rec.heartbeat_us, rec.busy_ppm, rec.name_raw,
+        rec.pid,
+        rec.seq,
+        rec.boot_us,
+        rec.weight,
+        rec.active,
+        rec.heartbeat_us,
+        rec.busy_ppm,
+        rec.name_raw,
     )

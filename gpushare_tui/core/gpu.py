@@ -39,8 +39,10 @@ def gpu_key_for_index(index: int) -> str:
     if visible is not None:
         items = [v.strip() for v in visible.split(",") if v.strip()]
         if index < 0 or index >= len(items):
-            raise GpuKeyError(f"no GPU {index}: CUDA_VISIBLE_DEVICES={visible!r} makes {len(items)} visible; "
-                              "pass --gpu-key to share a segment without a GPU")
+            raise GpuKeyError(
+                f"no GPU {index}: CUDA_VISIBLE_DEVICES={visible!r} makes {len(items)} visible; "
+                "pass --gpu-key to share a segment without a GPU"
+            )
         entry = items[index]
         if not entry.lstrip("-").isdigit():
             return derive_gpu_key(entry)  # a UUID (or MIG id) given directly

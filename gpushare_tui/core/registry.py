@@ -106,8 +106,13 @@ class Membership:
                 return
             if slot is not None and self._still_mine(slot):
                 seg.write_slot_fields(
-                    slot, boot_us=self.boot_us, weight=self._weight, active=0,
-                    heartbeat_us=0, busy_ppm=0, name_raw=self._name_raw,
+                    slot,
+                    boot_us=self.boot_us,
+                    weight=self._weight,
+                    active=0,
+                    heartbeat_us=0,
+                    busy_ppm=0,
+                    name_raw=self._name_raw,
                 )
                 seg.cas_pid(slot, self.pid, 0)
             self._slot = None
@@ -183,8 +188,13 @@ class Membership:
     def _write(self, now: int) -> None:
         assert self._segment is not None and self._slot is not None
         self._segment.write_slot_fields(
-            self._slot, boot_us=self.boot_us, weight=self._weight, active=self._active,
-            heartbeat_us=now, busy_ppm=self._busy_ppm, name_raw=self._name_raw,
+            self._slot,
+            boot_us=self.boot_us,
+            weight=self._weight,
+            active=self._active,
+            heartbeat_us=now,
+            busy_ppm=self._busy_ppm,
+            name_raw=self._name_raw,
         )
 
     def _still_mine(self, slot: int) -> bool:

@@ -64,19 +64,21 @@ def build_gpu_snapshot(gpu_key: str, segment: str, slots: Iterable[SlotRecord], 
     for rec in slots:
         if rec.pid == 0:
             continue
-        peers.append(PeerSnapshot(
-            slot=rec.index,
-            pid=rec.pid,
-            name=rec.name,
-            weight=float(rec.weight) if weight_is_valid(rec.weight) else None,
-            share_pct=shares.get(rec.index, 0.0),
-            window_us=sched.window_of(rec.index) if sched else None,
-            busy_pct=rec.busy_ppm / 10_000,
-            active=rec.active == 1,
-            alive=rec.is_alive(now_us),
-            heartbeat_age_ms=max(0, now_us - rec.heartbeat_us) / 1000,
-            boot_us=rec.boot_us,
-        ))
+        peers.append(
+            PeerSnapshot(
+                slot=rec.index,
+                pid=rec.pid,
+                name=rec.name,
+                weight=float(rec.weight) if weight_is_valid(rec.weight) else None,
+                share_pct=shares.get(rec.index, 0.0),
+                window_us=sched.window_of(rec.index) if sched else None,
+                busy_pct=rec.busy_ppm / 10_000,
+                active=rec.active == 1,
+                alive=rec.is_alive(now_us),
+                heartbeat_age_ms=max(0, now_us - rec.heartbeat_us) / 1000,
+                boot_us=rec.boot_us,
+            )
+        )
     return GpuSnapshot(gpu_key, segment, sched.period_ms if sched else None, tuple(peers), now_us)
 
 

@@ -93,8 +93,10 @@ class Supervisor:
             self.shutdown()
             raise
         self.status.state = "running"
-        self._say(f"gpu-share: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
-                  f"(weight {self.weight:g}, {self.membership.peers_alive()} peers alive)")
+        self._say(
+            f"gpu-share: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
+            f"(weight {self.weight:g}, {self.membership.peers_alive()} peers alive)"
+        )
 
     def run(self) -> int:
         """Pace until the engine exits or a stop is requested; returns the exit code."""
@@ -201,8 +203,12 @@ class Supervisor:
         xs = sorted(self.lateness_us)
         if not xs:
             return {"n": 0, "p50_us": None, "p99_us": None, "max_us": None}
-        return {"n": len(xs), "p50_us": xs[len(xs) // 2], "p99_us": xs[min(len(xs) - 1, len(xs) * 99 // 100)],
-                "max_us": xs[-1]}
+        return {
+            "n": len(xs),
+            "p50_us": xs[len(xs) // 2],
+            "p99_us": xs[min(len(xs) - 1, len(xs) * 99 // 100)],
+            "max_us": xs[-1],
+        }
 
     # -- activity, busy, tok/s --------------------------------------------
 
@@ -264,12 +270,21 @@ class Supervisor:
 
             me = own_peer(m.segment, m.slot, wall_us()) if m else None
             return {
-                "engine_pid": self.proc.pid if self.proc else None, "port": self.args.port,
-                "model": self.args.model, "name": self.name, "kind": "llama-server", "state": self.status.state,
-                "tok_s": self.status.tok_s, "weight": m.weight if m else self.weight,
-                "share_pct": me.share_pct if me else 0.0, "busy_pct": self.status.busy_pct,
-                "uptime_s": (wall_us() - self._started_us) / 1e6, "slot": m.slot if m else None,
-                "gpu_key": self.gpu_key, "log": self.log_path, "signal_lateness": self.lateness_summary(),
+                "engine_pid": self.proc.pid if self.proc else None,
+                "port": self.args.port,
+                "model": self.args.model,
+                "name": self.name,
+                "kind": "llama-server",
+                "state": self.status.state,
+                "tok_s": self.status.tok_s,
+                "weight": m.weight if m else self.weight,
+                "share_pct": me.share_pct if me else 0.0,
+                "busy_pct": self.status.busy_pct,
+                "uptime_s": (wall_us() - self._started_us) / 1e6,
+                "slot": m.slot if m else None,
+                "gpu_key": self.gpu_key,
+                "log": self.log_path,
+                "signal_lateness": self.lateness_summary(),
             }
 
         def set_weight(req: dict) -> dict:

@@ -13,8 +13,13 @@ class StreamLoad:
 
     def __init__(self, port: int, n_predict: int = 3500, host: str = "127.0.0.1") -> None:
         self.url = f"http://{host}:{port}/completion"
-        self.body = {"prompt": "the a of", "n_predict": n_predict, "ignore_eos": True, "stream": True,
-                     "cache_prompt": False}
+        self.body = {
+            "prompt": "the a of",
+            "n_predict": n_predict,
+            "ignore_eos": True,
+            "stream": True,
+            "cache_prompt": False,
+        }
         self.tokens: list[float] = []  # time.monotonic() of each streamed token
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -22,8 +22,9 @@ def write_tiny_llama(path: str, n_embd: int = 256, n_layer: int = 4, n_ctx: int 
     types = [2, 3, 3]
     tokens += [f"<0x{i:02X}>".encode() for i in range(256)]
     types += [6] * 256
-    words = [bytes([c]) for c in range(ord("a"), ord("z") + 1)] + [b"\xe2\x96\x81" + w for w in
-                                                                    (b"the", b"a", b"of", b"and", b"to")]
+    words = [bytes([c]) for c in range(ord("a"), ord("z") + 1)] + [
+        b"\xe2\x96\x81" + w for w in (b"the", b"a", b"of", b"and", b"to")
+    ]
     tokens += words
     types += [1] * len(words)
     n_vocab = len(tokens)

@@ -99,19 +99,10 @@ def resolve_binary(argv0: str) -> str:
     return path
 
 
-def _child_setup(parent_pid: int) -> None:
-    # Dies with (well: is continued by) the supervisor, even on SIGKILL: a
+def _child_setup() -> None:
+    # Continued by the kernel when the supervisor dies, even by SIGKILL: a
     # stopped engine whose supervisor vanished must not stay stopped.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGCONT, 0, 0, 0)
-    # SCHED_BATCH (no privilege needed, same nice level): the engine's threads,
-    # woken by SIGCONT, do not preempt the supervisors, so window edges stay sharp.
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except OSError:
-        pass
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGCONT)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGCONT, 0, 0, 0)
 
 
 def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
@@ -119,12 +110,16 @@ def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
     binary = resolve_binary(args.argv[0])
     if port_in_use(args.host, args.port):
         raise EngineError(f"port {args.port} on {args.host} is already in use")
-    parent = os.getpid()
     log = open(log_path, "ab", buffering=0)
     try:
         return subprocess.Popen(
-            [binary, *args.argv[1:]], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            process_group=0, preexec_fn=lambda: _child_setup(parent), close_fds=True,
+            [binary, *args.argv[1:]],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            preexec_fn=_child_setup,
+            close_fds=True,
         )
     except OSError as e:
         raise EngineError(f"cannot start {binary}: {e.strerror}") from None
@@ -142,8 +137,9 @@ def log_tail(path: str, lines: int = 15) -> str:
         return ""
 
 
-def wait_healthy(proc: subprocess.Popen, base_url: str, log_path: str, timeout_s: float,
-                 quit_event: threading.Event | None = None) -> None:
+def wait_healthy(
+    proc: subprocess.Popen, base_url: str, log_path: str, timeout_s: float, quit_event: threading.Event | None = None
+) -> None:
     """Poll /health until 200 (503 = still loading); EngineError if it exits or times out."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=1.0) as client:
@@ -177,8 +173,11 @@ def parse_metrics(text: str) -> Metrics:
         if line.startswith("llamacpp:"):
             name, _, value = line.partition(" ")
             try:
-                values[name[len("llamacpp:"):]] = float(value)
+                values[name[len("llamacpp:") :]] = float(value)
             except ValueError:
                 pass
-    return Metrics(values.get("n_decode_total", 0.0), values.get("requests_processing", 0.0),
-                   values.get("tokens_predicted_total", 0.0))
+    return Metrics(
+        values.get("n_decode_total", 0.0),
+        values.get("requests_processing", 0.0),
+        values.get("tokens_predicted_total", 0.0),
+    )

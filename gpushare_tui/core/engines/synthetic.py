@@ -105,17 +105,21 @@ def run_synth(
             stats.slept_us = pacer.total_slept_us
             stats.slot = membership.slot
             last_t, last_steps = now, stats.steps_total
-            report(f"synth {os.getpid()}: {stats.steps_per_s:.1f} steps/s "
-                   f"(slot {stats.slot}, weight {membership.weight:g}, total {stats.steps_total})")
+            report(
+                f"synth {os.getpid()}: {stats.steps_per_s:.1f} steps/s "
+                f"(slot {stats.slot}, weight {membership.weight:g}, total {stats.steps_total})"
+            )
             if status_file:
-                _write_status(status_file, {"pid": os.getpid(), "time_us": time.time_ns() // 1000,
-                                            "units": units, **stats.__dict__})
+                _write_status(
+                    status_file,
+                    {"pid": os.getpid(), "time_us": time.time_ns() // 1000, "units": units, **stats.__dict__},
+                )
     if status_file:
         stats.state = "exited"
-        _write_status(status_file, {"pid": os.getpid(), "time_us": time.time_ns() // 1000,
-                                    "units": units, **stats.__dict__})
+        _write_status(
+            status_file, {"pid": os.getpid(), "time_us": time.time_ns() // 1000, "units": units, **stats.__dict__}
+        )
     return stats
-
 
 
 def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event) -> dict:
@@ -127,10 +131,18 @@ def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Ev
         now = wall_us()
         me = own_peer(membership.segment, membership.slot, now)
         return {
-            "engine_pid": os.getpid(), "port": None, "model": "synthetic", "kind": "synth",
-            "state": stats.state, "tok_s": stats.steps_per_s, "weight": membership.weight,
-            "share_pct": me.share_pct if me else 0.0, "busy_pct": me.busy_pct if me else 0.0,
-            "uptime_s": (now - stats.started_us) / 1e6, "slot": membership.slot, "gpu_key": membership.key,
+            "engine_pid": os.getpid(),
+            "port": None,
+            "model": "synthetic",
+            "kind": "synth",
+            "state": stats.state,
+            "tok_s": stats.steps_per_s,
+            "weight": membership.weight,
+            "share_pct": me.share_pct if me else 0.0,
+            "busy_pct": me.busy_pct if me else 0.0,
+            "uptime_s": (now - stats.started_us) / 1e6,
+            "slot": membership.slot,
+            "gpu_key": membership.key,
         }
 
     def set_weight(req: dict) -> dict:
