@@ -199,6 +199,16 @@ def test_control_cli_errors(runtime_dir):
     assert r.returncode == 1 and ("not managed" in r.stderr or "another user" in r.stderr)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")
+def test_control_refuses_another_users_engine(procs, runtime_dir):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    other = procs.start(["sleep", "30"], user=nobody.pw_uid, group=nobody.pw_gid)
+    r = run_cli("weight", str(other.pid), "2")
+    assert r.returncode == 1 and "another user" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_launch_detached_and_stop(gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F811
     r = run_cli(
         "launch",

@@ -27,6 +27,7 @@ from .clock import wall_us
 from .control import ControlServer
 from .engines import llama_server as ls
 from .registry import Membership
+from .snapshot import own_peer
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.010
@@ -266,8 +267,6 @@ class Supervisor:
     def _handlers(self) -> dict:
         def status(_req: dict) -> dict:
             m = self.membership
-            from .snapshot import own_peer
-
             me = own_peer(m.segment, m.slot, wall_us()) if m else None
             return {
                 "engine_pid": self.proc.pid if self.proc else None,
