@@ -187,3 +187,19 @@ def test_json_without_once_is_a_usage_error(cli) -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "--json needs --once" in line
+
+
+def test_segment_file_name_not_utf8_is_tolerated(shm_files, gpu_key: str, cli) -> None:
+    # anyone can drop such a file into /dev/shm: neither output may crash on it
+    raw = os.fsencode(f"{abi.SEGMENT_PREFIX}{gpu_key}-") + b"\xff\xfe"
+    with open(shm_files(os.fsdecode(raw)), "xb") as f:
+        f.write(b"junk")
+    shown = f"/opencoti-gpu-{gpu_key}-\ufffd\ufffd"
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}  # strict, as under en_US.UTF-8
+    r = cli("--once", "--json", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    errs = {e["segment"]: e["error"] for e in json.loads(r.stdout)["errors"]}
+    assert errs[shown] == "wrong size 4 (expected 4096)"
+    r = cli("--once", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: {shown}: wrong size 4 (expected 4096)" in r.stdout.splitlines()

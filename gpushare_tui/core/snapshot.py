@@ -88,6 +88,11 @@ def own_peer(segment: Segment, slot: int | None, now_us: int) -> PeerSnapshot | 
     return next((p for p in snap.peers if p.slot == slot), None)
 
 
+def _text(name: str) -> str:
+    """A file name that was not UTF-8 (surrogate-escaped by os.listdir), printable: U+FFFD for bad bytes."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 class SegmentReader:
     """Keeps read-only mappings open across refreshes; picks up new/removed segments."""
 
@@ -108,11 +113,11 @@ class SegmentReader:
                 seg = self._open.get(path)
                 if seg is None:
                     seg = self._open[path] = Segment.attach_readonly(path)
-                gpus.append(build_gpu_snapshot(seg.key, seg.name, seg.read_slots(), now_us))
+                gpus.append(build_gpu_snapshot(_text(seg.key), _text(seg.name), seg.read_slots(), now_us))
             except SegmentError as e:
-                errors.append(SegmentProblem(e.segment, e.why))
+                errors.append(SegmentProblem(_text(e.segment), e.why))
             except (OSError, ValueError) as e:
-                errors.append(SegmentProblem("/" + path.rsplit("/", 1)[-1], str(e)))
+                errors.append(SegmentProblem(_text("/" + path.rsplit("/", 1)[-1]), _text(str(e))))
         return gpus, errors
 
     def close(self) -> None:
