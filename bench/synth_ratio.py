@@ -147,7 +147,7 @@ def main() -> int:
         f"window {args.duration - args.warmup:g} s after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs\n"
     )
     header = (
-        f"{'scenario':<14} {'weights':<9} {'steps/s each':<26} {'aggregate':>9} {'% solo':>7}  {'ratio':<13} target"
+        f"{'scenario':<14} {'weights':<9} {'steps/s each':<26} {'aggregate':>9} {'% solo':>7}  {'ratio':<15} target"
     )
     print(header)
     print("-" * len(header))
@@ -167,7 +167,7 @@ def main() -> int:
         r["pct_of_solo"] = 100 * agg / solo if solo else None
         print(
             f"{r['scenario']:<14} {':'.join(f'{w:g}' for w in weights):<9} "
-            f"{' / '.join(f'{x:.1f}' for x in rates):<26} {agg:9.1f} {pct:>7}  {ratio:<13} {target}"
+            f"{' / '.join(f'{x:.1f}' for x in rates):<26} {agg:9.1f} {pct:>7}  {ratio:<15} {target}"
         )
 
     RESULTS.mkdir(exist_ok=True)
