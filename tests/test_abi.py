@@ -269,12 +269,12 @@ def c_prog(tmp_path_factory: pytest.TempPathFactory) -> str:
     d = tmp_path_factory.mktemp("cabi")
     src, exe = d / "abi.c", d / "abi"
     src.write_text(C_SOURCE)
-    subprocess.run(
-        [cc, "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O1", "-Wall", "-Werror", "-o", str(exe), str(src)],
-        check=True,
+    r = subprocess.run(
+        [cc, "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O1", "-Wall", "-o", str(exe), str(src)],
         capture_output=True,
         text=True,
     )
+    assert r.returncode == 0, f"cc failed:\n{r.stderr}"
     return str(exe)
 
 

@@ -78,7 +78,7 @@ def test_joiner_waits_for_magic_written_last(gpu_key: str) -> None:
     _write_file(path, b"\0" * 4096)  # a creator that has truncated but not yet written the header
 
     def finish_creation() -> None:
-        time.sleep(0.3)
+        time.sleep(0.2)
         with open(path, "r+b") as f:
             f.seek(8)
             f.write(abi.pack_header()[8:])
@@ -94,7 +94,7 @@ def test_joiner_waits_for_magic_written_last(gpu_key: str) -> None:
             assert seg.header.version == 1
     finally:
         t.join()
-    assert 0.25 <= waited < 1.0
+    assert 0.15 <= waited < 1.0  # it waited for the magic, and took it as soon as it was there
 
 
 def test_joiner_gives_up_after_one_second_and_never_overwrites(gpu_key: str) -> None:
