@@ -38,7 +38,7 @@ def shm_path(key: str) -> str:
 
 
 def key_from_path(path: str) -> str:
-    return os.path.basename(path)[len(abi.SEGMENT_PREFIX):]
+    return os.path.basename(path)[len(abi.SEGMENT_PREFIX) :]
 
 
 class Segment:
@@ -222,8 +222,15 @@ class Segment:
         word.store(heartbeat_us)  # type: ignore[attr-defined]
 
     def write_slot_fields(
-        self, index: int, *, boot_us: int, weight: float, active: int,
-        heartbeat_us: int, busy_ppm: int, name_raw: bytes,
+        self,
+        index: int,
+        *,
+        boot_us: int,
+        weight: float,
+        active: int,
+        heartbeat_us: int,
+        busy_ppm: int,
+        name_raw: bytes,
     ) -> None:
         """Seqlock write of every field after seq (the owner's fields)."""
         if self._mv is None:
@@ -231,8 +238,9 @@ class Segment:
         off = self.slot_offset(index)
         seq = self._atomic(off + abi.OFF_SEQ, 4, atomics.UINT)
         seq.fetch_add(1)  # type: ignore[attr-defined]  # odd: writing
-        struct.pack_into("<qfIqI48s", self._mm, off + abi.OFF_BOOT_US,
-                         boot_us, weight, active, heartbeat_us, busy_ppm, name_raw)
+        struct.pack_into(
+            "<qfIqI48s", self._mm, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
+        )
         seq.fetch_add(1)  # type: ignore[attr-defined]  # even: done (seq_cst, a release)
 
 
