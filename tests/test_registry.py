@@ -147,6 +147,14 @@ def test_eviction_when_registry_is_full_logs_failure(gpu_key: str) -> None:
             m.heartbeat()
         assert m.slot is None
         assert "re-join failed" in logs[-1] and "registry full: 16 live peers" in logs[-1]
+        n_logs = len(logs)
+        m.heartbeat()  # still full: retried quietly
+        assert m.slot is None and len(logs) == n_logs
+        others.pop().leave()  # a slot frees up: the next heartbeat re-claims it
+        m.heartbeat()
+        assert m.slot is not None and "re-joined slot" in logs[-1]
+        with Segment.attach_readonly(shm_file(gpu_key)) as ro:
+            assert ro.read_slot(m.slot).pid == m.pid
     finally:
         for o in others:
             o.leave()

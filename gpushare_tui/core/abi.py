@@ -90,6 +90,8 @@ def weight_is_valid(w: float) -> bool:
 def validate_weight(w: float) -> float:
     """Return the f32-rounded weight, or raise BadWeightError."""
     try:
+        if isinstance(w, bool):
+            raise TypeError
         w = float(w)
     except (TypeError, ValueError):
         raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0") from None

@@ -88,6 +88,8 @@ class ControlServer:
             return {"ok": True, **handler(req)}
         except (ValueError, ControlError) as e:
             return {"ok": False, "error": str(e)}
+        except Exception as e:  # a handler bug must not drop the connection silently
+            return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}"}
 
     def close(self) -> None:
         self._server.shutdown()

@@ -202,15 +202,16 @@ class Membership:
         return rec.pid == self.pid and rec.boot_us == self.boot_us
 
     def heartbeat(self) -> None:
-        """One heartbeat (the thread calls this every ~500 ms)."""
+        """One heartbeat (the thread calls this every ~500 ms). An evicted member
+        re-claims a slot, retrying at every heartbeat while the registry is full."""
         with self._lock:
-            if self._segment is None or self._slot is None:
+            if self._segment is None:
                 return
             now = self._clock()
             if self._active and now - self._last_active_us > abi.ACTIVITY_WINDOW_US:
                 self._active = 0
                 self._busy_ppm = 0
-            if self._still_mine(self._slot):
+            if self._slot is not None and self._still_mine(self._slot):
                 self._write(now)
                 return
             old = self._slot
@@ -218,9 +219,11 @@ class Membership:
             try:
                 new = self._claim()
             except RegistryFullError as e:
-                self._log(f"gpu-share: evicted from {self.segment.name} slot {old}; re-join failed: {e}")
+                if old is not None:
+                    self._log(f"gpu-share: evicted from {self.segment.name} slot {old}; re-join failed: {e}; retrying")
                 return
-            self._log(f"gpu-share: evicted from {self.segment.name} slot {old}; re-joined slot {new}")
+            lost = f"slot {old}" if old is not None else "no slot"
+            self._log(f"gpu-share: evicted from {self.segment.name} {lost}; re-joined slot {new}")
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self._heartbeat_s):
