@@ -1,0 +1,174 @@
+"""Dashboard refresh cost: 4 segments x 16 live peers at 1 Hz; target < 3% of one core.
+
+A helper process owns 64 registry slots (Membership objects with distinct
+fake pids, heartbeating, active, busy varying). Then the dashboard runs:
+
+  headless  DashboardApp.run_test() in this process (layout + render, no terminal)
+  tmux      the real `gpushare-tui` in a 120x40 tmux pane (everything, terminal output included)
+
+and we report CPU seconds per wall second (% of one core) over the window,
+after a warm-up. The segments are removed at the end.
+
+    .venv/bin/python bench/dashboard_cost.py [--seconds 30] [--mode headless|tmux|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import psutil
+
+KEYS_N = 4
+PEERS_N = 16
+
+
+def _peers(keys: list[str], shm_dir: str, ready, stop) -> None:
+    from gpushare_tui.core import segment
+    from gpushare_tui.core.registry import Membership
+
+    segment.SHM_DIR = shm_dir  # a private tmpfs directory: no other segments on this host in view
+
+    members = []
+    base = 3_000_000 + random.randrange(100_000)
+    for gi, key in enumerate(keys):
+        for i in range(PEERS_N):
+            m = Membership(key, 1 + (i % 4), f"peer-{gi}-{i:02d}", pid=base + gi * 100 + i, log=lambda _m: None)
+            m.join()
+            members.append(m)
+    ready.set()
+    rng = random.Random(1)
+    while not stop.is_set():
+        for m in members:
+            if rng.random() < 0.9:
+                m.mark_active()
+            m.set_busy_ppm(rng.randrange(1_000_000))
+        time.sleep(0.5)
+    for m in members:
+        m.leave()
+
+
+def start_peers(keys: list[str], shm_dir: str):
+    ctx = mp.get_context("fork")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_peers, args=(keys, shm_dir, ready, stop), daemon=True)
+    proc.start()
+    if not ready.wait(30):
+        raise SystemExit("helper did not register its peers")
+    return proc, stop
+
+
+def measure_headless(shm_dir: str, seconds: float, warmup: float, interval: float) -> dict:
+    from gpushare_tui.app import DashboardApp, LiveSource
+
+    async def run() -> dict:
+        app = DashboardApp(LiveSource(shm_dir=shm_dir), interval_s=interval)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(warmup)
+            seen0, c0, w0 = app.models_seen, time.process_time(), time.monotonic()
+            await asyncio.sleep(seconds)
+            c1, w1 = time.process_time(), time.monotonic()
+            n_rows = app.query_one("#peers").row_count
+            return {"cpu_s": c1 - c0, "wall_s": w1 - w0, "refreshes": app.models_seen - seen0, "rows": n_rows}
+
+    return asyncio.run(run())
+
+
+def measure_tmux(shm_dir: str, seconds: float, warmup: float, interval: float, size=(120, 40)) -> dict:
+    """The same DashboardApp as `gpushare-tui`, in a real terminal, reading only the bench's segments."""
+    if shutil.which("tmux") is None:
+        return {}
+    session = f"bench-{uuid.uuid4().hex[:6]}"
+    code = (
+        "from gpushare_tui.app import DashboardApp, LiveSource; "
+        f"DashboardApp(LiveSource(shm_dir={shm_dir!r}), interval_s={interval!r}).run()"
+    )
+    cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", str(size[0]), "-y", str(size[1]), cmd], check=True
+    )
+    try:
+        pane_pid = int(subprocess.check_output(["tmux", "display", "-p", "-t", session, "#{pane_pid}"]).strip())
+        time.sleep(warmup)
+        proc = psutil.Process(pane_pid)
+        t0 = proc.cpu_times()
+        w0 = time.monotonic()
+        time.sleep(seconds)
+        t1 = proc.cpu_times()
+        w1 = time.monotonic()
+        screen = subprocess.check_output(["tmux", "capture-pane", "-p", "-t", session], text=True)
+        rows = sum(1 for ln in screen.splitlines() if "peer-" in ln)
+        return {
+            "cpu_s": (t1.user + t1.system) - (t0.user + t0.system),
+            "wall_s": w1 - w0,
+            "rows": rows,
+            "refreshes": round((w1 - w0) / interval),
+        }
+    finally:
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=False)
+        time.sleep(1)
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False, stderr=subprocess.DEVNULL)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--mode", choices=("headless", "tmux", "both"), default="both")
+    args = ap.parse_args()
+
+    tag = uuid.uuid4().hex[:6]
+    keys = [f"GPU-bench-{tag}-{i}" for i in range(KEYS_N)]
+    shm_dir = tempfile.mkdtemp(prefix=f"gpushare-bench-{tag}-", dir="/dev/shm")
+
+    helper, stop = start_peers(keys, shm_dir)
+    results = []
+    try:
+        if args.mode in ("headless", "both"):
+            results.append(
+                ("headless run_test 120x40", measure_headless(shm_dir, args.seconds, args.warmup, args.interval))
+            )
+        if args.mode in ("tmux", "both"):
+            for size in ((120, 40), (80, 24)):
+                results.append(
+                    (
+                        f"tmux {size[0]}x{size[1]} (real terminal)",
+                        measure_tmux(shm_dir, args.seconds, args.warmup, args.interval, size),
+                    )
+                )
+    finally:
+        stop.set()
+        helper.join(10)
+        if helper.is_alive():
+            helper.kill()
+        shutil.rmtree(shm_dir, ignore_errors=True)
+
+    print(
+        f"\n{KEYS_N} segments x {PEERS_N} live peers, refresh every {args.interval:g} s, "
+        f"{args.seconds:g} s window after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs\n"
+    )
+    print(f"{'mode':<30} {'wall s':>7} {'cpu s':>7} {'% of 1 core':>12} {'refreshes':>10} {'rows':>5}  verdict")
+    for name, r in results:
+        if not r:
+            print(f"{name:<30} (skipped: tmux not installed)")
+            continue
+        pct = 100 * r["cpu_s"] / r["wall_s"]
+        print(
+            f"{name:<30} {r['wall_s']:>7.1f} {r['cpu_s']:>7.2f} {pct:>11.2f}% {r['refreshes']:>10} {r['rows']:>5}  "
+            f"{'OK (< 3%)' if pct < 3 else 'OVER 3%'}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""`gpushare-tui demo`: three real synthetic engines on a demo key, and the dashboard on them.
+
+Works on any machine (no GPU, no model). The engines are real processes
+(`gpushare-tui synth`) that join the registry, pace themselves and serve the
+control socket, so every admin key works on them. On exit — `q`, Ctrl-C,
+SIGTERM/SIGINT/SIGHUP, or an error — they are ended (by pid) and the demo
+segment is removed. If the demo itself is killed outright, the engines get
+SIGTERM from the kernel (PR_SET_PDEATHSIG).
+
+`start_demo` / `stop_demo` import no Textual; `run_demo` adds the dashboard.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .core.clock import wall_us
+from .core.segment import Segment, SegmentError, shm_path
+
+# (name, weight, --busy-idle): a little idle/busy variation so the plots move.
+DEMO_ENGINES: tuple[tuple[str, float, str | None], ...] = (
+    ("chat", 2.0, None),
+    ("batch", 1.0, "7:3"),
+    ("agent", 1.0, "3:4"),
+)
+PR_SET_PDEATHSIG = 1
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+@dataclass
+class Demo:
+    key: str
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    @property
+    def segment_path(self) -> str:
+        return shm_path(self.key)
+
+
+def default_key() -> str:
+    return f"demo-{os.getpid()}"
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the demo process dies, even on SIGKILL (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def synth_argv(key: str, name: str, weight: float, busy_idle: str | None, step_ms: float) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "gpushare_tui",
+        "synth",
+        "--weight",
+        f"{weight:g}",
+        "--name",
+        name,
+        "--gpu-key",
+        key,
+        "--step-ms",
+        f"{step_ms:g}",
+        "--quiet",
+    ]
+    if busy_idle:
+        argv += ["--busy-idle", busy_idle]
+    return argv
+
+
+def alive_peers(key: str) -> int:
+    try:
+        with Segment.attach_readonly(shm_path(key)) as seg:
+            now = wall_us()
+            return sum(1 for r in seg.read_slots() if r.is_alive(now))
+    except (SegmentError, OSError):
+        return 0
+
+
+def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float = 5.0, timeout_s: float = 20.0) -> Demo:
+    """Start the engines and wait until all are registered; on failure nothing is left running."""
+    demo = Demo(key or default_key())
+    try:
+        for name, weight, busy_idle in engines:
+            log = tempfile.NamedTemporaryFile(prefix=f"gpushare-demo-{name}-", suffix=".log", delete=False)
+            demo.logs.append(log.name)
+            with log:
+                demo.procs.append(
+                    subprocess.Popen(
+                        synth_argv(demo.key, name, weight, busy_idle, step_ms),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                        start_new_session=True,
+                        preexec_fn=_die_with_parent,
+                    )
+                )
+        deadline = time.monotonic() + timeout_s
+        while alive_peers(demo.key) < len(engines):
+            for p, path in zip(demo.procs, demo.logs):
+                if p.poll() is not None:
+                    raise DemoError(f"demo engine {p.pid} exited (code {p.returncode}): {_tail(path)}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"demo engines did not register on {demo.key} within {timeout_s:g} s")
+            time.sleep(0.05)
+    except BaseException:
+        stop_demo(demo)
+        raise
+    return demo
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+        return lines[-1] if lines else "no output"
+    except OSError:
+        return "no output"
+
+
+def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
+    """End every engine (SIGTERM, then SIGCONT+SIGKILL by pid), remove the segment and logs. Idempotent."""
+    for p in demo.procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    for p in demo.procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except ProcessLookupError:
+                pass
+            p.wait()
+    try:
+        os.unlink(demo.segment_path)
+    except FileNotFoundError:
+        pass
+    for path in demo.logs:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    demo.logs.clear()
+
+
+def run_demo(
+    *, interval_s: float = 1.0, readonly: bool = False, key: str | None = None, history_s: float | None = None
+) -> int:
+    """Start the engines, run the dashboard on them, clean up however it ends. Returns an exit code."""
+    state: dict = {"app": None, "signals": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        state["signals"] += 1
+        app = state["app"]
+        loop = getattr(app, "_loop", None) if app is not None else None
+        if state["signals"] == 1 and loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(app.exit)  # leave the terminal tidy; `finally` cleans up
+            return
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    demo = None
+    try:
+        print("gpushare-tui demo: starting 3 synthetic engines (weights 2/1/1)…", file=sys.stderr, flush=True)
+        demo = start_demo(key)
+        from .app import DashboardApp
+
+        app = DashboardApp(gpu_key=demo.key, interval_s=interval_s, readonly=readonly, history_s=history_s)
+        state["app"] = app
+        app.run()
+        return 0
+    except DemoError as e:
+        print(f"gpushare-tui: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if demo is not None:
+            stop_demo(demo)
+        for s, h in old.items():
+            signal.signal(s, h)

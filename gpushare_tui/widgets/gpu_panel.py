@@ -1,0 +1,86 @@
+"""One GPU (segment): device stats from NVML, the period, and the TDM timeline."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+
+from ..core.gpu import DeviceStats
+from .model import GpuView
+from .text_line import TextLine
+from .timeline import Timeline
+
+
+def _num(x: float | None, spec: str, unit: str = "") -> str | None:
+    return None if x is None else f"{format(x, spec)}{unit}"
+
+
+def device_summary(dev: DeviceStats | None) -> str:
+    if dev is None:
+        return "no NVML device for this key"
+    parts = []
+    if (u := _num(dev.util_pct, ".0f", "%")) is not None:
+        parts.append(f"util {u}")
+    if dev.mem_used_mib is not None and dev.mem_total_mib is not None:
+        parts.append(f"mem {dev.mem_used_mib / 1024:.1f}/{dev.mem_total_mib / 1024:.1f} GiB")
+    if (t := _num(dev.temperature_c, ".0f", "°C")) is not None:
+        parts.append(t)
+    if (p := _num(dev.power_w, ".0f", " W")) is not None:
+        parts.append(p)
+    return " · ".join(parts) or "NVML: no readings"
+
+
+def info_line(view: GpuView) -> Text:
+    snap = view.snapshot
+    alive = sum(1 for p in snap.peers if p.alive)
+    active = sum(1 for p in snap.peers if p.alive and p.active)
+    period = f"period {snap.period_ms} ms" if snap.period_ms is not None else "no schedule (unthrottled)"
+    t = Text()
+    t.append(period, style="bold")
+    t.append(f" · {alive} peer{'s' if alive != 1 else ''}, {active} active")
+    t.append(" · ")
+    t.append(device_summary(view.device), style="dim" if view.device is None else "")
+    return t
+
+
+class GpuPanel(Vertical):
+    """Updated in place with `show(view)`; never re-created per tick."""
+
+    DEFAULT_CSS = """
+    GpuPanel {
+        height: auto;
+        border: round $primary 60%;
+        border-title-color: $text;
+        border-title-style: bold;
+        border-subtitle-color: $text-muted;
+        padding: 0 1;
+    }
+    GpuPanel.-selected { border: round $accent; }
+    GpuPanel > .gpu-info { height: 1; }
+    """
+
+    def __init__(self, view: GpuView, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.gpu_key = view.gpu_key
+        self._view = view
+        self._info = TextLine(info_line(view), classes="gpu-info")
+        self._timeline = Timeline(view.snapshot)
+        self._set_titles(view)
+
+    def compose(self) -> ComposeResult:
+        yield self._info
+        yield self._timeline
+
+    def _set_titles(self, view: GpuView) -> None:
+        name = view.device.name if view.device and view.device.name else None
+        self.border_title = f"{view.gpu_key} · {name}" if name else view.gpu_key
+        self.border_subtitle = view.snapshot.segment
+
+    def show(self, view: GpuView) -> None:
+        old = self._view
+        self._view = view
+        if old.device != view.device or old.snapshot.segment != view.snapshot.segment:
+            self._set_titles(view)
+        self._info.set_text(info_line(view))
+        self._timeline.show(view.snapshot)

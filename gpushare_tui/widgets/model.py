@@ -1,0 +1,192 @@
+"""The immutable model the dashboard renders, and the plot history built from it.
+
+Data flows one way: the App's collector thread builds a `DashboardModel` from
+`core.snapshot` (+ NVML + control-socket status) and posts it to the UI; the
+widgets only render it. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..core.gpu import DeviceStats
+from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a managed engine's control socket said (`status`), or why it did not."""
+
+    state: str | None = None  # running / stopped / loading / exiting ...
+    tok_s: float | None = None
+    model: str | None = None
+    kind: str | None = None
+    port: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    gpu_key: str
+    peer: PeerSnapshot
+    managed: bool = False  # has a control socket we can reach
+    vram_mib: float | None = None
+    engine: EngineInfo | None = None
+
+    @property
+    def key(self) -> str:
+        """Stable row identity: a new owner of the slot is a new row."""
+        p = self.peer
+        return f"{self.gpu_key}/{p.slot}/{p.pid}/{p.boot_us}"
+
+    @property
+    def tok_s(self) -> float | None:
+        return self.engine.tok_s if self.engine is not None else None
+
+
+@dataclass(frozen=True)
+class GpuView:
+    snapshot: GpuSnapshot
+    device: DeviceStats | None = None
+    rows: tuple[PeerRow, ...] = ()
+    achieved_pct: tuple[tuple[int, float], ...] = ()  # (slot, achieved share %) when every member's tok/s is known
+
+    @property
+    def gpu_key(self) -> str:
+        return self.snapshot.gpu_key
+
+
+@dataclass(frozen=True)
+class DashboardModel:
+    now_us: int
+    gpus: tuple[GpuView, ...] = ()
+    errors: tuple[SegmentProblem, ...] = ()
+    collect_ms: float = 0.0
+
+    def rows(self) -> tuple[PeerRow, ...]:
+        return tuple(r for g in self.gpus for r in g.rows)
+
+    def gpu(self, key: str | None) -> GpuView | None:
+        return next((g for g in self.gpus if g.gpu_key == key), None)
+
+
+def achieved_shares(rows: tuple[PeerRow, ...]) -> tuple[tuple[int, float], ...]:
+    """Achieved share % = tok/s ÷ Σ tok/s over the schedule's members.
+
+    Only when every member reports tok/s (a partial sum would mislead); it is
+    comparable with the configured share when the engines are alike.
+    """
+    members = [r for r in rows if r.peer.alive and r.peer.active and r.peer.weight is not None]
+    if not members or any(r.tok_s is None for r in members):
+        return ()
+    total = sum(r.tok_s or 0.0 for r in members)
+    if total <= 0:
+        return ()
+    return tuple((r.peer.slot, 100.0 * (r.tok_s or 0.0) / total) for r in members)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a plot: x in seconds relative to now (≤ 0)."""
+
+    slot: int
+    label: str
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+    dashed: bool = False
+
+
+METRICS = ("share", "busy", "achieved", "configured")
+
+
+@dataclass
+class _Line:
+    slot: int
+    label: str
+    points: deque = field(default_factory=deque)  # (t_s, share, busy, achieved|None)
+
+
+class History:
+    """Per-peer samples over the last `span_s` seconds (UI thread only)."""
+
+    def __init__(self, span_s: float = 120.0) -> None:
+        self.span_s = span_s
+        self._lines: dict[tuple[str, int, int, int], _Line] = {}
+        self._last_t: float | None = None
+
+    def add(self, model: DashboardModel) -> None:
+        t = model.now_us / 1e6
+        if self._last_t is not None and t <= self._last_t:
+            return  # a frozen clock or a repeated model: nothing new
+        self._last_t = t
+        for g in model.gpus:
+            achieved = dict(g.achieved_pct)
+            for r in g.rows:
+                p = r.peer
+                k = (g.gpu_key, p.slot, p.pid, p.boot_us)
+                line = self._lines.get(k)
+                if line is None:
+                    line = self._lines[k] = _Line(p.slot, p.name or f"pid {p.pid}")
+                line.points.append((t, p.share_pct, p.busy_pct, achieved.get(p.slot)))
+        cutoff = t - self.span_s
+        for k in list(self._lines):
+            pts = self._lines[k].points
+            while pts and pts[0][0] < cutoff:
+                pts.popleft()
+            if not pts:
+                del self._lines[k]
+
+    def series(self, gpu_key: str, metric: str, now_s: float, span_s: float, buckets: int) -> tuple[Series, ...]:
+        """Lines of one GPU for `metric` (share, busy, achieved, configured) over the last `span_s`.
+
+        Samples are averaged into `buckets` time buckets aligned to the clock
+        (one per braille dot column: finer is invisible), and runs of equal
+        values are reduced to their ends, so a flat line costs two points.
+        """
+        idx = {"share": 1, "busy": 2, "achieved": 3, "configured": 1}[metric]
+        need_achieved = metric in ("achieved", "configured")
+        bw = span_s / max(1, buckets)
+        cutoff = now_s - span_s
+        out = []
+        for (key, *_), line in self._lines.items():
+            if key != gpu_key:
+                continue
+            sums: dict[int, list[float]] = {}
+            for pt in line.points:
+                t = pt[0]
+                if t < cutoff or (need_achieved and pt[3] is None):
+                    continue
+                acc = sums.setdefault(int(t // bw), [0.0, 0])
+                acc[0] += pt[idx]
+                acc[1] += 1
+            if not sums:
+                continue
+            xy = [(min(0.0, (b + 0.5) * bw - now_s), round(v / n, 1)) for b, (v, n) in sums.items()]
+            xy = _compress(xy)
+            out.append(
+                Series(
+                    line.slot,
+                    line.label,
+                    tuple(x for x, _ in xy),
+                    tuple(y for _, y in xy),
+                    dashed=metric == "configured",
+                )
+            )
+        out.sort(key=lambda s: s.slot)
+        return tuple(out)
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+
+def _compress(xy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Drop the inner points of runs of equal y (a line through them is the same line)."""
+    if len(xy) <= 2:
+        return xy
+    out = [xy[0]]
+    for i in range(1, len(xy) - 1):
+        if not (xy[i - 1][1] == xy[i][1] == xy[i + 1][1]):
+            out.append(xy[i])
+    out.append(xy[-1])
+    return out

@@ -1,0 +1,414 @@
+"""The peers table: one row per registered peer of every shown GPU, updated in place.
+
+Sortable (click a header, or `o` to cycle), row selection by arrows and mouse.
+Rows are keyed by (gpu, slot, pid, boot) so the selection survives refreshes
+and re-sorting.
+
+It is a Line-API widget rather than a DataTable: a DataTable drops every
+cell's render cache on any cell update, so a 1 Hz refresh re-rendered every
+visible cell through Rich each tick. Here each row is one cached Strip,
+rebuilt only when that row's text (or its selection) changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from .model import PeerRow
+from .palette import slot_colour, slot_marker
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    width: int
+    sort: Callable[[PeerRow], object]
+    descending: bool = False  # first click sorts high → low
+    numeric: bool = False
+
+
+def _num_or(x: float | None, default: float = -1.0) -> float:
+    return default if x is None else x
+
+
+def _state_order(r: PeerRow) -> int:
+    p = r.peer
+    return 0 if p.alive and p.active else 1 if p.alive else 2
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("slot", "SLOT", 4, lambda r: (r.gpu_key, r.peer.slot)),
+    Column("pid", "PID", 7, lambda r: r.peer.pid, numeric=True),
+    Column("name", "NAME", 14, lambda r: (r.peer.name.lower(), r.peer.slot)),
+    Column("weight", "WEIGHT", 6, lambda r: _num_or(r.peer.weight), True, True),
+    Column("share", "SHARE%", 6, lambda r: r.peer.share_pct, True, True),
+    Column("busy", "BUSY%", 5, lambda r: r.peer.busy_pct, True, True),
+    Column("status", "STATUS", 6, _state_order),
+    Column("hb", "HB", 5, lambda r: r.peer.heartbeat_age_ms, True, True),
+    Column("vram", "VRAM", 6, lambda r: _num_or(r.vram_mib), True, True),
+    Column("toks", "TOK/S", 6, lambda r: _num_or(r.tok_s), True, True),
+    Column("engine", "ENGINE", 9, lambda r: (not r.managed, _engine_text(r).plain)),
+    Column("gpu", "GPU", 14, lambda r: (r.gpu_key, r.peer.slot)),
+)
+COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
+_NO_STYLE = Style()
+SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "name", "pid")
+
+
+def _fmt_weight(w: float | None) -> str:
+    if w is None:
+        return "bad"
+    return f"{w:.3g}" if w < 1000 else f"{w:.2e}"
+
+
+def _engine_text(r: PeerRow) -> Text:
+    if not r.peer.alive:
+        return Text("-", style="dim")
+    if not r.managed:
+        return Text("read-only", style="dim italic")
+    e = r.engine
+    if e is None:
+        return Text("…", style="dim")
+    if e.error:
+        return Text("no reply", style="red")
+    state = e.state or "?"
+    style = {"running": "green", "loading": "yellow", "stopped": "red", "exiting": "yellow"}.get(state, "")
+    return Text(state, style=style)
+
+
+def _fmt_age(ms: float) -> str:
+    if ms < 1000:
+        return "<1s"  # heartbeats come every ~0.5 s: finer would only flicker
+    if ms < 10_000:
+        return f"{ms / 1000:.1f}s"
+    if ms < 600_000:
+        return f"{ms / 1000:.0f}s"
+    return "old"
+
+
+def row_cells(r: PeerRow) -> tuple[Text, ...]:
+    """The rendered cells of one row, in COLUMNS order (pure)."""
+    p = r.peer
+    dead = not p.alive
+    base = "dim" if dead else ""
+    colour = slot_colour(p.slot)
+    swatch = Text.assemble(("■", colour), f"{p.slot:>2}" if p.slot >= 10 else f" {slot_marker(p.slot)}")
+    if p.alive:
+        status = Text("active", style="bold green") if p.active else Text("idle", style="yellow")
+    else:
+        status = Text("dead", style="bold red")
+    vram = "-" if r.vram_mib is None else (f"{r.vram_mib:.0f}M" if r.vram_mib < 10_000 else f"{r.vram_mib / 1024:.1f}G")
+    toks = "-" if r.tok_s is None else f"{r.tok_s:.1f}" if r.tok_s < 1000 else f"{r.tok_s:.0f}"
+    cells = (
+        swatch,
+        Text(str(p.pid), justify="right", style=base),
+        Text(p.name or "", style=f"{base} {colour}".strip(), overflow="ellipsis", no_wrap=True),
+        Text(_fmt_weight(p.weight), justify="right", style=base if p.weight is not None else "red"),
+        Text(f"{p.share_pct:.1f}", justify="right", style=f"bold {base}".strip()),
+        Text(f"{p.busy_pct:.0f}", justify="right", style=base),
+        status,
+        Text(_fmt_age(p.heartbeat_age_ms), justify="right", style="red" if dead else base),
+        Text(vram, justify="right", style=base),
+        Text(toks, justify="right", style=base),
+        _engine_text(r),
+        Text(r.gpu_key, style="dim", overflow="ellipsis", no_wrap=True),
+    )
+    return cells
+
+
+class PeersTable(ScrollView, can_focus=True):
+    """`show(rows)` replaces the data; the header stays on line 0 while rows scroll."""
+
+    COMPONENT_CLASSES = {"peers-table--header", "peers-table--cursor", "peers-table--cursor-blurred"}
+
+    DEFAULT_CSS = """
+    PeersTable {
+        height: auto;
+        max-height: 100%;
+        background: $surface;
+        & > .peers-table--header { text-style: bold; color: $text-primary; background: $panel; }
+        & > .peers-table--cursor { background: $accent 35%; text-style: bold; }
+        & > .peers-table--cursor-blurred { background: $accent 15%; }
+    }
+    """
+
+    BINDINGS = [
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", show=False),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("home", "edge(0)", show=False),
+        Binding("end", "edge(1)", show=False),
+    ]
+
+    class Highlighted(Message):
+        """The selected row changed (its key, or None when the table is empty)."""
+
+        def __init__(self, table: PeersTable, key: str | None) -> None:
+            super().__init__()
+            self.table = table
+            self.key = key
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._rows: dict[str, PeerRow] = {}
+        self._cells: dict[str, tuple[Text, ...]] = {}
+        self._order: list[str] = []
+        self._strips: dict[tuple[str, int], Strip] = {}
+        self._header_strip: Strip | None = None
+        self.sort_column = "slot"
+        self.sort_reverse = False
+        self.selected_key: str | None = None
+        self.cursor_row = 0
+        self._width = sum(c.width + 2 for c in COLUMNS)
+        self.virtual_size = Size(self._width, 1)
+
+    # -- data --------------------------------------------------------------
+
+    @property
+    def row_count(self) -> int:
+        return len(self._order)
+
+    @property
+    def order(self) -> list[str]:
+        return list(self._order)
+
+    def row(self, key: str | None) -> PeerRow | None:
+        return self._rows.get(key) if key is not None else None
+
+    @property
+    def selected_row(self) -> PeerRow | None:
+        return self.row(self.selected_key)
+
+    def cells(self, key: str) -> tuple[Text, ...]:
+        return self._cells[key]
+
+    def show(self, rows: tuple[PeerRow, ...]) -> None:
+        """Show `rows`: rebuild only the rows whose text changed; keep order and selection."""
+        new = {r.key: r for r in rows}
+        changed: list[str] = []
+        removed = [k for k in self._rows if k not in new]
+        for gone in removed:
+            del self._rows[gone], self._cells[gone]
+        for k, r in new.items():
+            cells = row_cells(r)
+            if self._cells.get(k) != cells:
+                self._cells[k] = cells
+                changed.append(k)
+                for sel in (0, 1, 2):
+                    self._strips.pop((k, sel), None)
+            self._rows[k] = r
+        if not changed and not removed:
+            return
+        n_before, old_order = len(self._order), self._order
+        self._order = self._sorted_keys()
+        if len(self._order) != n_before:
+            self.virtual_size = Size(self._width, len(self._order) + 1)
+            self.refresh(layout=True)
+        self._restore_cursor()
+        if self._order != old_order:
+            self.refresh()
+            return
+        top = round(self.scroll_y)
+        height = self.scrollable_content_region.height
+        index = {k: i for i, k in enumerate(self._order)}
+        for k in changed:  # repaint only the changed rows that are on screen
+            y = index[k] - top + 1
+            if 1 <= y < height:
+                self.refresh(Region(0, y, self.size.width, 1))
+
+    def _sorted_keys(self) -> list[str]:
+        col = COLUMN_BY_KEY[self.sort_column]
+        tie = COLUMN_BY_KEY["slot"].sort
+        keys = sorted(self._rows, key=lambda k: tie(self._rows[k]))  # type: ignore[arg-type, return-value]
+        keys.sort(key=lambda k: col.sort(self._rows[k]), reverse=self.sort_reverse)  # type: ignore[arg-type, return-value]
+        return keys
+
+    def _restore_cursor(self) -> None:
+        """Keep the selected key selected; if it left, keep the cursor's position."""
+        if self.selected_key in self._rows:
+            self.cursor_row = self._order.index(self.selected_key)  # type: ignore[arg-type]
+            return
+        if not self._order:
+            if self.selected_key is not None:
+                self.selected_key = None
+                self.post_message(self.Highlighted(self, None))
+            return
+        self.cursor_row = max(0, min(self.cursor_row, len(self._order) - 1))
+        self.selected_key = self._order[self.cursor_row]
+        self.post_message(self.Highlighted(self, self.selected_key))
+
+    # -- selection ---------------------------------------------------------
+
+    def select_index(self, index: int) -> None:
+        if not self._order:
+            return
+        index = max(0, min(index, len(self._order) - 1))
+        key = self._order[index]
+        moved = key != self.selected_key
+        self.cursor_row = index
+        self.selected_key = key
+        self._scroll_to_cursor()
+        self.refresh()
+        if moved:
+            self.post_message(self.Highlighted(self, key))
+
+    def select_key(self, key: str) -> None:
+        if key in self._rows:
+            self.select_index(self._order.index(key))
+
+    def _scroll_to_cursor(self) -> None:
+        visible = max(1, self.scrollable_content_region.height - 1)
+        top = round(self.scroll_y)
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False)
+        elif self.cursor_row >= top + visible:
+            self.scroll_to(y=self.cursor_row - visible + 1, animate=False)
+
+    def action_cursor(self, delta: int) -> None:
+        self.select_index(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        self.select_index(self.cursor_row + direction * max(1, self.scrollable_content_region.height - 2))
+
+    def action_edge(self, end: int) -> None:
+        self.select_index(len(self._order) - 1 if end else 0)
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:
+            return
+        if offset.y == 0:
+            column = self._column_at(offset.x + round(self.scroll_x))
+            if column is not None:
+                self.sort_by(column)
+            return
+        self.select_index(round(self.scroll_y) + offset.y - 1)
+
+    def _column_at(self, x: int) -> str | None:
+        pos = 0
+        for c in COLUMNS:
+            pos += c.width + 2
+            if x < pos:
+                return c.key
+        return None
+
+    # -- sorting -----------------------------------------------------------
+
+    def sort_by(self, column: str, reverse: bool | None = None) -> None:
+        col = COLUMN_BY_KEY[column]
+        if reverse is None:
+            reverse = (not self.sort_reverse) if column == self.sort_column else col.descending
+        self.sort_column, self.sort_reverse = column, reverse
+        self._header_strip = None
+        self._order = self._sorted_keys()
+        self._restore_cursor()
+        self._scroll_to_cursor()
+        self.refresh()
+
+    def cycle_sort(self) -> str:
+        i = SORT_CYCLE.index(self.sort_column) if self.sort_column in SORT_CYCLE else -1
+        column = SORT_CYCLE[(i + 1) % len(SORT_CYCLE)]
+        self.sort_by(column, COLUMN_BY_KEY[column].descending)
+        return column
+
+    # -- rendering ---------------------------------------------------------
+
+    def _cell_segments(self, cells: tuple[Text, ...], mark: tuple[int, str] | None = None) -> list[Segment]:
+        """One row as Segments, built directly (the hot path: no Rich layout per cell).
+
+        `mark` = (column index, char) puts a char in that cell's outer padding
+        (the header's sort arrow), so labels are never truncated for it.
+        """
+        console = self.app.console
+        out: list[Segment] = []
+        for i, (c, cell) in enumerate(zip(COLUMNS, cells)):
+            plain = cell.plain
+            if cell_len(plain) > c.width:
+                cell = cell.copy()
+                cell.truncate(c.width, overflow="ellipsis")
+                plain = cell.plain
+            pad = " " * (c.width - cell_len(plain))
+            left, right = (pad, "") if cell.justify == "right" else ("", pad)
+            style = console.get_style(cell.style) if cell.style else _NO_STYLE
+            before, after = " ", " "
+            if mark is not None and mark[0] == i:
+                if cell.justify == "right":
+                    before = mark[1]
+                else:
+                    after = mark[1]
+            out.append(Segment(before + left, style))
+            if cell.spans:
+                out.extend(
+                    Segment(seg.text, style + seg.style if seg.style else style)
+                    for seg in cell.render(console)
+                    if seg.text
+                )
+            else:
+                out.append(Segment(plain, style))
+            out.append(Segment(right + after, style))
+        return out
+
+    def _render_row(self, cells: tuple[Text, ...], style: Style, mark: tuple[int, str] | None = None) -> Strip:
+        segments = list(Segment.apply_style(self._cell_segments(cells, mark), style))
+        return Strip(segments).extend_cell_length(self._width, style)
+
+    def _header(self) -> Strip:
+        if self._header_strip is None:
+            cells = tuple(Text(c.label, justify="right" if c.numeric else "left") for c in COLUMNS)
+            col = next(i for i, c in enumerate(COLUMNS) if c.key == self.sort_column)
+            style = self.get_component_rich_style("peers-table--header")
+            self._header_strip = self._render_row(cells, style, (col, "▼" if self.sort_reverse else "▲"))
+        return self._header_strip
+
+    def _row_strip(self, key: str, selected: int) -> Strip:
+        strip = self._strips.get((key, selected))
+        if strip is None:
+            base = self.rich_style
+            if selected == 1:
+                style = base + self.get_component_rich_style("peers-table--cursor")
+            elif selected == 2:
+                style = base + self.get_component_rich_style("peers-table--cursor-blurred")
+            else:
+                style = base
+            strip = self._render_row(self._cells[key], style)
+            self._strips[(key, selected)] = strip
+        return strip
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.scrollable_content_region.width
+        if y == 0:
+            strip = self._header()
+        else:
+            i = scroll_y + y - 1
+            if i >= len(self._order):
+                return Strip.blank(width, self.rich_style)
+            key = self._order[i]
+            selected = 0 if i != self.cursor_row else (1 if self.has_focus else 2)
+            strip = self._row_strip(key, selected)
+        return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+        self._header_strip = None

@@ -1,0 +1,41 @@
+"""The one-line title bar: host, time of the data, refresh interval, mode."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from rich.text import Text
+
+from .text_line import TextLine
+
+
+def top_text(
+    now_us: int | None, n_gpus: int, n_peers: int, interval_s: float, readonly: bool, host: str | None = None
+) -> Text:
+    t = Text()
+    t.append(" gpushare-tui ", style="bold reverse")
+    t.append(f"  {host or socket.gethostname()}")
+    if now_us is not None:
+        t.append("  " + time.strftime("%H:%M:%S", time.localtime(now_us / 1e6)))
+    t.append(f"  {n_gpus} GPU segment{'s' if n_gpus != 1 else ''} · {n_peers} peer{'s' if n_peers != 1 else ''}")
+    t.append(f"  refresh {interval_s:g}s")
+    if readonly:
+        t.append("  READ-ONLY", style="bold yellow")
+    t.append("   ? help  q quit", style="dim")
+    return t
+
+
+class TopBar(TextLine):
+    DEFAULT_CSS = """
+    TopBar { height: 1; background: $panel; }
+    """
+
+    def __init__(self, interval_s: float, readonly: bool, host: str | None = None, **kwargs) -> None:
+        super().__init__(top_text(None, 0, 0, interval_s, readonly, host), **kwargs)
+        self.interval_s = interval_s
+        self.readonly = readonly
+        self.host = host
+
+    def show(self, now_us: int, n_gpus: int, n_peers: int) -> None:
+        self.set_text(top_text(now_us, n_gpus, n_peers, self.interval_s, self.readonly, self.host))

@@ -1,0 +1,94 @@
+"""Edit one peer's weight. Validated here (finite, > 0, fits f32): errors inline, nothing sent."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+from ..core.abi import BadWeightError, validate_weight
+from .model import PeerRow
+
+
+def parse_weight(text: str) -> float:
+    """The f32 weight for `text`, or BadWeightError with a one-line reason."""
+    text = text.strip()
+    if not text:
+        raise BadWeightError("enter a weight: a finite number > 0")
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadWeightError(f"{text!r} is not a number: enter a finite number > 0") from None
+    return validate_weight(value)
+
+
+class WeightModal(ModalScreen[float | None]):
+    """Dismisses with the new weight, or None when cancelled."""
+
+    DEFAULT_CSS = """
+    WeightModal { align: center middle; }
+    WeightModal > Vertical {
+        width: 56; height: auto; padding: 1 2;
+        border: thick $accent; background: $surface;
+    }
+    WeightModal .title { text-style: bold; margin-bottom: 1; }
+    WeightModal Input { background: $boost; margin-top: 1; }
+    WeightModal Input:focus { background: $primary 30%; }
+    WeightModal #weight-error { color: $error; height: auto; min-height: 1; margin-top: 1; }
+    WeightModal Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
+    WeightModal Button { margin-left: 1; min-width: 10; }
+    """
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, row: PeerRow) -> None:
+        super().__init__()
+        self.row = row
+
+    def compose(self) -> ComposeResult:
+        p = self.row.peer
+        current = "invalid" if p.weight is None else f"{p.weight:g}"
+        with Vertical():
+            yield Label(f"Weight of {p.name or 'pid'} (pid {p.pid}, slot {p.slot})", classes="title")
+            yield Static(f"now {current} → share {p.share_pct:.1f}%  ·  finite number > 0", classes="hint")
+            yield Input(
+                value="" if p.weight is None else f"{p.weight:g}",
+                id="weight-input",
+                placeholder="e.g. 2 or 0.5",
+                select_on_focus=True,
+            )
+            yield Static("", id="weight-error")
+            with Horizontal():
+                yield Button("Cancel", id="cancel")
+                yield Button("Set", id="ok", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def _submit(self) -> None:
+        text = self.query_one(Input).value
+        try:
+            weight = parse_weight(text)
+        except BadWeightError as e:
+            self.query_one("#weight-error", Static).update(str(e))
+            return
+        self.dismiss(weight)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._submit()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.query_one("#weight-error", Static).update("")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "ok":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
