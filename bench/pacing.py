@@ -16,10 +16,9 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpushare_tui.core import schedule  # noqa: E402
 from gpushare_tui.core.engines.llama_server import free_port  # noqa: E402
+from gpushare_tui.testing.load import StreamLoad  # noqa: E402
 from gpushare_tui.testing.tiny_gguf import write_tiny_llama  # noqa: E402
 
 CLI = [sys.executable, "-m", "gpushare_tui"]
@@ -52,56 +52,22 @@ class Engine:
     pid: int
     proc: subprocess.Popen | None = None  # plain (unsupervised) engines only
     managed: bool = True
-    tokens: list[float] = field(default_factory=list)  # arrival times (monotonic s)
-    stop_load: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    load: StreamLoad | None = None
+
+    @property
+    def tokens(self) -> list[float]:
+        return self.load.tokens if self.load else []
 
 
-def stream_load(e: Engine, n_predict: int) -> None:
-    """Back-to-back streaming completions; records each token's arrival time."""
-    body = {"prompt": "the a of", "n_predict": n_predict, "ignore_eos": True, "stream": True, "cache_prompt": False}
-    with httpx.Client(timeout=httpx.Timeout(60.0)) as c:
-        while not e.stop_load.is_set():
-            try:
-                with c.stream("POST", f"http://127.0.0.1:{e.port}/completion", json=body) as r:
-                    for line in r.iter_lines():
-                        if line.startswith("data: ") and '"content"' in line:
-                            e.tokens.append(time.monotonic())
-                        if e.stop_load.is_set():
-                            break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+def engine_argv(server: str, model: str, threads: int, ctx: int, port: int) -> list[str]:
+    return [server, "-m", model, "-t", str(threads), "-c", str(ctx), "-np", "1", "--port", str(port)]
 
 
 def start_supervised(server: str, model: str, key: str, weight: float, threads: int, ctx: int) -> Engine:
     port = free_port()
+    launch = [*CLI, "launch", "--json", "--weight", str(weight), "--gpu-key", key, "--name", f"w{weight:g}-{port}"]
     out = subprocess.run(
-        [
-            *CLI,
-            "launch",
-            "--json",
-            "--weight",
-            str(weight),
-            "--gpu-key",
-            key,
-            "--name",
-            f"w{weight:g}-{port}",
-            "--",
-            server,
-            "-m",
-            model,
-            "-t",
-            str(threads),
-            "-c",
-            str(ctx),
-            "-np",
-            "1",
-            "--port",
-            str(port),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
+        [*launch, "--", *engine_argv(server, model, threads, ctx, port)], capture_output=True, text=True, timeout=180
     )
     if out.returncode != 0:
         raise RuntimeError(f"launch failed: {out.stderr.strip()}")
@@ -111,21 +77,7 @@ def start_supervised(server: str, model: str, key: str, weight: float, threads: 
 
 def start_plain(server: str, model: str, weight: float, threads: int, ctx: int, nice: int = 0) -> Engine:
     port = free_port()
-    cmd = [
-        server,
-        "-m",
-        model,
-        "-t",
-        str(threads),
-        "-c",
-        str(ctx),
-        "-np",
-        "1",
-        "--port",
-        str(port),
-        "--host",
-        "127.0.0.1",
-    ]
+    cmd = [*engine_argv(server, model, threads, ctx, port), "--host", "127.0.0.1"]
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -143,10 +95,11 @@ def start_plain(server: str, model: str, weight: float, threads: int, ctx: int, 
 
 def end(engines: list[Engine]) -> None:
     for e in engines:
-        e.stop_load.set()
+        if e.load:
+            e.load.stop_nowait()
     for e in engines:
-        if e.thread:
-            e.thread.join(timeout=30)
+        if e.load:
+            e.load.stop()
     for e in engines:
         if e.managed:
             subprocess.run([*CLI, "stop", str(e.pid)], capture_output=True, timeout=60)
@@ -173,8 +126,7 @@ def gaps_ms(times: list[float], t0: float, t1: float) -> dict:
 
 def measure(engines: list[Engine], seconds: float, n_predict: int, warmup_s: float = 3.0) -> tuple[float, float]:
     for e in engines:
-        e.thread = threading.Thread(target=stream_load, args=(e, n_predict), daemon=True)
-        e.thread.start()
+        e.load = StreamLoad(e.port, n_predict).start()
     deadline = time.monotonic() + 60
     while any(not e.tokens for e in engines) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -186,7 +138,7 @@ def measure(engines: list[Engine], seconds: float, n_predict: int, warmup_s: flo
 
 def idle_release_s(stays: Engine, goes: Engine, solo_tok_s: float, limit_s: float = 8.0) -> float | None:
     """Time from `goes` going idle until `stays` streams at >= 95% of solo (0.5 s windows)."""
-    goes.stop_load.set()
+    goes.load.stop_nowait()  # type: ignore[union-attr]
     t_idle = time.monotonic()
     step = 0.1
     while time.monotonic() - t_idle < limit_s:
