@@ -1,0 +1,455 @@
+"""Dashboard Pilot tests against real engines (`gpushare-tui synth`) and real segments.
+
+Each test uses its own gpu key and control-socket directory; every process it
+starts is killed by pid (SIGCONT, then SIGKILL) and its segment removed (the
+conftest fixtures do both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import Callable
+
+import pytest
+from conftest import cli_argv, shm_file, wait_for
+
+from gpushare_tui.app import KEY_HELP, DashboardApp, LiveSource
+from gpushare_tui.core import abi, segment
+from gpushare_tui.core.control import socket_path
+from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.segment import Segment
+from gpushare_tui.widgets.confirm_stop import ConfirmStop
+from gpushare_tui.widgets.gpu_panel import GpuPanel
+from gpushare_tui.widgets.help_screen import HelpScreen
+from gpushare_tui.widgets.launch_form import LaunchForm, LaunchResult
+from gpushare_tui.widgets.peers_table import PeersTable
+from gpushare_tui.widgets.weight_modal import WeightModal
+
+SIZE = (120, 40)
+
+
+def start_synth(procs, key: str, weight: str = "1", name: str = "pilot"):
+    p = procs.start(
+        cli_argv(
+            "synth",
+            "--weight",
+            weight,
+            "--name",
+            name,
+            "--gpu-key",
+            key,
+            "--quiet",
+            "--busy-idle",
+            "0.2:0.8",
+            "--step-ms",
+            "2",
+        )
+    )
+    wait_for(lambda: p.poll() is not None or os.path.exists(socket_path(p.pid)), 20, what="synth control socket")
+    assert p.poll() is None, p.stderr.read() if p.stderr else "synth exited"
+    wait_for(lambda: slot_of(key, p.pid) is not None, 10, what="synth slot")
+    return p
+
+
+def slot_of(key: str, pid: int) -> abi.SlotRecord | None:
+    try:
+        with Segment.attach_readonly(shm_file(key)) as seg:
+            return next((r for r in seg.read_slots() if r.pid == pid), None)
+    except Exception:
+        return None
+
+
+async def until(pilot, pred: Callable[[], object], timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await pilot.pause(0.02)
+
+
+def notes(app: DashboardApp) -> list[str]:
+    return [str(n.message) for n in app._notifications]
+
+
+async def _row_ready(pilot, pid: int):
+    app = pilot.app
+    table = app.query_one(PeersTable)
+    await until(
+        pilot,
+        lambda: (
+            table.selected_row is not None
+            and table.selected_row.peer.pid == pid
+            and table.selected_row.engine is not None
+        ),
+        what=f"row of pid {pid} with engine status",
+    )
+    return table
+
+
+def test_keyboard_weight_edit_reaches_the_slot_within_1s(gpu_key, procs, runtime_dir):
+    p = start_synth(procs, gpu_key)
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await _row_ready(pilot, p.pid)
+            await pilot.press("w")
+            await until(pilot, lambda: isinstance(app.screen, WeightModal), what="weight modal")
+            await pilot.press("backspace", "backspace", "3", ".", "5")
+            await pilot.press("enter")
+            t0 = time.monotonic()
+            while True:
+                rec = slot_of(gpu_key, p.pid)
+                if rec is not None and rec.weight == 3.5:
+                    break
+                assert time.monotonic() - t0 <= 1.0, f"slot weight still {rec and rec.weight} after 1 s"
+                await asyncio.sleep(0.01)
+            assert not isinstance(app.screen, WeightModal)
+            # and the table shows it at a following refresh
+            table = app.query_one(PeersTable)
+            await until(pilot, lambda: table.selected_row.peer.weight == 3.5, what="table weight 3.5")
+
+    asyncio.run(main())
+
+
+INVALID_WEIGHTS = ["-1", "0", "abc", "nan", "inf", "1e39", ""]
+
+
+def test_invalid_weight_is_rejected_inline_and_nothing_is_sent(gpu_key, procs, runtime_dir):
+    p = start_synth(procs, gpu_key, weight="2")
+    sent: list = []
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        real_request = app.control.request
+
+        class Spy:
+            ControlError = app.control.ControlError
+
+            @staticmethod
+            def request(pid, cmd, **kw):
+                if cmd != "status":
+                    sent.append((pid, cmd, kw))
+                return real_request(pid, cmd, **kw)
+
+        app.control = Spy
+        async with app.run_test(size=SIZE) as pilot:
+            await _row_ready(pilot, p.pid)
+            for text in INVALID_WEIGHTS:
+                await pilot.press("w")
+                modal = await until(pilot, lambda: isinstance(app.screen, WeightModal) and app.screen, what="modal")
+                await pilot.press("backspace", "backspace", *list(text), "enter")
+                await pilot.pause(0.1)
+                assert app.screen is modal, f"{text!r}: the modal must stay open"
+                error = str(modal.query_one("#weight-error").render())
+                assert "finite number > 0" in error or "enter a weight" in error, (text, error)
+                await pilot.press("escape")
+                await until(pilot, lambda: not isinstance(app.screen, WeightModal), what="modal closed")
+        assert sent == []
+        assert slot_of(gpu_key, p.pid).weight == 2.0
+
+    asyncio.run(main())
+
+
+def test_nudge_and_stop_a_managed_engine(gpu_key, procs, runtime_dir):
+    p = start_synth(procs, gpu_key, weight="2")
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await _row_ready(pilot, p.pid)
+            await pilot.press("plus")
+            await until(pilot, lambda: slot_of(gpu_key, p.pid).weight == 3.0, 2, what="weight 3 after +")
+            await until(pilot, lambda: app.query_one(PeersTable).selected_row.peer.weight == 3.0, what="row at 3")
+            await pilot.press("minus", "minus")
+            await until(pilot, lambda: slot_of(gpu_key, p.pid).weight == 1.0, 3, what="weight 1 after - -")
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmStop), what="confirmation")
+            await pilot.press("n")  # no: nothing happens
+            await pilot.pause(0.3)
+            assert p.poll() is None
+            await pilot.press("s")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmStop), what="confirmation")
+            await pilot.press("y")
+            await until(pilot, lambda: p.poll() is not None, 10, what="engine exit after stop")
+            await until(pilot, lambda: app.query_one(PeersTable).row_count == 0, what="row gone")
+
+    asyncio.run(main())
+
+
+def test_foreign_peer_is_read_only(gpu_key, procs, runtime_dir):
+    foreign = Membership(gpu_key, 1.0, "foreign", pid=os.getpid())  # no control socket
+    foreign.join()
+    try:
+
+        async def main():
+            app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+            async with app.run_test(size=SIZE) as pilot:
+                table = app.query_one(PeersTable)
+                await until(pilot, lambda: table.selected_row is not None, what="row")
+                assert not table.selected_row.managed
+                assert "read-only" in table.cells(table.selected_key)[10].plain
+                for key in ("w", "plus", "s"):
+                    await pilot.press(key)
+                    await pilot.pause(0.1)
+                    assert not isinstance(app.screen, (WeightModal, ConfirmStop))
+                assert any("foreign peer" in n and "read-only" in n for n in notes(app)), notes(app)
+                assert all(len(n.splitlines()) == 1 for n in notes(app))
+            assert slot_of(gpu_key, os.getpid()).weight == 1.0
+
+        asyncio.run(main())
+    finally:
+        foreign.leave()
+
+
+def test_readonly_disables_every_admin_action(gpu_key, procs, runtime_dir):
+    p = start_synth(procs, gpu_key, weight="2")
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, readonly=True)
+        async with app.run_test(size=SIZE) as pilot:
+            await _row_ready(pilot, p.pid)
+            for key in ("w", "plus", "minus", "l", "s"):
+                await pilot.press(key)
+                await pilot.pause(0.1)
+                assert app.screen is app.screen_stack[0], f"{key} opened {app.screen}"
+            assert sum("read-only" in n for n in notes(app)) == 5
+            footer_keys = {b.binding.key for b in app.active_bindings.values() if b.binding.show and b.enabled}
+            assert not footer_keys & {"w", "l", "s"}
+        assert slot_of(gpu_key, p.pid).weight == 2.0
+        assert p.poll() is None
+
+    asyncio.run(main())
+
+
+def test_launch_form_validation(gpu_key, tmp_path, monkeypatch):
+    monkeypatch.setattr("gpushare_tui.widgets.launch_form.default_binary", lambda: "no-such-llama-server-here")
+    calls: list[list[str]] = []
+
+    def runner(argv):
+        calls.append(argv)
+        return LaunchResult(0, "engine pid 4242 port 8081 (slot 0)\nengine log /tmp/x.log\n", "")
+
+    engine = tmp_path / "llama-server"
+    engine.write_text("#!/bin/sh\nexit 0\n")
+    engine.chmod(engine.stat().st_mode | stat.S_IXUSR)
+    not_exec = tmp_path / "not-exec"
+    not_exec.write_text("")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, launch_runner=runner)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("l")
+            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            assert form.values()["gpu_key"] == gpu_key
+
+            async def submit(**values):
+                for k, v in values.items():
+                    form.query_one(f"#f-{k}").value = v
+                form.query_one("#f-weight").focus()
+                await pilot.press("enter")  # Enter in any field submits, like the Launch button
+                await pilot.pause(0.05)
+
+            await pilot.click("#launch")
+            await pilot.pause(0.05)
+            assert set(form.errors) == {"binary", "model"}  # llama-server not on PATH here; no model yet
+            await submit(binary="", model="", weight="0", port="70000", gpu_key="bad key!", extra="-c 'x")
+            assert set(form.errors) == {"binary", "model", "weight", "port", "gpu_key", "extra"}
+            assert "finite number > 0" in form.errors["weight"]
+            assert "nothing was started" in form.status_text
+
+            await submit(
+                binary=str(tmp_path / "nope"),
+                model=str(tmp_path / "missing.gguf"),
+                weight="nan",
+                port="abc",
+                gpu_key=gpu_key,
+                extra="",
+            )
+            assert "no such file" in form.errors["binary"] and "no such file" in form.errors["model"]
+            assert set(form.errors) == {"binary", "model", "weight", "port"}
+
+            await submit(binary=str(not_exec), model=str(model), weight="2", port="", extra="-m other.gguf")
+            assert "not executable" in form.errors["binary"]
+            assert "Model path field" in form.errors["extra"]
+            assert calls == []
+
+            await submit(
+                binary=str(engine), model=str(model), weight="2", port="8081", name="big", extra="-c 4096 --threads 2"
+            )
+            assert form.errors == {}
+            await until(pilot, lambda: not isinstance(app.screen, LaunchForm), what="form closes on success")
+            assert len(calls) == 1
+            argv = calls[0]
+            assert argv[1:4] == ["-m", "gpushare_tui", "launch"]
+            assert argv[argv.index("--weight") + 1] == "2"
+            assert argv[argv.index("--gpu-key") + 1] == gpu_key
+            assert argv[argv.index("--name") + 1] == "big"
+            engine_argv = argv[argv.index("--") + 1 :]
+            assert engine_argv == [str(engine), "-m", str(model), "--port", "8081", "-c", "4096", "--threads", "2"]
+            assert any("engine pid 4242" in n for n in notes(app))
+
+    asyncio.run(main())
+
+
+def test_launch_form_shows_the_engines_error(gpu_key, tmp_path):
+    def runner(argv):
+        return LaunchResult(
+            1, "", "gpushare-tui: engine exited during load (code 1)\n--- last lines ---\nerror: bad model\n"
+        )
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, launch_runner=runner)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("l")
+            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form.query_one("#f-binary").value = "/bin/true"
+            form.query_one("#f-model").value = str(model)
+            await pilot.click("#launch")
+            await until(pilot, lambda: "bad model" in form.status_text, what="error shown in the form")
+            assert app.screen is form
+            assert "engine exited during load" in form.status_text
+
+    asyncio.run(main())
+
+
+def test_launch_runs_the_real_launch_command_and_reports_its_error(gpu_key, tmp_path, runtime_dir):
+    """The default runner really runs `gpushare-tui launch`; a missing engine binary fails with one line."""
+    from gpushare_tui.widgets.launch_form import run_launch, validate_launch
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    argv, errors = validate_launch({"binary": "/bin/true", "model": str(model), "weight": "1", "gpu_key": gpu_key})
+    assert errors == {}
+    argv[argv.index("/bin/true")] = str(tmp_path / "vanished-binary")  # gone between the form and the launch
+    result = run_launch(argv)
+    assert not result.ok
+    assert "not found" in result.summary() or "no such" in result.summary().lower(), result
+
+
+def test_help_overlay_lists_every_key(gpu_key):
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("question_mark")
+            await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+            shown = " ".join(k for k, _, _ in app.screen.keys)
+            for b in app.BINDINGS:
+                for key in b.key.split(","):
+                    display = {"question_mark": "?", "plus": "+", "minus": "-", "ctrl+c": "Ctrl+C"}.get(key, key)
+                    assert display in shown, f"{key} missing from the help overlay"
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
+            await pilot.press("question_mark")
+            await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help again")
+            await pilot.press("question_mark")
+            await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="? toggles")
+        assert KEY_HELP
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("key", ["q", "ctrl+c"])
+def test_quit(gpu_key, key):
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press(key)
+            await pilot.pause(0.3)
+            assert not app.is_running
+        assert app._thread is not None and not app._thread.is_alive()
+
+    asyncio.run(main())
+
+
+def test_segments_appear_disappear_and_a_corrupt_one_is_an_error_row(tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segment, "SHM_DIR", str(shm))  # our Memberships create their segments here
+    members: list[Membership] = []
+
+    async def main():
+        app = DashboardApp(LiveSource(shm_dir=str(shm)), interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.model is not None, what="first model")
+            assert app.query_one("#empty").display
+            for key, name in (("gpu-a", "a0"), ("gpu-b", "b0"), ("gpu-a", "a1")):
+                m = Membership(key, 1.0, name, pid=900_000 + len(members), log=lambda _m: None)
+                m.join()
+                members.append(m)
+            await until(
+                pilot,
+                lambda: len(app.query(GpuPanel)) == 2 and app.query_one(PeersTable).row_count == 3,
+                what="two panels, three rows",
+            )
+            assert not app.query_one("#empty").display
+            (shm / "opencoti-gpu-junk").write_bytes(b"\x00" * 4096)
+            (shm / "opencoti-gpu-short").write_bytes(b"OCGPU")
+            await until(pilot, lambda: app.model is not None and len(app.model.errors) == 2, what="error rows")
+            errors = str(app.query_one("#errors").render())
+            assert "/opencoti-gpu-junk" in errors and "bad magic" in errors
+            assert "/opencoti-gpu-short" in errors and "wrong size" in errors
+            assert len(app.query(GpuPanel)) == 2  # the good ones are still shown
+            members[1].leave()
+            os.unlink(shm / "opencoti-gpu-gpu-b")
+            (shm / "opencoti-gpu-junk").unlink()
+            await until(pilot, lambda: [p.gpu_key for p in app.query(GpuPanel)] == ["gpu-a"], what="gpu-b gone")
+            await until(pilot, lambda: app.query_one(PeersTable).row_count == 2, what="two rows")
+            assert app.is_running
+
+    try:
+        asyncio.run(main())
+    finally:
+        for m in members:
+            m.leave()
+
+
+def test_selection_survives_refresh_and_sorting(tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segment, "SHM_DIR", str(shm))
+    members = [Membership("sel", w, f"p{i}", pid=910_000 + i, log=lambda _m: None) for i, w in enumerate((1, 5, 3))]
+    for m in members:
+        m.join()
+        m.mark_active()
+
+    async def main():
+        app = DashboardApp(LiveSource(shm_dir=str(shm)), interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one(PeersTable)
+            await until(pilot, lambda: table.row_count == 3, what="rows")
+            await pilot.press("down")
+            assert table.selected_row.peer.name == "p1"
+            await pilot.pause(0.6)  # a few refreshes
+            assert table.selected_row.peer.name == "p1"
+            table.sort_by("weight", reverse=True)
+            await pilot.pause()
+            assert [table.row(k).peer.name for k in table.order] == ["p1", "p2", "p0"]
+            assert table.selected_row.peer.name == "p1" and table.cursor_row == 0
+            await pilot.press("down")
+            assert table.selected_row.peer.name == "p2"
+            # mouse: a click on the header sorts, a click on a row selects
+            await pilot.click(PeersTable, offset=(20, 1))  # NAME header (inside the border)
+            await pilot.pause()
+            assert table.sort_column == "name"
+            await pilot.click(PeersTable, offset=(20, 2))  # first row
+            await pilot.pause()
+            assert table.selected_row.peer.name == "p0"
+
+    try:
+        asyncio.run(main())
+    finally:
+        for m in members:
+            m.leave()

@@ -1,0 +1,159 @@
+"""`gpushare-tui demo` leaves no process and no segment behind, however it ends."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+
+import psutil
+import pytest
+from conftest import shm_file, unique_key, wait_for
+
+from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.segment import Segment
+from gpushare_tui.demo import DEMO_ENGINES, start_demo, stop_demo
+
+
+def peers(key: str) -> list:
+    try:
+        with Segment.attach_readonly(shm_file(key)) as seg:
+            now = wall_us()
+            return [r for r in seg.read_slots() if r.is_alive(now)]
+    except Exception:
+        return []
+
+
+def _gone(pids: list[int]) -> bool:
+    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+
+
+def test_start_and_stop_leave_nothing_behind(runtime_dir):
+    key = unique_key("demo")
+    demo = start_demo(key)
+    pids = demo.pids
+    try:
+        got = sorted((r.name, r.weight) for r in peers(key))
+        assert got == sorted((n, w) for n, w, _ in DEMO_ENGINES)
+        assert all(os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{p}.sock")) for p in pids)
+    finally:
+        stop_demo(demo)
+        _kill(pids)
+    assert all(p.poll() is not None for p in demo.procs)
+    assert _gone(pids)
+    assert not os.path.exists(shm_file(key))
+    assert not any(os.path.exists(p) for p in demo.logs)
+    stop_demo(demo)  # idempotent
+
+
+class PtyDemo:
+    """`gpushare-tui demo` on a pseudo-terminal (Textual needs one), output drained."""
+
+    def __init__(self, key: str, cols: int = 100, rows: int = 30) -> None:
+        self.key = key
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        env = {**os.environ, "TERM": "xterm-256color"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpushare_tui", "demo", "--gpu-key", key, "--interval", "0.5"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+        os.close(slave)
+        self.master = master
+        self.output = bytearray()
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            self.output += data
+
+    def children(self) -> list[int]:
+        try:
+            return [c.pid for c in psutil.Process(self.proc.pid).children()]
+        except psutil.NoSuchProcess:
+            return []
+
+    def wait_ready(self) -> list[int]:
+        wait_for(lambda: len(peers(self.key)) == 3 or self.proc.poll() is not None, 30, what="3 demo engines")
+        assert self.proc.poll() is None, bytes(self.output[-2000:]).decode(errors="replace")
+        wait_for(lambda: b"chat" in self.output, 20, what="the dashboard drawing the demo engines")
+        kids = self.children()
+        assert len(kids) == 3
+        return kids
+
+    def close(self) -> None:
+        pids = self.children()
+        if self.proc.poll() is None:
+            _kill([self.proc.pid])
+        _kill(pids)
+        self.proc.wait(10)
+        os.close(self.master)
+        try:
+            os.unlink(shm_file(self.key))
+        except FileNotFoundError:
+            pass
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "ctrl-c", "q"])
+def test_demo_command_cleans_up(runtime_dir, how):
+    key = unique_key("demo")
+    d = PtyDemo(key)
+    kids: list[int] = []
+    try:
+        kids = d.wait_ready()
+        if how == "SIGTERM":
+            d.proc.send_signal(signal.SIGTERM)
+        elif how == "ctrl-c":
+            os.write(d.master, b"\x03")  # a raw-mode terminal sends Ctrl-C as a key
+        else:
+            os.write(d.master, b"q")
+        assert d.proc.wait(15) == 0
+        wait_for(lambda: _gone(kids), 10, what="demo engines gone")
+        assert not os.path.exists(shm_file(key))
+    finally:
+        _kill(kids)
+        d.close()
+
+
+def test_demo_engines_die_with_a_killed_demo(runtime_dir):
+    key = unique_key("demo")
+    d = PtyDemo(key)
+    kids: list[int] = []
+    try:
+        kids = d.wait_ready()
+        d.proc.send_signal(signal.SIGKILL)  # no cleanup code runs: PR_SET_PDEATHSIG ends the engines
+        d.proc.wait(10)
+        wait_for(lambda: _gone(kids), 10, what="orphaned demo engines to exit")
+        time.sleep(0.1)
+        assert peers(key) == []  # they left their slots on the way out
+    finally:
+        _kill(kids)
+        d.close()
