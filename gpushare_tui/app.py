@@ -18,7 +18,7 @@ from typing import Protocol
 from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Static
 
@@ -230,6 +230,15 @@ KEY_HELP: list[tuple[str, str, bool]] = [
 ]
 
 
+class Body(Vertical):
+    """Everything between the title bar and the footer; tells the app when the terminal resizes."""
+
+    DEFAULT_CSS = "Body { height: 1fr; }"
+
+    def on_resize(self) -> None:
+        self.app._layout_plots()  # type: ignore[attr-defined]
+
+
 class DashboardApp(App):
     """`gpushare-tui` with no arguments."""
 
@@ -303,26 +312,28 @@ class DashboardApp(App):
         self._host = host
         self._plot_state: tuple | None = None
         self._plots_wanted: bool | None = None
+        self._plots = None  # widget references, set on mount
 
     # -- layout ----------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         yield TopBar(self.interval_s, self.readonly, self._host, id="top")
-        yield VerticalScroll(id="gpus")
-        yield SegmentErrors(id="errors")
-        yield Static(self._empty_text(), id="empty")
-        table = PeersTable(id="peers")
-        table.border_title = "peers"
-        yield table
-        with Horizontal(id="plots"):
-            yield SharePlot("share %", span_s=self.history_s, id="plot-share")
-            yield SharePlot("busy %", span_s=self.history_s, id="plot-busy")
-            yield SharePlot(
-                "achieved vs configured share %",
-                span_s=self.history_s,
-                id="plot-achieved",
-                empty="no tok/s: needs managed engines",
-            )
+        with Body(id="body"):
+            yield VerticalScroll(id="gpus")
+            yield SegmentErrors(id="errors")
+            yield Static(self._empty_text(), id="empty")
+            table = PeersTable(id="peers")
+            table.border_title = "peers"
+            yield table
+            with Horizontal(id="plots"):
+                yield SharePlot("share %", span_s=self.history_s, id="plot-share")
+                yield SharePlot("busy %", span_s=self.history_s, id="plot-busy")
+                yield SharePlot(
+                    "achieved vs configured share %",
+                    span_s=self.history_s,
+                    id="plot-achieved",
+                    empty="no tok/s: needs managed engines",
+                )
         yield Footer()
 
     def _empty_text(self) -> str:
@@ -336,7 +347,16 @@ class DashboardApp(App):
     def on_mount(self) -> None:
         for m in self.source.prime():
             self.history.add(m)
-        self.query_one(PeersTable).focus()
+        self._top = self.query_one(TopBar)
+        self._errors = self.query_one(SegmentErrors)
+        self._empty = self.query_one("#empty")
+        self._table = self.query_one(PeersTable)
+        self._gpus_box = self.query_one("#gpus", VerticalScroll)
+        self._plots = self.query_one("#plots")
+        self._plot_share, self._plot_busy, self._plot_achieved = (
+            self.query_one(f"#plot-{n}", SharePlot) for n in ("share", "busy", "achieved")
+        )
+        self._table.focus()
         self._thread = threading.Thread(target=self._collector, name="gpushare-collector", daemon=True)
         self._thread.start()
 
@@ -381,20 +401,22 @@ class DashboardApp(App):
 
     def apply_model(self, model: DashboardModel) -> None:
         """Render one model; everything is updated in place."""
+        if self._stop.is_set() or not self._table.is_attached:
+            return  # a late model while the app shuts down
         self.model = model
         self.models_seen += 1
         self.history.add(model)
-        self.query_one(TopBar).show(model.now_us, len(model.gpus), sum(len(g.rows) for g in model.gpus))
+        self._top.show(model.now_us, len(model.gpus), sum(len(g.rows) for g in model.gpus))
         self._show_panels(model)
-        self.query_one(SegmentErrors).show(model.errors)
-        self.query_one("#empty").set_class(bool(model.gpus or model.errors), "-hidden")
-        table = self.query_one(PeersTable)
+        self._errors.show(model.errors)
+        self._empty.set_class(bool(model.gpus or model.errors), "-hidden")
+        table = self._table
         table.show(model.rows())
         self._select_gpu()
         self._show_plots()
 
     def _show_panels(self, model: DashboardModel) -> None:
-        box = self.query_one("#gpus", VerticalScroll)
+        box = self._gpus_box
         keys = [g.gpu_key for g in model.gpus]
         for gone in [k for k in self._panels if k not in keys]:
             self._panels.pop(gone).remove()
@@ -407,7 +429,7 @@ class DashboardApp(App):
                 panel.show(g)
 
     def _select_gpu(self) -> None:
-        row = self.query_one(PeersTable).selected_row
+        row = self._table.selected_row
         gpu = row.gpu_key if row is not None else None
         if gpu is None and self.model is not None and self.model.gpus:
             gpu = self.model.gpus[0].gpu_key
@@ -419,10 +441,10 @@ class DashboardApp(App):
     def _show_plots(self, force: bool = False) -> None:
         """Redraw the plots when time has moved by one plot column, when the shares change
         (a weight edit shows at once), or on demand; plotext rebuilds are the costly part."""
-        plots = self.query_one("#plots")
-        if plots.display is False or self.model is None:
+        plots = self._plots
+        if plots is None or plots.display is False or self.model is None:
             return
-        share, busy, achieved = (self.query_one(f"#plot-{n}", SharePlot) for n in ("share", "busy", "achieved"))
+        share, busy, achieved = self._plot_share, self._plot_busy, self._plot_achieved
         gpu = self.selected_gpu
         now_s = self.model.now_us / 1e6
         buckets = share.buckets
@@ -443,15 +465,12 @@ class DashboardApp(App):
         busy.show(self.history.series(gpu, "busy", now_s, span, buckets), note=label)
         a = self.history.series(gpu, "achieved", now_s, span, buckets)
         c = self.history.series(gpu, "configured", now_s, span, buckets)
-        achieved.show(a, c, note="⣿ achieved (tok/s)  -- configured" if a else None)
+        achieved.show(a, c, note="⣿ achieved, 5s avg  -- configured" if a else None)
 
     @on(PeersTable.Highlighted)
     def _row_highlighted(self, event: PeersTable.Highlighted) -> None:
         self._select_gpu()
         self._show_plots()
-
-    def on_resize(self) -> None:
-        self._layout_plots()
 
     def _layout_plots(self) -> None:
         """Short terminals: the table matters more than the plots (`p` overrides)."""

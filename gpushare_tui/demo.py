@@ -22,13 +22,15 @@ import time
 from dataclasses import dataclass, field
 
 from .core.clock import wall_us
+from .core.control import is_managed
+from .core.engines.synthetic import calibrate_units
 from .core.segment import Segment, SegmentError, shm_path
 
 # (name, weight, --busy-idle): a little idle/busy variation so the plots move.
 DEMO_ENGINES: tuple[tuple[str, float, str | None], ...] = (
     ("chat", 2.0, None),
-    ("batch", 1.0, "7:3"),
-    ("agent", 1.0, "3:4"),
+    ("batch", 1.0, None),
+    ("agent", 1.0, "25:10"),
 )
 PR_SET_PDEATHSIG = 1
 
@@ -65,22 +67,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def synth_argv(key: str, name: str, weight: float, busy_idle: str | None, step_ms: float) -> list[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "gpushare_tui",
-        "synth",
-        "--weight",
-        f"{weight:g}",
-        "--name",
-        name,
-        "--gpu-key",
-        key,
-        "--step-ms",
-        f"{step_ms:g}",
-        "--quiet",
-    ]
+def synth_argv(key: str, name: str, weight: float, busy_idle: str | None, units: int) -> list[str]:
+    """`gpushare-tui synth` with a fixed amount of work per step (`units`)."""
+    argv = [sys.executable, "-m", "gpushare_tui", "synth", "--weight", f"{weight:g}", "--name", name]
+    argv += ["--gpu-key", key, "--work-units", str(units), "--quiet"]
     if busy_idle:
         argv += ["--busy-idle", busy_idle]
     return argv
@@ -98,6 +88,9 @@ def alive_peers(key: str) -> int:
 def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float = 5.0, timeout_s: float = 20.0) -> Demo:
     """Start the engines and wait until all are registered; on failure nothing is left running."""
     demo = Demo(key or default_key())
+    # One calibration for all: engines that calibrate themselves at the same time on
+    # a busy machine get different work per step, and their tok/s stop being comparable.
+    units = calibrate_units(step_ms)
     try:
         for name, weight, busy_idle in engines:
             log = tempfile.NamedTemporaryFile(prefix=f"gpushare-demo-{name}-", suffix=".log", delete=False)
@@ -105,7 +98,7 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
             with log:
                 demo.procs.append(
                     subprocess.Popen(
-                        synth_argv(demo.key, name, weight, busy_idle, step_ms),
+                        synth_argv(demo.key, name, weight, busy_idle, units),
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         stderr=log,
@@ -114,7 +107,8 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
                     )
                 )
         deadline = time.monotonic() + timeout_s
-        while alive_peers(demo.key) < len(engines):
+        # registered and serving their control sockets (the dashboard manages them at once)
+        while alive_peers(demo.key) < len(engines) or not all(is_managed(p.pid) for p in demo.procs):
             for p, path in zip(demo.procs, demo.logs):
                 if p.poll() is not None:
                     raise DemoError(f"demo engine {p.pid} exited (code {p.returncode}): {_tail(path)}")

@@ -13,7 +13,7 @@ from gpushare_tui.core.snapshot import build_gpu_snapshot
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.model import DashboardModel, EngineInfo, GpuView, History, PeerRow, achieved_shares
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
-from gpushare_tui.widgets.peers_table import COLUMNS, row_cells
+from gpushare_tui.widgets.peers_table import COLUMNS, cell_text, name_width, row_cells
 from gpushare_tui.widgets.timeline import render_timeline
 from gpushare_tui.widgets.weight_modal import parse_weight
 
@@ -116,14 +116,33 @@ def test_row_cells():
     s = snap([slot(0, 2, name="eng", busy=0.42), slot(1, 1, active=0), slot(2, 1, age_s=12)])
     rows = {p.slot: p for p in s.peers}
     managed = PeerRow("k", rows[0], True, 1234.0, EngineInfo(state="running", tok_s=55.55))
-    cells = [c.plain for c in row_cells(managed)]
-    assert len(cells) == len(COLUMNS)
-    assert cells[1:6] == ["1000", "eng", "2", "100.0", "42"]
-    assert cells[6:] == ["active", "<1s", "1234M", "55.5", "running", "k"]
-    foreign = [c.plain for c in row_cells(PeerRow("k", rows[1]))]
-    assert foreign[6] == "idle" and foreign[10] == "read-only" and foreign[8] == "-"
-    dead = [c.plain for c in row_cells(PeerRow("k", rows[2], True))]
-    assert dead[6] == "dead" and dead[7] == "12s" and dead[10] == "-"
+    assert len(row_cells(managed)) == len(COLUMNS)
+    got = {c.key: cell_text(managed, c.key) for c in COLUMNS}
+    assert got == {
+        "slot": "■ 0",
+        "pid": "1000",
+        "name": "eng",
+        "weight": "2",
+        "share": "100.0",
+        "busy": "42",
+        "status": "active",
+        "toks": "55.5",
+        "engine": "running",
+        "hb": "<1s",
+        "vram": "1234M",
+        "gpu": "k",
+    }
+    foreign = PeerRow("k", rows[1])
+    assert [cell_text(foreign, k) for k in ("status", "engine", "vram", "toks")] == ["idle", "read-only", "-", "-"]
+    dead = PeerRow("k", rows[2], True)
+    assert [cell_text(dead, k) for k in ("status", "hb", "engine")] == ["dead", "12s", "-"]
+
+
+def test_name_column_takes_the_width_left():
+    assert name_width(200) == 28
+    assert name_width(118) >= 12  # 120 columns: everything fits
+    narrow = name_width(78)  # 80 columns: at least every column up to ENGINE
+    assert 10 <= narrow <= 12
 
 
 # -- history and plot data -----------------------------------------------------

@@ -122,15 +122,15 @@ class PtyDemo:
             pass
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "ctrl-c", "q"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "ctrl-c", "q"])
 def test_demo_command_cleans_up(runtime_dir, how):
     key = unique_key("demo")
     d = PtyDemo(key)
     kids: list[int] = []
     try:
         kids = d.wait_ready()
-        if how == "SIGTERM":
-            d.proc.send_signal(signal.SIGTERM)
+        if how.startswith("SIG"):
+            d.proc.send_signal(getattr(signal, how))
         elif how == "ctrl-c":
             os.write(d.master, b"\x03")  # a raw-mode terminal sends Ctrl-C as a key
         else:

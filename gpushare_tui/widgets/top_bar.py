@@ -15,14 +15,13 @@ def top_text(
 ) -> Text:
     t = Text()
     t.append(" gpushare-tui ", style="bold reverse")
+    if readonly:
+        t.append(" READ-ONLY ", style="bold black on yellow")
     t.append(f"  {host or socket.gethostname()}")
     if now_us is not None:
         t.append("  " + time.strftime("%H:%M:%S", time.localtime(now_us / 1e6)))
     t.append(f"  {n_gpus} GPU segment{'s' if n_gpus != 1 else ''} · {n_peers} peer{'s' if n_peers != 1 else ''}")
     t.append(f"  refresh {interval_s:g}s")
-    if readonly:
-        t.append("  READ-ONLY", style="bold yellow")
-    t.append("   ? help  q quit", style="dim")
     return t
 
 

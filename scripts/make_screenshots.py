@@ -1,0 +1,157 @@
+"""Screenshots of a real demo run, for the README: SVG (Textual) and PNG where a renderer exists.
+
+Starts the three demo engines (real `gpushare-tui synth` processes, weights
+2/1/1), opens the dashboard on them headless at 120x40, lets the plots fill,
+raises `chat`'s weight from 2 to 3 through the weight modal halfway (so the
+share plot shows the step and the achieved share follows it), and saves:
+
+  dashboard.svg         main view, 120x40
+  weight-modal.svg      the weight modal, with the new weight typed
+  help.svg              the help overlay
+  launch-form.svg       the launch form
+  dashboard-80x24.svg   main view at 80x24 (plots hidden there; `p` shows them)
+
+then converts each to PNG with rsvg-convert (librsvg2-bin) or cairosvg if
+either is present. Braille (the plots) is missing from most monospace fonts
+and SVG renderers ignore `textLength`, so a fallback face would draw those
+runs too wide: for the PNGs each braille run is split into one glyph per
+cell, drawn with DejaVu Sans squeezed to the cell width.
+
+    .venv/bin/python scripts/make_screenshots.py [--seconds 50] [--out screenshots]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+from gpushare_tui.app import DashboardApp
+from gpushare_tui.demo import start_demo, stop_demo
+from gpushare_tui.widgets.peers_table import PeersTable
+
+BRAILLE_RUN = re.compile(
+    r'<text ([^>]*?)x="([0-9.]+)"([^>]*?)textLength="([0-9.]+)"([^>]*)>([^<]*[\u2800-\u28ff][^<]*)</text>'
+)
+BRAILLE_FONT = "DejaVu Sans"
+BRAILLE_ADVANCE_EM = 0.7324  # DejaVu Sans braille advance width
+FONT_SIZE_PX = 20.0  # Textual's SVG terminal font size
+
+
+async def _until(pilot, pred, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out waiting for the dashboard")
+        await pilot.pause(0.05)
+
+
+async def shoot(out: str, seconds: float) -> list[str]:
+    saved: list[str] = []
+    demo = start_demo()
+    try:
+        app = DashboardApp(gpu_key=demo.key, interval_s=1.0, history_s=60)
+        async with app.run_test(size=(120, 40)) as pilot:
+            table = app.query_one(PeersTable)
+            await _until(
+                pilot, lambda: table.row_count == 3 and all(table.row(k).engine is not None for k in table.order)
+            )
+            chat = next(k for k in table.order if table.row(k).peer.name == "chat")
+            table.select_key(chat)
+            await pilot.pause(seconds / 2)
+
+            await pilot.press("w")
+            await pilot.pause(0.3)
+            await pilot.press("backspace", "backspace", "3")
+            await pilot.pause(0.3)
+            saved.append(app.save_screenshot("weight-modal.svg", out))
+            await pilot.press("enter")
+            await pilot.pause(seconds / 2)
+
+            await pilot.pause(0.5)
+            saved.append(app.save_screenshot("dashboard.svg", out))
+            await pilot.press("question_mark")
+            await pilot.pause(0.5)
+            saved.append(app.save_screenshot("help.svg", out))
+            await pilot.press("escape", "l")
+            await pilot.pause(0.5)
+            saved.append(app.save_screenshot("launch-form.svg", out))
+            await pilot.press("escape")
+
+        small = DashboardApp(gpu_key=demo.key, interval_s=1.0)
+        async with small.run_test(size=(80, 24)) as pilot:
+            await _until(pilot, lambda: small.query_one(PeersTable).row_count == 3)
+            await pilot.pause(2.5)
+            saved.append(small.save_screenshot("dashboard-80x24.svg", out))
+    finally:
+        stop_demo(demo)
+    return saved
+
+
+def _split_braille_run(m: re.Match) -> str:
+    """One <text> per cell for a run that contains braille, each glyph at its cell's x."""
+    pre, x, mid, length, post, content = m.groups()
+    chars = html.unescape(content)
+    cell = float(length) / max(1, len(chars))
+    squeeze = cell / (BRAILLE_ADVANCE_EM * FONT_SIZE_PX)
+    out = []
+    for i, ch in enumerate(chars):
+        if ch in (" ", "\u00a0"):
+            continue
+        cx = float(x) + i * cell
+        extra = ""
+        if "\u2800" <= ch <= "\u28ff":
+            extra = (
+                f' style="font-family: {BRAILLE_FONT}"'
+                f' transform="matrix({squeeze:.4f} 0 0 1 {cx * (1 - squeeze):.2f} 0)"'
+            )
+        out.append(f'<text {pre}x="{cx:.1f}"{mid}{post}{extra}>{html.escape(ch)}</text>')
+    return "".join(out)
+
+
+def to_png(svg_path: str) -> str | None:
+    """PNG beside the SVG, or None when no renderer is installed."""
+    png_path = svg_path[:-4] + ".png"
+    with open(svg_path, encoding="utf-8") as f:
+        svg = f.read()
+    svg = BRAILLE_RUN.sub(_split_braille_run, svg)
+    tmp = svg_path[:-4] + ".render.svg"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(svg)
+    try:
+        if shutil.which("rsvg-convert"):
+            subprocess.run(["rsvg-convert", "--zoom", "1.5", "-o", png_path, tmp], check=True)
+            return png_path
+        try:
+            import cairosvg
+        except ImportError:
+            return None
+        cairosvg.svg2png(url=tmp, write_to=png_path, scale=1.5)
+        return png_path
+    finally:
+        os.unlink(tmp)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=50.0, help="demo run time before the main screenshot")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "screenshots"))
+    args = ap.parse_args()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    saved = asyncio.run(shoot(out, args.seconds))
+    for svg in saved:
+        png = to_png(svg)
+        print(svg + (f"\n{png}" if png else "  (no PNG: install librsvg2-bin or cairosvg)"))
+    if not any(shutil.which(x) for x in ("rsvg-convert",)):
+        print("note: PNGs need rsvg-convert (apt install librsvg2-bin) or `pip install cairosvg`", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
