@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import random
@@ -154,6 +155,14 @@ def main() -> None:
             helper.kill()
         shutil.rmtree(shm_dir, ignore_errors=True)
 
+    rows = [{"mode": n, **r, "cpu_pct_of_one_core": 100 * r["cpu_s"] / r["wall_s"]} for n, r in results if r]
+    out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, f"dashboard_cost-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    meta = {"segments": KEYS_N, "peers_per_segment": PEERS_N, "interval_s": args.interval}
+    with open(out, "w") as f:
+        json.dump({**meta, "window_s": args.seconds, "cpus": os.cpu_count(), "results": rows}, f, indent=1)
+
     print(
         f"\n{KEYS_N} segments x {PEERS_N} live peers, refresh every {args.interval:g} s, "
         f"{args.seconds:g} s window after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs\n"
@@ -168,6 +177,7 @@ def main() -> None:
             f"{name:<30} {r['wall_s']:>7.1f} {r['cpu_s']:>7.2f} {pct:>11.2f}% {r['refreshes']:>10} {r['rows']:>5}  "
             f"{'OK (< 3%)' if pct < 3 else 'OVER 3%'}"
         )
+    print(f"\n(JSON: {os.path.relpath(out)})")
 
 
 if __name__ == "__main__":

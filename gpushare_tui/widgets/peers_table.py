@@ -130,20 +130,44 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
     return tuple(cells[c.key] for c in COLUMNS)
 
 
+def display_key(r: PeerRow) -> tuple:
+    """Everything a row shows, as plain values: equal keys render equal rows."""
+    p, e = r.peer, r.engine
+    return (
+        r.gpu_key,
+        p.slot,
+        p.pid,
+        p.name,
+        p.weight,
+        round(p.share_pct, 1),
+        round(p.busy_pct),
+        p.alive,
+        p.active,
+        _fmt_age(p.heartbeat_age_ms),
+        None if r.vram_mib is None else round(r.vram_mib),
+        None if r.tok_s is None else round(r.tok_s, 1),
+        r.managed,
+        None if e is None else (e.state, bool(e.error)),
+    )
+
+
 def cell_text(r: PeerRow, column: str) -> str:
     """The plain text of one cell (for tests and tools)."""
     return row_cells(r)[[c.key for c in COLUMNS].index(column)].plain
 
 
 def name_width(available: int) -> int:
-    """Width of NAME so every column fits in `available` cells, or at least all up to ENGINE."""
-    others = [c.width + 2 for c in COLUMNS if c.key != "name"]
-    fit_all = available - sum(others) - 2
-    if fit_all >= 12:
-        return min(fit_all, NAME_WIDTH[1])
-    keys = [c.key for c in COLUMNS if c.key != "name"]
-    upto = sum(others[: keys.index("engine") + 1])
-    return max(NAME_WIDTH[0], min(NAME_WIDTH[1], available - upto - 2))
+    """Width of NAME: every column up to ENGINE always, then as many of the rest as fit at
+    NAME's minimum width; NAME gets what is left (within NAME_WIDTH)."""
+    lo, hi = NAME_WIDTH
+    others = [(c.key, c.width + 2) for c in COLUMNS if c.key != "name"]
+    keys = [k for k, _ in others]
+    used = sum(w for _, w in others[: keys.index("engine") + 1])
+    for _, w in others[keys.index("engine") + 1 :]:
+        if used + w + lo + 2 > available:
+            break
+        used += w
+    return max(lo, min(hi, available - used - 2))
 
 
 class PeersTable(ScrollView, can_focus=True):
@@ -183,9 +207,12 @@ class PeersTable(ScrollView, can_focus=True):
         super().__init__(**kwargs)
         self._rows: dict[str, PeerRow] = {}
         self._cells: dict[str, tuple[Text, ...]] = {}
+        self._keys: dict[str, tuple] = {}
         self._order: list[str] = []
         self._strips: dict[tuple[str, int], Strip] = {}
         self._header_strip: Strip | None = None
+        self._styles: tuple[Style, Style, Style] | None = None
+        self._style_cache: dict[tuple[Style, object], Style] = {}
         self.sort_column = "slot"
         self.sort_reverse = False
         self.selected_key: str | None = None
@@ -213,19 +240,28 @@ class PeersTable(ScrollView, can_focus=True):
         return self.row(self.selected_key)
 
     def cells(self, key: str) -> tuple[Text, ...]:
-        return self._cells[key]
+        cells = self._cells.get(key)
+        if cells is None:
+            cells = self._cells[key] = row_cells(self._rows[key])
+        return cells
 
     def show(self, rows: tuple[PeerRow, ...]) -> None:
-        """Show `rows`: rebuild only the rows whose text changed; keep order and selection."""
+        """Show `rows`: rebuild only the rows whose text changed; keep order and selection.
+
+        Change detection uses `display_key` (plain values, cheap); a row's cells
+        and strip are built only when it is drawn.
+        """
         new = {r.key: r for r in rows}
         changed: list[str] = []
         removed = [k for k in self._rows if k not in new]
         for gone in removed:
-            del self._rows[gone], self._cells[gone]
+            del self._rows[gone], self._keys[gone]
+            self._cells.pop(gone, None)
         for k, r in new.items():
-            cells = row_cells(r)
-            if self._cells.get(k) != cells:
-                self._cells[k] = cells
+            dk = display_key(r)
+            if self._keys.get(k) != dk:
+                self._keys[k] = dk
+                self._cells.pop(k, None)
                 changed.append(k)
                 for sel in (0, 1, 2):
                     self._strips.pop((k, sel), None)
@@ -346,13 +382,15 @@ class PeersTable(ScrollView, can_focus=True):
 
     # -- rendering ---------------------------------------------------------
 
-    def _cell_segments(self, cells: tuple[Text, ...], mark: tuple[int, str] | None = None) -> list[Segment]:
-        """One row as Segments, built directly (the hot path: no Rich layout per cell).
+    def _row_segments(self, cells: tuple[Text, ...], base: Style, mark: tuple[int, str] | None = None) -> list[Segment]:
+        """One row as Segments, built directly (the hot path: no Rich layout per cell):
+        one segment per plain cell, its padding included, in `base` + the cell's style.
 
         `mark` = (column index, char) puts a char in that cell's outer padding
         (the header's sort arrow), so labels are never truncated for it.
         """
         console = self.app.console
+        styles = self._style_cache
         out: list[Segment] = []
         for i, (width, cell) in enumerate(zip(self._widths, cells)):
             plain = cell.plain
@@ -361,29 +399,33 @@ class PeersTable(ScrollView, can_focus=True):
                 cell.truncate(width, overflow="ellipsis")
                 plain = cell.plain
             pad = " " * (width - cell_len(plain))
-            left, right = (pad, "") if cell.justify == "right" else ("", pad)
-            style = console.get_style(cell.style) if cell.style else _NO_STYLE
+            right_justified = cell.justify == "right"
             before, after = " ", " "
             if mark is not None and mark[0] == i:
-                if cell.justify == "right":
+                if right_justified:
                     before = mark[1]
                 else:
                     after = mark[1]
-            out.append(Segment(before + left, style))
+            key = (base, cell.style)
+            style = styles.get(key)
+            if style is None:
+                style = styles[key] = base + console.get_style(cell.style) if cell.style else base
             if cell.spans:
+                out.append(Segment(before + (pad if right_justified else ""), style))
                 out.extend(
                     Segment(seg.text, style + seg.style if seg.style else style)
                     for seg in cell.render(console)
                     if seg.text
                 )
+                out.append(Segment(("" if right_justified else pad) + after, style))
+            elif right_justified:
+                out.append(Segment(before + pad + plain + after, style))
             else:
-                out.append(Segment(plain, style))
-            out.append(Segment(right + after, style))
+                out.append(Segment(before + plain + pad + after, style))
         return out
 
     def _render_row(self, cells: tuple[Text, ...], style: Style, mark: tuple[int, str] | None = None) -> Strip:
-        segments = list(Segment.apply_style(self._cell_segments(cells, mark), style))
-        return Strip(segments).extend_cell_length(self._width, style)
+        return Strip(self._row_segments(cells, style, mark), self._width)
 
     def _header(self) -> Strip:
         if self._header_strip is None:
@@ -396,14 +438,8 @@ class PeersTable(ScrollView, can_focus=True):
     def _row_strip(self, key: str, selected: int) -> Strip:
         strip = self._strips.get((key, selected))
         if strip is None:
-            base = self.rich_style
-            if selected == 1:
-                style = base + self.get_component_rich_style("peers-table--cursor")
-            elif selected == 2:
-                style = base + self.get_component_rich_style("peers-table--cursor-blurred")
-            else:
-                style = base
-            strip = self._render_row(self._cells[key], style)
+            style = self._row_styles()[selected]
+            strip = self._render_row(self.cells(key), style)
             self._strips[(key, selected)] = strip
         return strip
 
@@ -415,11 +451,22 @@ class PeersTable(ScrollView, can_focus=True):
         else:
             i = scroll_y + y - 1
             if i >= len(self._order):
-                return Strip.blank(width, self.rich_style)
+                return Strip.blank(width, self._row_styles()[0])
             key = self._order[i]
             selected = 0 if i != self.cursor_row else (1 if self.has_focus else 2)
             strip = self._row_strip(key, selected)
-        return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+        return strip.crop_extend(scroll_x, scroll_x + width, self._row_styles()[0])
+
+    def _row_styles(self) -> tuple[Style, Style, Style]:
+        """(plain, cursor, blurred cursor) row styles; cached: computing a widget's style walks the DOM."""
+        if self._styles is None:
+            base = self.rich_style
+            self._styles = (
+                base,
+                base + self.get_component_rich_style("peers-table--cursor"),
+                base + self.get_component_rich_style("peers-table--cursor-blurred"),
+            )
+        return self._styles
 
     def on_resize(self) -> None:
         width = name_width(self.scrollable_content_region.width)
@@ -441,3 +488,5 @@ class PeersTable(ScrollView, can_focus=True):
         super().notify_style_update()
         self._strips.clear()
         self._header_strip = None
+        self._styles = None
+        self._style_cache.clear()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.style import Style
 from rich.text import Text
-from textual.widget import Widget
 
 from ..core.snapshot import GpuSnapshot
 from .palette import slot_colour, slot_fill
+from .text_line import TextLine
 
 _DIM = Style(color="#808080")
 _FG_ON_COLOUR = Style(color="#101010", bold=True)
@@ -92,7 +92,7 @@ def _colour_style(slot: int, no_color: bool) -> Style:
     return Style(bgcolor=slot_colour(slot)) + _FG_ON_COLOUR
 
 
-class Timeline(Widget):
+class Timeline(TextLine):
     """Renders the latest GpuSnapshot's windows; `show(snapshot)` updates in place."""
 
     DEFAULT_CSS = """
@@ -106,7 +106,8 @@ class Timeline(Widget):
     def show(self, snapshot: GpuSnapshot) -> None:
         if snapshot != self._snap:
             self._snap = snapshot
+            self._strips = None
             self.refresh()
 
-    def render(self) -> Text:
-        return render_timeline(self._snap, self.size.width, self.app.no_color)
+    def build_text(self, width: int) -> Text:
+        return render_timeline(self._snap, width, self.app.no_color)
