@@ -34,6 +34,7 @@ import time
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.demo import start_demo, stop_demo
+from gpushare_tui.widgets import launch_form
 from gpushare_tui.widgets.peers_table import PeersTable
 
 BRAILLE_RUN = re.compile(
@@ -79,7 +80,12 @@ async def shoot(out: str, seconds: float) -> list[str]:
             await pilot.press("question_mark")
             await pilot.pause(0.5)
             saved.append(app.save_screenshot("help.svg", out))
-            await pilot.press("escape", "l")
+            await pilot.press("escape")
+            # a neutral example instead of this machine's paths
+            launch_form.default_binary = lambda: "llama-server"
+            await pilot.press("l")
+            await pilot.pause(0.3)
+            await pilot.press(*"~/models/qwen2.5-7b-instruct-q4_k_m.gguf")
             await pilot.pause(0.5)
             saved.append(app.save_screenshot("launch-form.svg", out))
             await pilot.press("escape")
