@@ -30,7 +30,7 @@ from .registry import Membership
 from .snapshot import own_peer
 
 RECHECK_US = 20_000  # re-read the registry at least this often
-UNTHROTTLED_POLL_S = 0.010
+UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 IDLE_PROBE_S = 0.050  # raise `active` within ~100 ms of the first decode
 ACTIVE_PROBE_S = 0.100
 PROBE_TIMEOUT_S = 0.25
