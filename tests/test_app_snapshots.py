@@ -9,6 +9,7 @@ period are the ones the schedule computes. Update the SVGs with
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pytest
@@ -112,6 +113,9 @@ def _utc(monkeypatch: pytest.MonkeyPatch):
     time.tzset()
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setattr("gpushare_tui.widgets.launch_form.default_binary", lambda: "llama-server")
+    # the launch form checks the binary on PATH: keep snapshots independent of a local llama-server
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in dirs if not os.path.exists(os.path.join(d, "llama-server"))))
     yield
     monkeypatch.undo()
     time.tzset()
