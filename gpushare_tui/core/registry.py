@@ -165,12 +165,11 @@ class Membership:
 
     def mark_active(self, now_us: int | None = None) -> None:
         """A decode/prefill step happened: raise `active` at once if it was down."""
-        now = self._clock() if now_us is None else now_us
-        self._last_active_us = now
+        self._last_active_us = self._clock() if now_us is None else now_us
         if not self._active:
             with self._lock:
                 self._active = 1
-                self._write_if_joined(now)
+                self._write_if_joined()
 
     def mark_idle(self) -> None:
         """Drop `active` now (e.g. the engine was seen idle)."""

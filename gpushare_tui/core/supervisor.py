@@ -31,8 +31,10 @@ from .snapshot import own_peer
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
+MONITOR_TICK_S = 0.050
 IDLE_PROBE_S = 0.050  # raise `active` within ~100 ms of the first decode
-ACTIVE_PROBE_S = 0.100
+ACTIVE_PROBE_S = 1.0
+CPU_ACTIVE_CORES = 0.25  # engine CPU use (in cores) that counts as decoding
 PROBE_TIMEOUT_S = 0.25
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 STATS_EVERY_S = 1.0
@@ -220,47 +222,61 @@ class Supervisor:
         return end is None or end - wall_us() >= PROBE_MARGIN_US
 
     def _monitor_loop(self) -> None:
+        """Activity, busy and tok/s. While idle, /metrics is probed every 50 ms so
+        `active` rises within ~100 ms of the first decode. While active, every
+        probe costs the engine throughput (answered by its inference loop), so
+        probes drop to 1 Hz and the engine's CPU time (free to read) carries the
+        "still decoding" signal between them."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
         last_decode: float | None = None
         last_activity_us = 0
         processing = False
         rate_mark: tuple[float, float] | None = None  # (monotonic s, n_decode_total)
-        cpu = _CpuBusy(proc.pid)
-        next_stats = time.monotonic() + STATS_EVERY_S
+        cpu_stats = _CpuBusy(proc.pid)
+        cpu_tick = _CpuBusy(proc.pid)
+        was_running = False
+        next_stats = next_probe = time.monotonic()
         with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
             while not self._quit.is_set() and proc.poll() is None:
-                now = wall_us()
-                if self._may_probe():
+                now, t = wall_us(), time.monotonic()
+                running = not self._stopped
+                busy_cpu = cpu_tick.fraction() * cpu_tick.cores >= CPU_ACTIVE_CORES
+                if running and busy_cpu:
+                    last_activity_us = now
+                elif running and was_running:
+                    processing = False  # ran a whole tick without decoding: the gauge is stale
+                was_running = running
+                if t >= next_probe and self._may_probe():
+                    next_probe = t + (ACTIVE_PROBE_S if m.active else IDLE_PROBE_S)
                     try:
                         met = ls.parse_metrics(client.get(self.base_url + "/metrics").text)
                     except httpx.HTTPError:
                         met = None
                     if met is not None:
-                        t = time.monotonic()
                         rose = last_decode is not None and met.n_decode_total > last_decode
                         processing = met.requests_processing > 0
                         if rose or processing:
                             last_activity_us = wall_us()
-                            m.mark_active(last_activity_us)
                         last_decode = met.n_decode_total
                         if rate_mark is None or t - rate_mark[0] >= STATS_EVERY_S:
                             if rate_mark is not None:
                                 self.status.tok_s = (met.n_decode_total - rate_mark[1]) / (t - rate_mark[0])
                             rate_mark = (t, met.n_decode_total)
-                elif processing:
+                elif not running and processing:
                     last_activity_us = now  # stopped mid-request: still busy, not idle
-                    m.mark_active(now)
-                if m.active and now - last_activity_us > abi.ACTIVITY_WINDOW_US:
+                if now - last_activity_us <= abi.ACTIVITY_WINDOW_US:
+                    m.mark_active(last_activity_us)
+                elif m.active:
                     m.mark_idle()
                     self.status.tok_s = 0.0
-                if time.monotonic() >= next_stats:
-                    next_stats += STATS_EVERY_S
+                if t >= next_stats:
+                    next_stats = t + STATS_EVERY_S
                     busy = self._gpu_busy(proc.pid, now - int(STATS_EVERY_S * 1e6)) if self._gpu_busy else None
-                    frac = busy / 100 if busy is not None else cpu.fraction()
+                    frac = busy / 100 if busy is not None else cpu_stats.fraction()
                     self.status.busy_pct = 100 * frac
                     m.set_busy_ppm(int(frac * 1_000_000))
-                time.sleep(ACTIVE_PROBE_S if m.active else IDLE_PROBE_S)
+                time.sleep(MONITOR_TICK_S)
 
     # -- control socket ----------------------------------------------------
 
@@ -315,7 +331,7 @@ class _CpuBusy:
 
     def __init__(self, pid: int) -> None:
         self._proc = psutil.Process(pid)
-        self._cores = os.cpu_count() or 1
+        self.cores = os.cpu_count() or 1
         self._last = self._sample()
 
     def _sample(self) -> tuple[float, float]:
@@ -331,4 +347,4 @@ class _CpuBusy:
         self._last = now
         if t1 <= t0:
             return 0.0
-        return max(0.0, min(1.0, (c1 - c0) / ((t1 - t0) * self._cores)))
+        return max(0.0, min(1.0, (c1 - c0) / ((t1 - t0) * self.cores)))
