@@ -226,16 +226,15 @@ class Supervisor:
         `active` rises within ~100 ms of the first decode. While active, every
         probe costs the engine throughput (answered by its inference loop), so
         probes drop to 1 Hz and the engine's CPU time (free to read) carries the
-        "still decoding" signal between them."""
+        "still decoding" signal between them. Stopped spells (at most
+        (1 - share) * 400 ms) are bridged by the 2 s activity window."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
         last_decode: float | None = None
         last_activity_us = 0
-        processing = False
         rate_mark: tuple[float, float] | None = None  # (monotonic s, n_decode_total)
         cpu_stats = _CpuBusy(proc.pid)
         cpu_tick = _CpuBusy(proc.pid)
-        was_running = False
         next_stats = next_probe = time.monotonic()
         with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
             while not self._quit.is_set() and proc.poll() is None:
@@ -244,9 +243,6 @@ class Supervisor:
                 busy_cpu = cpu_tick.fraction() * cpu_tick.cores >= CPU_ACTIVE_CORES
                 if running and busy_cpu:
                     last_activity_us = now
-                elif running and was_running:
-                    processing = False  # ran a whole tick without decoding: the gauge is stale
-                was_running = running
                 if t >= next_probe and self._may_probe():
                     next_probe = t + (ACTIVE_PROBE_S if m.active else IDLE_PROBE_S)
                     try:
@@ -255,16 +251,13 @@ class Supervisor:
                         met = None
                     if met is not None:
                         rose = last_decode is not None and met.n_decode_total > last_decode
-                        processing = met.requests_processing > 0
-                        if rose or processing:
+                        if rose or met.requests_processing > 0:
                             last_activity_us = wall_us()
                         last_decode = met.n_decode_total
                         if rate_mark is None or t - rate_mark[0] >= STATS_EVERY_S:
                             if rate_mark is not None:
                                 self.status.tok_s = (met.n_decode_total - rate_mark[1]) / (t - rate_mark[0])
                             rate_mark = (t, met.n_decode_total)
-                elif not running and processing:
-                    last_activity_us = now  # stopped mid-request: still busy, not idle
                 if now - last_activity_us <= abi.ACTIVITY_WINDOW_US:
                     m.mark_active(last_activity_us)
                 elif m.active:
