@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .abi import SlotRecord
 
@@ -79,7 +80,15 @@ class Schedule:
 
 
 def build_schedule(members: Sequence[tuple[int, float]]) -> Schedule | None:
-    """Schedule for (slot, weight) members; None when n <= 1 (run unthrottled)."""
+    """Schedule for (slot, weight) members; None when n <= 1 (run unthrottled).
+
+    Memoised: the pacer and supervisor rebuild it on every step, and the
+    member set rarely changes."""
+    return _build_schedule(tuple(members))
+
+
+@lru_cache(maxsize=64)
+def _build_schedule(members: tuple[tuple[int, float], ...]) -> Schedule | None:
     if len(members) <= 1:
         return None
     weights = [w for _, w in members]
