@@ -6,10 +6,12 @@ import json
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from conftest import cli_argv, run_cli, wait_for
 from llama_env import end_pid, llama_server, proc_state, tiny_model  # noqa: F401 (fixtures)
@@ -258,3 +260,25 @@ def test_bad_inputs_fail_with_one_line(gpu_key, llama_server, tiny_model, tmp_pa
     assert r.returncode == 1 and "exited with code" in r.stderr
     r = run_cli("run", "--weight", "nan", "--gpu-key", gpu_key, "--", llama_server)
     assert r.returncode == 2 and "invalid weight" in r.stderr
+
+
+def test_cpu_time_alone_never_raises_active(procs, gpu_key, runtime_dir):
+    """Engine CPU time only carries activity a probe raised: an engine that burns a
+    core but reports no decode and no request in flight stays idle (and so never
+    paces its peers)."""
+    fake = str(Path(__file__).parent / "data" / "busy_idle_engine.py")
+    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--name", "busy", "--", sys.executable, fake)
+    sup = procs.start(argv)
+    wait_for(lambda: _read_join_line(sup), 30, what="supervisor join line")
+    with Segment.attach_readonly(shm_path(gpu_key)) as seg:
+        pid = next(r.pid for r in seg.read_slots() if r.name == "busy")
+        try:
+            assert psutil.Process(pid).cpu_percent(0.5) > 50  # really burning CPU
+            seen = []
+            t_end = time.monotonic() + 2.0
+            while time.monotonic() < t_end:
+                seen.append(next(r.active for r in seg.read_slots() if r.pid == pid))
+                time.sleep(0.02)
+        finally:
+            end_pid(pid)
+    assert seen and not any(seen)

@@ -226,7 +226,7 @@ class Supervisor:
         `active` rises within ~100 ms of the first decode. While active, every
         probe costs the engine throughput (answered by its inference loop), so
         probes drop to 1 Hz and the engine's CPU time (free to read) carries the
-        "still decoding" signal between them. Stopped spells (at most
+        "still decoding" signal between them; it never raises `active` itself. Stopped spells (at most
         (1 - share) * 400 ms) are bridged by the 2 s activity window."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
@@ -239,9 +239,10 @@ class Supervisor:
         with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
             while not self._quit.is_set() and proc.poll() is None:
                 now, t = wall_us(), time.monotonic()
-                running = not self._stopped
                 busy_cpu = cpu_tick.fraction() * cpu_tick.cores >= CPU_ACTIVE_CORES
-                if running and busy_cpu:
+                # CPU time only carries activity a probe raised: an idle engine answering
+                # probes on a loaded box can show a burst of ticks, which must not pace its peers.
+                if busy_cpu and m.active and not self._stopped:
                     last_activity_us = now
                 if t >= next_probe and self._may_probe():
                     next_probe = t + (ACTIVE_PROBE_S if m.active else IDLE_PROBE_S)
@@ -322,6 +323,8 @@ def _raise_priority() -> None:
 class _CpuBusy:
     """Engine CPU time as a fraction of the machine's cores since the last call."""
 
+    MIN_SPAN_S = 0.040
+
     def __init__(self, pid: int) -> None:
         self._proc = psutil.Process(pid)
         self.cores = os.cpu_count() or 1
@@ -335,9 +338,11 @@ class _CpuBusy:
             return time.monotonic(), 0.0
 
     def fraction(self) -> float:
+        """0.0 until MIN_SPAN_S has passed: CPU time comes in 10 ms ticks, so shorter
+        spans read as bursts."""
         now = self._sample()
         (t0, c0), (t1, c1) = self._last, now
-        self._last = now
-        if t1 <= t0:
+        if t1 - t0 < self.MIN_SPAN_S:
             return 0.0
+        self._last = now
         return max(0.0, min(1.0, (c1 - c0) / ((t1 - t0) * self.cores)))
