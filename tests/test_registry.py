@@ -379,3 +379,36 @@ def test_sigterm_member_leaves_cleanly(gpu_key: str, procs) -> None:
         assert p.wait(timeout=10) == 128 + signal.SIGTERM
         r = seg.read_slot(0)
         assert (r.pid, r.active, r.heartbeat_us) == (0, 0, 0)
+
+
+def test_sigterm_while_claiming_still_leaves_cleanly(gpu_key: str, monkeypatch) -> None:
+    """SIGTERM right after the slot's pid CAS (before its fields are written) must not
+    strand the slot: the exit waits until join is done, then leave clears it."""
+    from gpushare_tui.core.lifecycle import exit_on_termination
+
+    old_handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    exit_on_termination()
+    real_cas = Segment.cas_pid
+    fired: list[bool] = []
+
+    def cas_then_sigterm(self, index, expected, new):
+        ok = real_cas(self, index, expected, new)
+        if not fired:
+            fired.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return ok
+
+    monkeypatch.setattr(Segment, "cas_pid", cas_then_sigterm)
+    m = Membership(gpu_key, 1.0, "term")
+    try:
+        with pytest.raises(SystemExit) as exc:
+            try:
+                m.join()
+            finally:
+                m.leave()
+        assert exc.value.code == 128 + signal.SIGTERM
+    finally:
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+    with Segment.create_or_attach(gpu_key) as seg:
+        assert all(r.pid == 0 for r in seg.read_slots())

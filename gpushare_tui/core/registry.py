@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from . import abi
 from .clock import ClockUs, wall_us
+from .lifecycle import termination_deferred
 from .segment import Segment
 
 HEARTBEAT_S = 0.5
@@ -62,22 +63,24 @@ class Membership:
     # -- lifecycle ---------------------------------------------------------
 
     def join(self) -> int:
-        """Open the segment, claim a slot, start heartbeating. Returns the slot."""
-        with self._lock:
-            if self._segment is None:
-                self._segment = Segment.create_or_attach(self.key)
-            try:
-                self._slot = self._claim()
-            except RegistryFullError:
-                self._segment.close()  # don't leak the mapping (and its atomic views) of a failed join
-                self._segment = None
-                raise
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._heartbeat_loop, name="gpushare-heartbeat", daemon=True)
-            self._thread.start()
-        atexit.register(self.leave)
-        return self._slot
+        """Open the segment, claim a slot, start heartbeating. Returns the slot.
+        A SIGTERM/SIGHUP meanwhile exits only once `leave` is registered."""
+        with termination_deferred():
+            with self._lock:
+                if self._segment is None:
+                    self._segment = Segment.create_or_attach(self.key)
+                try:
+                    self._slot = self._claim()
+                except RegistryFullError:
+                    self._segment.close()  # don't leak the mapping (and its atomic views) of a failed join
+                    self._segment = None
+                    raise
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._heartbeat_loop, name="gpushare-heartbeat", daemon=True)
+                self._thread.start()
+            atexit.register(self.leave)
+            return self._slot
 
     def _claim(self) -> int:
         seg = self._segment
@@ -100,7 +103,7 @@ class Membership:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
-        with self._lock:
+        with self._lock, termination_deferred():
             seg, slot = self._segment, self._slot
             if seg is None:
                 return
