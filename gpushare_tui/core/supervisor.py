@@ -31,6 +31,7 @@ from .snapshot import own_peer
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
+STOP_LEAD_US = 500  # stop this long before our window ends (see run_until)
 MONITOR_TICK_S = 0.050
 IDLE_PROBE_S = 0.050  # raise `active` within ~100 ms of the first decode
 ACTIVE_PROBE_S = 1.0
@@ -178,24 +179,24 @@ class Supervisor:
                 self._window_end_us = None
                 self._resume()
                 wait_us = int(UNTHROTTLED_POLL_S * 1e6)
-            elif schedule.may_run(sched, slot, now):
-                end = schedule.window_end_us(sched, slot, now)
-                self._window_end_us = end
-                if self._stopped:
-                    self._resume()
-                    self._note_lateness(sched, slot, now, edge=0)
-                wait_us = min(end - now, RECHECK_US)
             else:
-                self._window_end_us = None
-                if not self._stopped:
-                    self._suspend()
-                    self._note_lateness(sched, slot, now, edge=1)
-                wait_us = min(schedule.next_window_start_us(sched, slot, now) - now, RECHECK_US)
+                run, edge_us = run_until(sched, slot, now)
+                if run:
+                    self._window_end_us = edge_us
+                    if self._stopped:
+                        self._resume()
+                        self._note_lateness(sched, slot, now, edge=0)
+                else:
+                    self._window_end_us = None
+                    if not self._stopped:
+                        self._suspend()
+                        self._note_lateness(sched, slot, now, edge=1)
+                wait_us = min(edge_us - now, RECHECK_US)
             time.sleep(max(wait_us, 0) / 1e6)
 
     def _note_lateness(self, sched: schedule.Schedule, slot: int, now_us: int, edge: int) -> None:
         """How late after its window edge (0 start, 1 end) a signal went out."""
-        boundary = sched.window_of(slot)[edge]  # type: ignore[index]
+        boundary = sched.window_of(slot)[edge] - (STOP_LEAD_US if edge else 0)  # type: ignore[index]
         late = (wall_us() - boundary) % sched.period_us
         self.lateness_us.append(late)
         if late > 5000 and os.environ.get("GPUSHARE_DEBUG"):
@@ -309,6 +310,21 @@ class Supervisor:
             return {"state": "stopping"}
 
         return {"status": status, "set_weight": set_weight, "stop": stop}
+
+
+def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:
+    """(whether `slot`'s engine may run now, the absolute µs of its next edge).
+
+    Its run ends `stop_lead_us` before its window does. A SIGSTOP takes effect only
+    once the engine's own thread runs to take it; sent at the edge, that thread
+    competes for the cores with the engine just continued, and both ran together
+    for 13-18% of the time on 2 vCPUs (0% with a 500 µs lead)."""
+    if schedule.may_run(sched, slot, now_us):
+        end = schedule.window_end_us(sched, slot, now_us)
+        if now_us < end - stop_lead_us:
+            return True, end - stop_lead_us
+        return False, schedule.next_window_start_us(sched, slot, end)
+    return False, schedule.next_window_start_us(sched, slot, now_us)
 
 
 def _raise_priority() -> None:
