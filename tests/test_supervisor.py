@@ -72,7 +72,7 @@ def port_of(pid: int) -> int:
     return json.loads(run_cli("status", str(pid), "--json").stdout)["port"]
 
 
-def start_load(port: int, n_predict: int = 3500) -> StreamLoad:
+def start_load(port: int, n_predict: int = 256) -> StreamLoad:
     return StreamLoad(port, n_predict).start()
 
 
@@ -126,8 +126,9 @@ def test_two_engines_paced_two_to_one(engines):
     ta, tb = (lo.count(t0, t1) for lo in loads)
     for lo in loads:
         lo.stop()
-    # unpaced or weight-blind pacing gives ~1:1; the tiny model's 1 ms steps make the split noisy on 2 cores
-    assert tb > 0 and 1.4 <= ta / tb <= 3.2, (ta, tb)
+    # measured 1.98-2.01 quiet, 2.02-2.14 with both cores also busy elsewhere; unpaced or
+    # weight-blind pacing gives ~1:1. Short requests: a token's cost grows with its position.
+    assert tb > 0 and 1.6 <= ta / tb <= 2.6, (ta, tb)
     assert stopped_seen[a] > 0 and stopped_seen[b] > 0  # really paced by signals
     # one at a time: the outgoing engine is stopped before the incoming one continues
     # (measured: 0-1.1% of samples with the stop lead, 2.2-6.4% without it, 2 vCPUs)
