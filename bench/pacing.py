@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from gpushare_tui.core import schedule  # noqa: E402
 from gpushare_tui.core.engines.llama_server import free_port, parse_metrics  # noqa: E402
 from gpushare_tui.testing.load import StreamLoad  # noqa: E402
-from gpushare_tui.testing.tiny_gguf import write_tiny_llama  # noqa: E402
+from gpushare_tui.testing.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama  # noqa: E402
 
 CLI = [sys.executable, "-m", "gpushare_tui"]
 
@@ -146,7 +146,7 @@ def measure(
     /metrics probes: the client sees fewer events than tokens, as a random model's
     partial UTF-8 tokens are held back)."""
     for e in engines:
-        e.load = StreamLoad(e.port, n_predict).start()
+        e.load = StreamLoad(e.port, n_predict, banned_tokens=NON_TEXT_TOKEN_IDS).start()
     deadline = time.monotonic() + 60
     while any(not e.tokens for e in engines) and time.monotonic() < deadline:
         time.sleep(0.05)

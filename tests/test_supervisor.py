@@ -18,6 +18,7 @@ from llama_env import end_pid, llama_server, proc_state, tiny_model  # noqa: F40
 
 from gpushare_tui.core.segment import Segment, shm_path
 from gpushare_tui.testing.load import StreamLoad
+from gpushare_tui.testing.tiny_gguf import NON_TEXT_TOKEN_IDS
 
 pytestmark = pytest.mark.llama
 
@@ -73,7 +74,7 @@ def port_of(pid: int) -> int:
 
 
 def start_load(port: int, n_predict: int = 256) -> StreamLoad:
-    return StreamLoad(port, n_predict).start()
+    return StreamLoad(port, n_predict, banned_tokens=NON_TEXT_TOKEN_IDS).start()
 
 
 def test_run_joins_with_engine_pid_and_defaults(engines):

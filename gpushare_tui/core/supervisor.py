@@ -23,6 +23,7 @@ import httpx
 import psutil
 
 from . import abi, schedule
+from .activity import EngineActivity
 from .clock import wall_us
 from .control import ControlServer
 from .engines import llama_server as ls
@@ -227,12 +228,11 @@ class Supervisor:
         `active` rises within ~100 ms of the first decode. While active, every
         probe costs the engine throughput (answered by its inference loop), so
         probes drop to 1 Hz and the engine's CPU time (free to read) carries the
-        "still decoding" signal between them; it never raises `active` itself. Stopped spells (at most
-        (1 - share) * 400 ms) are bridged by the 2 s activity window."""
+        "still decoding" signal between them (see EngineActivity). Stopped spells
+        (at most (1 - share) * 400 ms) are bridged by the 2 s activity window."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
-        last_decode: float | None = None
-        last_activity_us = 0
+        activity = EngineActivity()
         rate_mark: tuple[float, float] | None = None  # (monotonic s, n_decode_total)
         cpu_stats = _CpuBusy(proc.pid)
         cpu_tick = _CpuBusy(proc.pid)
@@ -241,10 +241,7 @@ class Supervisor:
             while not self._quit.is_set() and proc.poll() is None:
                 now, t = wall_us(), time.monotonic()
                 busy_cpu = cpu_tick.fraction() * cpu_tick.cores >= CPU_ACTIVE_CORES
-                # CPU time only carries activity a probe raised: an idle engine answering
-                # probes on a loaded box can show a burst of ticks, which must not pace its peers.
-                if busy_cpu and m.active and not self._stopped:
-                    last_activity_us = now
+                activity.on_cpu(now, busy_cpu and not self._stopped, m.active)
                 if t >= next_probe and self._may_probe():
                     next_probe = t + (ACTIVE_PROBE_S if m.active else IDLE_PROBE_S)
                     try:
@@ -252,16 +249,13 @@ class Supervisor:
                     except httpx.HTTPError:
                         met = None
                     if met is not None:
-                        rose = last_decode is not None and met.n_decode_total > last_decode
-                        if rose or met.requests_processing > 0:
-                            last_activity_us = wall_us()
-                        last_decode = met.n_decode_total
+                        activity.on_probe(wall_us(), met.n_decode_total, met.requests_processing)
                         if rate_mark is None or t - rate_mark[0] >= STATS_EVERY_S:
                             if rate_mark is not None:
                                 self.status.tok_s = (met.n_decode_total - rate_mark[1]) / (t - rate_mark[0])
                             rate_mark = (t, met.n_decode_total)
-                if now - last_activity_us <= abi.ACTIVITY_WINDOW_US:
-                    m.mark_active(last_activity_us)
+                if activity.is_active(now):
+                    m.mark_active(activity.last_us)
                 elif m.active:
                     m.mark_idle()
                     self.status.tok_s = 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 
 import httpx
 
@@ -11,7 +12,9 @@ import httpx
 class StreamLoad:
     """Back-to-back streaming /completion requests on a thread."""
 
-    def __init__(self, port: int, n_predict: int = 3500, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, port: int, n_predict: int = 256, host: str = "127.0.0.1", banned_tokens: Iterable[int] = ()
+    ) -> None:
         self.url = f"http://{host}:{port}/completion"
         self.body = {
             "prompt": "the a of",
@@ -19,6 +22,7 @@ class StreamLoad:
             "ignore_eos": True,
             "stream": True,
             "cache_prompt": False,
+            "logit_bias": [[t, False] for t in banned_tokens],
         }
         self.tokens: list[float] = []  # time.monotonic() of each streamed token
         self._stop = threading.Event()

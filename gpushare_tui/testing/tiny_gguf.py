@@ -10,6 +10,11 @@ import os
 
 import numpy as np
 
+# <unk> <s> </s> and the 256 byte tokens: a random model sampling a byte >= 0x80
+# makes the server hold text back until the UTF-8 sequence completes, so a client
+# sees tokens in bursts. Ban these (llama-server `logit_bias`) to stream one by one.
+NON_TEXT_TOKEN_IDS = tuple(range(3 + 256))
+
 
 def write_tiny_llama(path: str, n_embd: int = 256, n_layer: int = 4, n_ctx: int = 2048, seed: int = 0) -> str:
     """Write the model to `path` (atomically) and return the path."""

@@ -1,0 +1,37 @@
+"""When a supervised engine last decoded, from /metrics probes and its CPU time (pure)."""
+
+from __future__ import annotations
+
+from . import abi
+
+
+class EngineActivity:
+    """Tracks `last_us`, the latest time the engine is known to have been decoding.
+
+    A probe showing a request in flight dates activity at the probe. A probe showing
+    only that `n_decode_total` rose since the previous probe (up to 1 s earlier while
+    active) dates it at that previous probe: the decode happened somewhere in between,
+    and dating it at the later probe kept a finished engine active up to 1 s too long.
+    CPU time only carries activity a probe raised: an idle engine answering probes on
+    a loaded box can show a burst of ticks, which must not pace its peers.
+    """
+
+    def __init__(self) -> None:
+        self.last_us = 0
+        self._decode_total: float | None = None
+        self._probe_us = 0
+
+    def on_probe(self, now_us: int, n_decode_total: float, requests_processing: float) -> None:
+        if requests_processing > 0:
+            self.last_us = now_us
+        elif self._decode_total is not None and n_decode_total > self._decode_total:
+            self.last_us = max(self.last_us, self._probe_us)
+        self._decode_total, self._probe_us = n_decode_total, now_us
+
+    def on_cpu(self, now_us: int, busy: bool, active: bool) -> None:
+        """`busy`: the engine used >= CPU_ACTIVE_CORES while running; `active`: our slot's flag."""
+        if busy and active:
+            self.last_us = now_us
+
+    def is_active(self, now_us: int) -> bool:
+        return now_us - self.last_us <= abi.ACTIVITY_WINDOW_US
