@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
-from gpushare_tui.core import schedule  # noqa: E402
+from gpushare_tui.core import abi, schedule  # noqa: E402
 from gpushare_tui.core.engines.llama_server import free_port, parse_metrics  # noqa: E402
 from gpushare_tui.testing.load import StreamLoad  # noqa: E402
 from gpushare_tui.testing.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama  # noqa: E402
@@ -118,9 +118,9 @@ def rate(times: list[float], t0: float, t1: float) -> float:
     return sum(1 for t in times if t0 <= t < t1) / (t1 - t0)
 
 
-def gaps_ms(times: list[float], t0: float, t1: float) -> dict:
-    ts = [t for t in times if t0 <= t < t1]
-    g = sorted((b - a) * 1000 for a, b in zip(ts, ts[1:]))
+def gaps_ms(load: StreamLoad | None, t0: float, t1: float) -> dict:
+    """Inter-token gaps within requests (a new request's prompt and HTTP set-up are not a stall)."""
+    g = sorted(x * 1000 for x in load.gaps_s(t0, t1)) if load else []
     if not g:
         return {"p50": None, "p95": None, "max": None}
     return {"p50": g[len(g) // 2], "p95": g[min(len(g) - 1, int(len(g) * 0.95))], "max": g[-1]}
@@ -159,21 +159,35 @@ def measure(
     return t0, time.monotonic(), rates
 
 
-def idle_release_s(stays: Engine, goes: Engine, limit_s: float = 8.0, settle_s: float = 3.0) -> float | None:
-    """Time from `goes` going idle until `stays` streams at >= 95% of its own
-    unthrottled rate (0.5 s windows). The reference is `stays`'s rate over the last
-    `settle_s` of the `limit_s` after release, not the solo run: this machine's speed
-    drifts by tens of percent between minutes."""
+def proc_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def idle_release_s(
+    stays: Engine, goes: Engine, limit_s: float = 8.0, settle_s: float = 3.0
+) -> tuple[float | None, float | None]:
+    """After `goes` goes idle: (when `stays` streams at >= 95% of its own unthrottled
+    rate in a 0.5 s window, when `stays` was last seen stopped), seconds. The rate
+    reference is `stays`'s rate over the last `settle_s` of the `limit_s`, not the
+    solo run: this machine's speed drifts by tens of percent between minutes."""
     goes.load.stop_nowait()  # type: ignore[union-attr]
     t_idle = time.monotonic()
-    time.sleep(limit_s)
+    last_stopped = None
+    while (now := time.monotonic()) < t_idle + limit_s:
+        if proc_state(stays.pid) == "T":
+            last_stopped = now - t_idle
+        time.sleep(0.002)
     settled = rate(stays.tokens, t_idle + limit_s - settle_s, t_idle + limit_s)
     t = t_idle
     while t + 0.5 <= t_idle + limit_s - settle_s:
         if rate(stays.tokens, t, t + 0.5) >= 0.95 * settled:
-            return t - t_idle
+            return t - t_idle, last_stopped
         t += 0.05
-    return None
+    return None, last_stopped
 
 
 def scenario(
@@ -181,8 +195,8 @@ def scenario(
 ) -> dict:
     try:
         t0, t1, rates = measure(engines, seconds, n_predict)
-        gaps = [gaps_ms(e.tokens, t0, t1) for e in engines]
-        rel = idle_release_s(engines[0], engines[1]) if release else None
+        gaps = [gaps_ms(e.load, t0, t1) for e in engines]
+        rel, unstopped = idle_release_s(engines[0], engines[1]) if release else (None, None)
     finally:
         end(engines)
     weights = [e.weight for e in engines]
@@ -200,6 +214,7 @@ def scenario(
         row["aggregate_pct_of_solo"] = 100 * sum(rates) / solo
     if release:
         row["idle_release_s"] = rel
+        row["last_stopped_after_idle_s"] = unstopped
     return row
 
 
@@ -286,6 +301,12 @@ def main() -> None:
         f"median of {a.rounds} round(s); solo reference {solo_ref:.1f} tok/s"
     )
     print_table(summary)
+    for r in summary:
+        if r.get("last_stopped_after_idle_s") is not None:
+            print(
+                f"{r['scenario']}: after its peer went idle the remaining engine was last stopped at "
+                f"{r['last_stopped_after_idle_s']:.2f} s (activity window {abi.ACTIVITY_WINDOW_US / 1e6:g} s)"
+            )
 
 
 def median_row(rows: list[dict]) -> dict:
