@@ -172,10 +172,13 @@ class Supervisor:
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
         seg = m.segment
+        prev: schedule.Schedule | None = None
         while not self._quit.is_set() and proc.poll() is None:
             now = wall_us()
             slot = m.slot
             sched = schedule.build_schedule(schedule.member_weights(seg.read_slots(), now))
+            at_edge = sched is prev  # not a membership change, which acts at once, off any edge
+            prev = sched
             if sched is None or slot is None or slot not in sched.slots:
                 self._window_end_us = None
                 self._resume()
@@ -186,22 +189,21 @@ class Supervisor:
                     self._window_end_us = edge_us
                     if self._stopped:
                         self._resume()
-                        self._note_lateness(sched, slot, now, edge=0)
+                        if at_edge:
+                            self._note_lateness(sched, slot, edge=0)
                 else:
                     self._window_end_us = None
                     if not self._stopped:
                         self._suspend()
-                        self._note_lateness(sched, slot, now, edge=1)
+                        if at_edge:
+                            self._note_lateness(sched, slot, edge=1)
                 wait_us = min(edge_us - now, RECHECK_US)
             time.sleep(max(wait_us, 0) / 1e6)
 
-    def _note_lateness(self, sched: schedule.Schedule, slot: int, now_us: int, edge: int) -> None:
-        """How late after its window edge (0 start, 1 end) a signal went out."""
+    def _note_lateness(self, sched: schedule.Schedule, slot: int, edge: int) -> None:
+        """How late after its edge (0: window start, 1: window end less the stop lead) a signal went out."""
         boundary = sched.window_of(slot)[edge] - (STOP_LEAD_US if edge else 0)  # type: ignore[index]
-        late = (wall_us() - boundary) % sched.period_us
-        self.lateness_us.append(late)
-        if late > 5000 and os.environ.get("GPUSHARE_DEBUG"):
-            print(f"late {late} edge {edge} slots {sched.slots} windows {sched.windows_us} now {now_us}", flush=True)
+        self.lateness_us.append((wall_us() - boundary) % sched.period_us)
 
     def lateness_summary(self) -> dict:
         """p50/p99/max µs by which SIGCONT/SIGSTOP trailed their window edges."""
