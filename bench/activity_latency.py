@@ -71,6 +71,7 @@ def main() -> None:
         f"active raised after first request: n={len(lat_ms)} min {min(lat_ms):.0f} ms, "
         f"median {statistics.median(lat_ms):.0f} ms, max {max(lat_ms):.0f} ms"
     )
+    print("each trial (ms):", " ".join(f"{x:.0f}" for x in lat_ms))
 
 
 if __name__ == "__main__":

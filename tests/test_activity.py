@@ -48,3 +48,22 @@ def test_a_later_probe_never_moves_activity_back() -> None:
     a.on_cpu(10 * S + 900_000, busy=True, active=True)
     a.on_probe(11 * S, 30, 0)
     assert a.last_us == 10 * S + 900_000
+
+
+def test_probe_cadence_follows_active_as_it_is_now() -> None:
+    a = EngineActivity(idle_probe_us=50_000, active_probe_us=S)
+    assert a.probe_due(10 * S, active=False)
+    a.probe_sent(10 * S)
+    a.on_probe(10 * S, 0, 1)
+    assert not a.probe_due(10 * S + 49_000, active=False)
+    assert a.probe_due(10 * S + 50_000, active=False)
+    assert not a.probe_due(10 * S + 500_000, active=True)
+    # the flag dropped meanwhile (by anyone): the idle cadence applies at once
+    assert a.probe_due(10 * S + 500_000, active=False)
+
+
+def test_an_unanswered_probe_still_sets_the_cadence() -> None:
+    a = EngineActivity(idle_probe_us=50_000, active_probe_us=S)
+    a.probe_sent(10 * S)  # timed out: no on_probe
+    assert not a.probe_due(10 * S + 500_000, active=True)
+    assert a.probe_due(11 * S, active=True)

@@ -16,15 +16,28 @@ class EngineActivity:
     a loaded box can show a burst of ticks, which must not pace its peers.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, idle_probe_us: int = 50_000, active_probe_us: int = 1_000_000) -> None:
         self.last_us = 0
+        self.idle_probe_us = idle_probe_us  # raise `active` within ~100 ms of the first decode
+        self.active_probe_us = active_probe_us  # each probe costs a decoding engine throughput
         self._decode_total: float | None = None
-        self._probe_us = 0
+        self._probe_us: int | None = None  # the last answered probe
+        self._attempt_us: int | None = None  # the last probe sent, answered or not
+
+    def probe_due(self, now_us: int, active: bool) -> bool:
+        """Whether to probe /metrics now. The cadence follows `active` as it is now,
+        not as it was at the last probe: an engine that went idle (whoever dropped
+        the flag) is probed at the idle cadence at once."""
+        interval = self.active_probe_us if active else self.idle_probe_us
+        return self._attempt_us is None or now_us - self._attempt_us >= interval
+
+    def probe_sent(self, now_us: int) -> None:
+        self._attempt_us = now_us
 
     def on_probe(self, now_us: int, n_decode_total: float, requests_processing: float) -> None:
         if requests_processing > 0:
             self.last_us = now_us
-        elif self._decode_total is not None and n_decode_total > self._decode_total:
+        elif self._probe_us is not None and self._decode_total is not None and n_decode_total > self._decode_total:
             self.last_us = max(self.last_us, self._probe_us)
         self._decode_total, self._probe_us = n_decode_total, now_us
 

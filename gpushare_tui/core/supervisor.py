@@ -34,8 +34,6 @@ RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 STOP_LEAD_US = 500  # stop this long before our window ends (see run_until)
 MONITOR_TICK_S = 0.050
-IDLE_PROBE_S = 0.050  # raise `active` within ~100 ms of the first decode
-ACTIVE_PROBE_S = 1.0
 CPU_ACTIVE_CORES = 0.25  # engine CPU use (in cores) that counts as decoding
 PROBE_TIMEOUT_S = 0.25
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
@@ -238,14 +236,14 @@ class Supervisor:
         rate_mark: tuple[float, float] | None = None  # (monotonic s, n_decode_total)
         cpu_stats = _CpuBusy(proc.pid)
         cpu_tick = _CpuBusy(proc.pid)
-        next_stats = next_probe = time.monotonic()
+        next_stats = time.monotonic()
         with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
             while not self._quit.is_set() and proc.poll() is None:
                 now, t = wall_us(), time.monotonic()
                 busy_cpu = cpu_tick.fraction() * cpu_tick.cores >= CPU_ACTIVE_CORES
                 activity.on_cpu(now, busy_cpu and not self._stopped, m.active)
-                if t >= next_probe and self._may_probe():
-                    next_probe = t + (ACTIVE_PROBE_S if m.active else IDLE_PROBE_S)
+                if activity.probe_due(now, m.active) and self._may_probe():
+                    activity.probe_sent(now)
                     try:
                         met = ls.parse_metrics(client.get(self.base_url + "/metrics").text)
                     except httpx.HTTPError:
