@@ -106,6 +106,12 @@ def test_activity_raised_fast_and_dropped_after_idle(engines):
     t_idle = time.monotonic()
     wait_for(lambda: not engines.slot_of(pid).active, 5.0, 0.02, "active dropped")
     assert 1.5 <= time.monotonic() - t_idle <= 4.0
+    # once idle, probes are back at the idle cadence (not the active one's 1 s)
+    t0 = time.monotonic()
+    lo = start_load(port, 2000)
+    wait_for(lambda: engines.slot_of(pid).active, 2.0, 0.005, "active raised again")
+    assert time.monotonic() - t0 < 0.6
+    lo.stop()
 
 
 def test_two_engines_paced_two_to_one(engines):
