@@ -133,13 +133,15 @@ def test_two_engines_paced_two_to_one(engines):
     ta, tb = (lo.count(t0, t1) for lo in loads)
     for lo in loads:
         lo.stop()
-    # measured 1.98-2.01 quiet, 2.02-2.14 with both cores also busy elsewhere; unpaced or
-    # weight-blind pacing gives ~1:1. Short requests: a token's cost grows with its position.
-    assert tb > 0 and 1.6 <= ta / tb <= 2.6, (ta, tb)
+    # measured 1.98-2.01 quiet, 2.02-2.85 with two busy loops on the 2 cores as well (the
+    # short windows suffer more from the contention); unpaced or weight-blind pacing gives
+    # ~1:1. Short requests: a token's cost grows with its position.
+    assert tb > 0 and 1.5 <= ta / tb <= 3.2, (ta, tb)
     assert stopped_seen[a] > 0 and stopped_seen[b] > 0  # really paced by signals
-    # one at a time: the outgoing engine is stopped before the incoming one continues
-    # (measured: 0-1.1% of samples with the stop lead, 2.2-6.4% without it, 2 vCPUs)
-    assert both_running / samples < 0.03, (both_running, samples)
+    # one at a time, give or take the hand-off: 0% of samples quiet, 0.6-3.9% with two busy
+    # loops on the 2 cores as well (the outgoing engine's thread must get a core to stop);
+    # broken pacing shows ~50-100%. test_run_until pins the stop lead itself.
+    assert both_running / samples < 0.08, (both_running, samples)
     # both go idle, and idle engines are never stopped
     wait_for(lambda: not engines.slot_of(a).active and not engines.slot_of(b).active, 8, what="both idle")
     states = []
@@ -288,7 +290,7 @@ def test_cpu_time_alone_never_raises_active(procs, gpu_key, runtime_dir):
     with Segment.attach_readonly(shm_path(gpu_key)) as seg:
         pid = next(r.pid for r in seg.read_slots() if r.name == "busy")
         try:
-            assert psutil.Process(pid).cpu_percent(0.5) > 50  # really burning CPU
+            assert psutil.Process(pid).cpu_percent(0.5) > 30  # burning more than CPU_ACTIVE_CORES
             seen = []
             t_end = time.monotonic() + 2.0
             while time.monotonic() < t_end:
