@@ -26,6 +26,7 @@ from .core import control as control_mod
 from .core.clock import ClockUs, wall_us
 from .core.gpu import DeviceStats, device_stats
 from .core.snapshot import SegmentReader
+from .core.text import printable, printable_gpu, printable_problem
 from .widgets.confirm_stop import ConfirmStop
 from .widgets.gpu_panel import GpuPanel
 from .widgets.help_screen import HelpScreen
@@ -108,10 +109,10 @@ class LiveSource:
         try:
             r = self._control.request(pid, "status", timeout_s=self.status_timeout_s)
             info = EngineInfo(
-                state=r.get("state"),
+                state=_str(r.get("state")),
                 tok_s=_float(r.get("tok_s")),
-                model=r.get("model"),
-                kind=r.get("kind"),
+                model=_str(r.get("model")),
+                kind=_str(r.get("kind")),
                 port=r.get("port"),
             )
             slow = time.monotonic() - t0 > self.status_timeout_s / 2
@@ -146,6 +147,7 @@ class LiveSource:
         mono = time.monotonic()
         now = self.clock()
         gpus, errors = self.reader.read(now)
+        gpus, errors = [printable_gpu(g) for g in gpus], [printable_problem(e) for e in errors]
         views = []
         seen: set[int] = set()
         sockets = self._control_sockets()
@@ -169,6 +171,10 @@ class LiveSource:
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _str(x: object) -> str | None:
+    return printable(x) if isinstance(x, str) else None
 
 
 def _float(x: object) -> float | None:

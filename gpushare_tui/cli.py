@@ -72,12 +72,19 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
+def _age(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.0f}"
+
+
 def render_table(report: dict) -> str:
-    """The human-readable `--once` table."""
+    """The human-readable `--once` table. Names, keys and errors are untrusted: control characters never
+    reach the terminal (the JSON form keeps them, escaped)."""
+    from .core.text import printable
+
     lines = []
     for g in report["gpus"]:
         period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
-        lines.append(f"{g['segment']}  period {period}  peers {len(g['peers'])}")
+        lines.append(f"{printable(g['segment'])}  period {period}  peers {len(g['peers'])}")
         lines.append(
             f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} "
             f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US"
@@ -85,12 +92,12 @@ def render_table(report: dict) -> str:
         for p in g["peers"]:
             win = f"[{p['window_us'][0]}, {p['window_us'][1]})" if p["window_us"] else "-"
             lines.append(
-                f"  {p['slot']:>4} {p['pid']:>8} {p['name'][:20]:<20} {_fmt(p['weight'], '.3g'):>7} "
+                f"  {p['slot']:>4} {p['pid']:>8} {printable(p['name'])[:20]:<20} {_fmt(p['weight'], '.3g'):>7} "
                 f"{p['share_pct']:>7.1f} {p['busy_pct']:>6.1f} {'yes' if p['active'] else 'no':<6} "
-                f"{'yes' if p['alive'] else 'no':<5} {p['heartbeat_age_ms']:>7.0f}  {win}"
+                f"{'yes' if p['alive'] else 'no':<5} {_age(p['heartbeat_age_ms']):>7}  {win}"
             )
     for e in report["errors"]:
-        lines.append(f"error: {e['segment']}: {e['error']}")
+        lines.append(f"error: {printable(e['segment'])}: {printable(e['error'])}")
     if not report["gpus"] and not report["errors"]:
         lines.append("no /opencoti-gpu-* segments on this host")
     return "\n".join(lines)

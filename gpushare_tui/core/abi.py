@@ -19,7 +19,7 @@ SEGMENT_SIZE = 4096
 SEGMENT_PREFIX = "opencoti-gpu-"
 NAME_BYTES = 48
 
-ALIVE_US = 3_000_000  # heartbeat age beyond which a slot is dead
+ALIVE_US = 3_000_000  # heartbeat age (either way: a future one is corrupt or stepped) beyond which a slot is dead
 ACTIVITY_WINDOW_US = 2_000_000
 
 HEADER_STRUCT = struct.Struct("<8sIIII40x")
@@ -134,7 +134,9 @@ class SlotRecord:
         return self.name_raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
 
     def is_alive(self, now_us: int) -> bool:
-        return self.pid != 0 and now_us - self.heartbeat_us <= ALIVE_US
+        """pid set and heartbeat within 3 s of now, either way (spec §4): a heartbeat far in
+        the future is corrupt or from a stepped clock, and must not hold a slot forever."""
+        return self.pid != 0 and -ALIVE_US <= now_us - self.heartbeat_us <= ALIVE_US
 
     def is_member(self, now_us: int) -> bool:
         return self.is_alive(now_us) and self.active == 1 and weight_is_valid(self.weight)

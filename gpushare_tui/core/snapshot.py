@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from . import schedule
-from .abi import SlotRecord, weight_is_valid
+from .abi import ALIVE_US, SlotRecord, weight_is_valid
 from .segment import Segment, SegmentError, key_from_path, list_segment_paths
 
 SCHEMA_VERSION = 1
@@ -22,10 +22,10 @@ class PeerSnapshot:
     weight: float | None  # None when not a finite number
     share_pct: float
     window_us: tuple[int, int] | None  # [start, end) within the period
-    busy_pct: float
+    busy_pct: float  # clamped to 0..100 (busy_ppm beyond 1e6 is a bad writer)
     active: bool
     alive: bool
-    heartbeat_age_ms: float
+    heartbeat_age_ms: float | None  # None: no heartbeat, or one > 3 s in the future (invalid)
     boot_us: int
 
 
@@ -72,14 +72,23 @@ def build_gpu_snapshot(gpu_key: str, segment: str, slots: Iterable[SlotRecord], 
                 weight=float(rec.weight) if weight_is_valid(rec.weight) else None,
                 share_pct=shares.get(rec.index, 0.0),
                 window_us=sched.window_of(rec.index) if sched else None,
-                busy_pct=rec.busy_ppm / 10_000,
+                busy_pct=min(rec.busy_ppm, 1_000_000) / 10_000,
                 active=rec.active == 1,
                 alive=rec.is_alive(now_us),
-                heartbeat_age_ms=max(0, now_us - rec.heartbeat_us) / 1000,
+                heartbeat_age_ms=heartbeat_age_ms(rec.heartbeat_us, now_us),
                 boot_us=rec.boot_us,
             )
         )
     return GpuSnapshot(gpu_key, segment, sched.period_ms if sched else None, tuple(peers), now_us)
+
+
+def heartbeat_age_ms(heartbeat_us: int, now_us: int) -> float | None:
+    """Age of a heartbeat for display; None when there is none (<= 0) or it lies more than
+    ALIVE_US in the future (corrupt, or a stepped clock); a little in the future reads 0."""
+    age_us = now_us - heartbeat_us
+    if heartbeat_us <= 0 or age_us < -ALIVE_US:
+        return None
+    return max(0, age_us) / 1000
 
 
 def own_peer(segment: Segment, slot: int | None, now_us: int) -> PeerSnapshot | None:

@@ -59,7 +59,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("status", "STATUS", 6, _state_order),
     Column("toks", "TOK/S", 6, lambda r: _num_or(r.tok_s), True, True),
     Column("engine", "ENGINE", 9, lambda r: (not r.managed, _engine_text(r).plain)),
-    Column("hb", "HB", 5, lambda r: r.peer.heartbeat_age_ms, True, True),
+    Column("hb", "HB", 5, lambda r: _num_or(r.peer.heartbeat_age_ms), True, True),
     Column("vram", "VRAM", 6, lambda r: _num_or(r.vram_mib), True, True),
     Column("gpu", "GPU", 14, lambda r: (r.gpu_key, r.peer.slot)),
 )
@@ -90,7 +90,9 @@ def _engine_text(r: PeerRow) -> Text:
     return Text(state, style=style)
 
 
-def _fmt_age(ms: float) -> str:
+def _fmt_age(ms: float | None) -> str:
+    if ms is None:
+        return "?"  # no heartbeat, or one far in the future: invalid
     if ms < 1000:
         return "<1s"  # heartbeats come every ~0.5 s: finer would only flicker
     if ms < 10_000:
