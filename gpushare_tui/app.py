@@ -23,7 +23,7 @@ from textual.message import Message
 from textual.widgets import Footer, Static
 
 from .core import control as control_mod
-from .core.clock import ClockUs, wall_us
+from .core.clock import ClockUs, mono_us, wall_us
 from .core.gpu import DeviceStats, device_stats
 from .core.snapshot import SegmentReader
 from .core.text import printable, printable_gpu, printable_problem
@@ -167,7 +167,7 @@ class LiveSource:
         with self._lock:
             for pid in [p for p in self._status if p not in seen]:
                 del self._status[pid]
-        return DashboardModel(now, tuple(views), tuple(errors), (time.perf_counter() - t0) * 1000)
+        return DashboardModel(now, tuple(views), tuple(errors), (time.perf_counter() - t0) * 1000, mono_us())
 
     def close(self) -> None:
         self.reader.close()
@@ -452,7 +452,7 @@ class DashboardApp(App):
             return
         share, busy, achieved = self._plot_share, self._plot_busy, self._plot_achieved
         gpu = self.selected_gpu
-        now_s = self.model.now_us / 1e6
+        now_s = self.model.plot_s
         buckets = share.buckets
         column = int(now_s // (2 * self.history_s / buckets))
         view = self.model.gpu(gpu)

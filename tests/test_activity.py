@@ -28,7 +28,7 @@ def test_first_probe_and_flat_counters_raise_nothing() -> None:
     a = EngineActivity()
     a.on_probe(10 * S, 100, 0)
     a.on_probe(11 * S, 100, 0)
-    assert a.last_us == 0 and not a.is_active(11 * S)
+    assert a.last_us is None and not a.is_active(11 * S)
 
 
 def test_cpu_time_carries_but_never_raises() -> None:

@@ -27,7 +27,7 @@ PEER_TYPES = {
     "busy_pct": float,
     "active": bool,
     "alive": bool,
-    "heartbeat_age_ms": float,
+    "heartbeat_age_ms": (float, type(None)),
     "boot_us": int,
 }
 BAD_PID = 4_000_123

@@ -24,10 +24,10 @@ class World:
         self.t = wall_us() // PERIOD * PERIOD  # a period boundary
         self.sleeps: list[float] = []
         self.active_when_sleeping: list[int] = []
-        self.m = Membership(key, 2.0, "me", clock_us=self.clock, heartbeat_s=3600)
+        self.m = Membership(key, 2.0, "me", clock_us=self.clock, mono_us=self.clock, heartbeat_s=3600)
         self.m.join()
         assert self.m.slot == 0
-        self.pacer = Pacer(self.m, clock_us=self.clock, sleep_s=self.sleep)
+        self.pacer = Pacer(self.m, clock_us=self.clock, mono_us=self.clock, sleep_s=self.sleep)
         self.other = Segment.create_or_attach(key)
         self.ro = Segment.attach_readonly(shm_file(key))
 
@@ -108,9 +108,10 @@ def test_the_other_peer_sleeps_for_our_window(gpu_key: str, world: World) -> Non
         sleeps.append(s)
         t[0] += round(s * 1e6)
 
-    with Membership(gpu_key, 1.0, "peer", pid=OTHER_PID + 1, clock_us=lambda: t[0], heartbeat_s=3600) as m2:
+    clock = lambda: t[0]  # noqa: E731
+    with Membership(gpu_key, 1.0, "peer", pid=OTHER_PID + 1, clock_us=clock, mono_us=clock, heartbeat_s=3600) as m2:
         assert m2.slot == 1
-        p2 = Pacer(m2, clock_us=lambda: t[0], sleep_s=sleep)
+        p2 = Pacer(m2, clock_us=clock, mono_us=clock, sleep_s=sleep)
         t[0] = (t[0] // PERIOD + 1) * PERIOD + 10_000
         world.t = t[0]
         world.m.mark_active(t[0])

@@ -182,7 +182,7 @@ def test_set_weight_stores_f32_at_once(gpu_key: str) -> None:
 
 def test_mark_active_at_once_and_dropped_two_seconds_after_last_step(gpu_key: str) -> None:
     clock = FakeClock()
-    with Membership(gpu_key, 1.0, "act", clock_us=clock, heartbeat_s=3600) as m, _ro(gpu_key) as ro:
+    with Membership(gpu_key, 1.0, "act", clock_us=clock, mono_us=clock, heartbeat_s=3600) as m, _ro(gpu_key) as ro:
         assert ro.read_slot(m.slot).active == 0 and not m.active
         m.mark_active()
         assert ro.read_slot(m.slot).active == 1 and m.active  # no heartbeat needed

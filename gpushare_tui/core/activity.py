@@ -14,10 +14,12 @@ class EngineActivity:
     and dating it at the later probe kept a finished engine active up to 1 s too long.
     CPU time only carries activity a probe raised: an idle engine answering probes on
     a loaded box can show a burst of ticks, which must not pace its peers.
+    Times are monotonic µs (the engine's own intervals: a wall-clock step must not
+    keep an idle engine active).
     """
 
     def __init__(self, idle_probe_us: int = 50_000, active_probe_us: int = 1_000_000) -> None:
-        self.last_us = 0
+        self.last_us: int | None = None  # never seen decoding
         self.idle_probe_us = idle_probe_us  # raise `active` within ~100 ms of the first decode
         self.active_probe_us = active_probe_us  # each probe costs a decoding engine throughput
         self._decode_total: float | None = None
@@ -38,7 +40,7 @@ class EngineActivity:
         if requests_processing > 0:
             self.last_us = now_us
         elif self._probe_us is not None and self._decode_total is not None and n_decode_total > self._decode_total:
-            self.last_us = max(self.last_us, self._probe_us)
+            self.last_us = self._probe_us if self.last_us is None else max(self.last_us, self._probe_us)
         self._decode_total, self._probe_us = n_decode_total, now_us
 
     def on_cpu(self, now_us: int, busy: bool, active: bool) -> None:
@@ -47,4 +49,4 @@ class EngineActivity:
             self.last_us = now_us
 
     def is_active(self, now_us: int) -> bool:
-        return now_us - self.last_us <= abi.ACTIVITY_WINDOW_US
+        return self.last_us is not None and now_us - self.last_us <= abi.ACTIVITY_WINDOW_US

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from . import schedule
-from .clock import ClockUs, wall_us
+from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 
 BUSY_WINDOW_US = 1_000_000
@@ -18,7 +18,8 @@ class Pacer:
     It marks the member active (at once), re-reads the registry, and when the
     step ended outside our window sleeps exactly until our next window starts.
     Alone, or with every other peer idle, there is no schedule and it never sleeps.
-    It also publishes the busy fraction (time not spent sleeping here).
+    It also publishes the busy fraction (time not spent sleeping here). The schedule
+    runs on `clock_us` (wall, shared); busy time and sleeps are measured on `mono_us`.
     """
 
     def __init__(
@@ -26,12 +27,14 @@ class Pacer:
         membership: Membership,
         *,
         clock_us: ClockUs = wall_us,
+        mono_us: ClockUs = mono_us,
         sleep_s: Callable[[float], None] = time.sleep,
     ) -> None:
         self._m = membership
         self._clock = clock_us
+        self._mono = mono_us
         self._sleep = sleep_s
-        self._window_start_us = clock_us()
+        self._window_start_us = mono_us()
         self._last_return_us = self._window_start_us
         self._busy_us = 0
         self.total_slept_us = 0
@@ -42,9 +45,9 @@ class Pacer:
         `step_us` is the step's busy time; by default the time since the
         previous `step_done` returned.
         """
-        now = self._clock()
-        self._busy_us += (now - self._last_return_us) if step_us is None else step_us
-        self._m.mark_active(now)
+        now, mono = self._clock(), self._mono()
+        self._busy_us += (mono - self._last_return_us) if step_us is None else step_us
+        self._m.mark_active(mono)
         slot = self._m.slot
         slots = self._m.segment.read_slots()
         sched = schedule.build_schedule(schedule.member_weights(slots, now))
@@ -52,14 +55,13 @@ class Pacer:
         if slot is not None and not schedule.may_run(sched, slot, now):
             target = schedule.next_window_start_us(sched, slot, now)
             self._sleep((target - now) / 1e6)
-            after = self._clock()
-            slept = after - now
-            now = after
+            after = self._mono()
+            slept, mono = after - mono, after
         self.total_slept_us += slept
-        self._last_return_us = now
-        elapsed = now - self._window_start_us
+        self._last_return_us = mono
+        elapsed = mono - self._window_start_us
         if elapsed >= BUSY_WINDOW_US:
             self._m.set_busy_ppm(self._busy_us * 1_000_000 // elapsed)
-            self._window_start_us = now
+            self._window_start_us = mono
             self._busy_us = 0
         return slept

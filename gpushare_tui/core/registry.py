@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 
 from . import abi
-from .clock import ClockUs, wall_us
+from .clock import ClockUs, mono_us, wall_us
 from .lifecycle import termination_deferred
 from .segment import Segment
 
@@ -29,7 +29,8 @@ class Membership:
     """One slot owned on behalf of `pid` (default: this process).
 
     Thread-safe. The heartbeat thread also drops `active` 2 s after the last
-    `mark_active()` and re-claims a slot if this one was evicted.
+    `mark_active()` and re-claims a slot if this one was evicted. `clock_us` (wall)
+    stamps the shared fields; the 2 s activity window runs on `mono_us`.
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class Membership:
         *,
         pid: int | None = None,
         clock_us: ClockUs = wall_us,
+        mono_us: ClockUs = mono_us,
         heartbeat_s: float = HEARTBEAT_S,
         log: Callable[[str], None] = _log_stderr,
     ) -> None:
@@ -48,12 +50,13 @@ class Membership:
         self._name_raw = abi.encode_name(name)
         self.pid = pid if pid is not None else os.getpid()
         self._clock = clock_us
+        self._mono = mono_us
         self._heartbeat_s = heartbeat_s
         self._log = log
         self.boot_us = clock_us()
         self._lock = threading.RLock()
         self._active = 0
-        self._last_active_us = 0
+        self._last_active_us = 0  # mono_us
         self._busy_ppm = 0
         self._slot: int | None = None
         self._segment: Segment | None = None
@@ -166,9 +169,9 @@ class Membership:
     def set_busy_ppm(self, ppm: int) -> None:
         self._busy_ppm = max(0, min(1_000_000, int(ppm)))
 
-    def mark_active(self, now_us: int | None = None) -> None:
-        """A decode/prefill step happened: raise `active` at once if it was down."""
-        self._last_active_us = self._clock() if now_us is None else now_us
+    def mark_active(self, mono_now_us: int | None = None) -> None:
+        """A decode/prefill step happened (at `mono_now_us`, default now): raise `active` at once if it was down."""
+        self._last_active_us = self._mono() if mono_now_us is None else mono_now_us
         if not self._active:
             with self._lock:
                 self._active = 1
@@ -210,7 +213,7 @@ class Membership:
             if self._segment is None:
                 return
             now = self._clock()
-            if self._active and now - self._last_active_us > abi.ACTIVITY_WINDOW_US:
+            if self._active and self._mono() - self._last_active_us > abi.ACTIVITY_WINDOW_US:
                 self._active = 0
                 self._busy_ppm = 0
             if self._slot is not None and self._still_mine(self._slot):

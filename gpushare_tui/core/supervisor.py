@@ -24,7 +24,7 @@ import psutil
 
 from . import abi, schedule
 from .activity import EngineActivity
-from .clock import wall_us
+from .clock import mono_us, wall_us
 from .control import ControlServer
 from .engines import llama_server as ls
 from .registry import Membership
@@ -78,7 +78,7 @@ class Supervisor:
         self._sig_lock = threading.Lock()
         self._stopped = False
         self._window_end_us: int | None = None
-        self._started_us = wall_us()
+        self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
         self.base_url = f"http://{args.host}:{args.port}"
 
@@ -239,29 +239,31 @@ class Supervisor:
         next_stats = time.monotonic()
         with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
             while not self._quit.is_set() and proc.poll() is None:
-                now, t = wall_us(), time.monotonic()
+                mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
+                t = mono / 1e6
                 busy_cpu = cpu_tick.fraction() * cpu_tick.cores >= CPU_ACTIVE_CORES
-                activity.on_cpu(now, busy_cpu and not self._stopped, m.active)
-                if activity.probe_due(now, m.active) and self._may_probe():
-                    activity.probe_sent(now)
+                activity.on_cpu(mono, busy_cpu and not self._stopped, m.active)
+                if activity.probe_due(mono, m.active) and self._may_probe():
+                    activity.probe_sent(mono)
                     try:
                         met = ls.parse_metrics(client.get(self.base_url + "/metrics").text)
                     except httpx.HTTPError:
                         met = None
                     if met is not None:
-                        activity.on_probe(wall_us(), met.n_decode_total, met.requests_processing)
+                        activity.on_probe(mono_us(), met.n_decode_total, met.requests_processing)
                         if rate_mark is None or t - rate_mark[0] >= STATS_EVERY_S:
                             if rate_mark is not None:
                                 self.status.tok_s = (met.n_decode_total - rate_mark[1]) / (t - rate_mark[0])
                             rate_mark = (t, met.n_decode_total)
-                if activity.is_active(now):
+                if activity.is_active(mono):
                     m.mark_active(activity.last_us)
                 elif m.active:
                     m.mark_idle()
                     self.status.tok_s = 0.0
                 if t >= next_stats:
                     next_stats = t + STATS_EVERY_S
-                    busy = self._gpu_busy(proc.pid, now - int(STATS_EVERY_S * 1e6)) if self._gpu_busy else None
+                    since_us = wall_us() - int(STATS_EVERY_S * 1e6)  # NVML samples carry wall-clock stamps
+                    busy = self._gpu_busy(proc.pid, since_us) if self._gpu_busy else None
                     frac = busy / 100 if busy is not None else cpu_stats.fraction()
                     self.status.busy_pct = 100 * frac
                     m.set_busy_ppm(int(frac * 1_000_000))
@@ -284,7 +286,7 @@ class Supervisor:
                 "weight": m.weight if m else self.weight,
                 "share_pct": me.share_pct if me else 0.0,
                 "busy_pct": self.status.busy_pct,
-                "uptime_s": (wall_us() - self._started_us) / 1e6,
+                "uptime_s": (mono_us() - self._started_mono_us) / 1e6,
                 "slot": m.slot if m else None,
                 "gpu_key": self.gpu_key,
                 "log": self.log_path,

@@ -63,6 +63,12 @@ class DashboardModel:
     gpus: tuple[GpuView, ...] = ()
     errors: tuple[SegmentProblem, ...] = ()
     collect_ms: float = 0.0
+    mono_us: int | None = None  # the collector's monotonic clock: a wall-clock step must not freeze the plots
+
+    @property
+    def plot_s(self) -> float:
+        """The plots' time axis, in seconds (monotonic where known; fixed models use now_us)."""
+        return (self.now_us if self.mono_us is None else self.mono_us) / 1e6
 
     def rows(self) -> tuple[PeerRow, ...]:
         return tuple(r for g in self.gpus for r in g.rows)
@@ -120,7 +126,7 @@ class History:
         self._last_t: float | None = None
 
     def add(self, model: DashboardModel) -> None:
-        t = model.now_us / 1e6
+        t = model.plot_s
         if self._last_t is not None and t <= self._last_t:
             return  # a frozen clock or a repeated model: nothing new
         self._last_t = t
