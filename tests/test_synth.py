@@ -133,33 +133,25 @@ def test_two_to_one_ratio(procs, new_gpu_key, tmp_path, units: int) -> None:
     assert 1.6 <= ratio <= 2.4, f"2:1 weights gave {ra:.1f} : {rb:.1f} steps/s = {ratio:.2f}"
 
 
-def _per_second_rates(statuses: list, warmup_s: float, measure_s: float) -> list[list[float]]:
-    """Per engine: rates between consecutive once-a-second status writes, after the warm-up."""
-    for st in statuses:
-        _sample(st)
-    time.sleep(warmup_s)
-    seen: list[list[tuple[int, int]]] = [[] for _ in statuses]
-    t_end = time.monotonic() + measure_s
-    while time.monotonic() < t_end:
-        for st, samples in zip(statuses, seen, strict=True):
-            s = _sample(st)
-            if not samples or s[0] != samples[-1][0]:
-                samples.append(s)
-        time.sleep(0.1)
-    return [[_rate(a, b) for a, b in zip(x, x[1:], strict=False)] for x in seen]
+def _steps_per_cpu_s(proc, status) -> float:
+    """Reap `proc` (it ran with --duration) and return its steps per CPU second (rusage)."""
+    _, _, ru = os.wait4(proc.pid, 0)
+    proc.returncode = 0  # reaped here; Popen must not wait for it again
+    d = read_json_file(status)
+    assert d is not None and d["state"] == "exited"
+    return d["steps_total"] / (ru.ru_utime + ru.ru_stime)
 
 
-def test_lone_paced_engine_runs_near_unpaced_speed(procs, new_gpu_key, tmp_path, units: int) -> None:
-    # Both run at once, each alone on its own key, so both see the same machine noise; the
-    # best one-second rate of each is compared (noise only ever slows a second down). A pacer
-    # that slept without a second member would lose every second.
+def test_lone_paced_engine_never_sleeps_and_costs_little_per_step(procs, new_gpu_key, tmp_path, units: int) -> None:
+    # Alone, the pacer must never sleep. Its overhead is compared per CPU second (rusage), not per wall
+    # second: on a loaded box the two engines get different shares of the cores, but a step costs what it
+    # costs. Wall-clock speed figures live in bench/synth_ratio.py.
     su, sp = tmp_path / "unpaced.json", tmp_path / "paced.json"
-    _start(procs, new_gpu_key(), "1", su, units, "--no-pace")
-    _start(procs, new_gpu_key(), "1", sp, units)
-    r_unpaced, r_paced = _per_second_rates([su, sp], warmup_s=1.0, measure_s=3.5)
-    assert len(r_unpaced) >= 2 and len(r_paced) >= 2
-    unpaced, paced = max(r_unpaced), max(r_paced)
-    assert unpaced > 50
-    assert paced >= 0.85 * unpaced, f"paced {r_paced} vs unpaced {r_unpaced} steps/s"
+    pu = _start(procs, new_gpu_key(), "1", su, units, "--no-pace", "--duration", "4")
+    pp = _start(procs, new_gpu_key(), "1", sp, units, "--duration", "4")
+    unpaced, paced = _steps_per_cpu_s(pu, su), _steps_per_cpu_s(pp, sp)
     d = read_json_file(sp)
     assert d is not None and d["slept_us"] == 0  # alone: never slept
+    overhead_us = 1e6 / paced - 1e6 / unpaced  # measured 40-140 µs per step here, loaded or not
+    why = f"pacing costs {overhead_us:.0f} µs of CPU per step ({paced:.0f} vs {unpaced:.0f} steps/CPU s)"
+    assert overhead_us < 1000, why
