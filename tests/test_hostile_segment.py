@@ -589,3 +589,21 @@ def test_once_and_dashboard_show_owner_and_flag_writable_segments(other_user, pr
     assert "owner nobody" in GpuPanel(GpuView(snaps[theirs])).border_subtitle  # what the panel shows
     # group-writable is flagged as such
     assert "⚠ group-writable" in subtitle(dataclasses.replace(snaps[ours], mode=0o660)).plain
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
+def test_joiner_refuses_our_own_segment_when_others_may_write_it(gpu_key: str, mode: int) -> None:
+    path = shm_file(gpu_key)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, abi.pack_header() + bytes(4096 - 64))
+    finally:
+        os.close(fd)
+    before = _bytes(path)
+    why = rf"\(uid {os.geteuid()}\), mode {mode:04o}: refusing to join \(must be ours"
+    with pytest.raises(SegmentError, match=why):
+        Segment.create_or_attach(gpu_key)
+    assert _bytes(path) == before
+    with Segment.attach_readonly(path) as ro:  # a reader may still watch it
+        assert len(ro.read_slots()) == abi.SLOT_COUNT

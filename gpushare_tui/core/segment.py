@@ -177,16 +177,16 @@ class Segment:
                 os.fchmod(fd, GROUP_MODE)  # after the chown; the umask stripped the group bits at open
                 step = "create"
             os.ftruncate(fd, abi.SEGMENT_SIZE)
-            mm = mmap.mmap(fd, abi.SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            header = abi.pack_header()
-            mm[8 : abi.HEADER_SIZE] = header[8:]
-            mm[0:8] = header[:8]  # magic last: joiners wait for it
             st = os.fstat(fd)
+            mm = mmap.mmap(fd, abi.SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as e:
             os.close(fd)
             # Without its magic it could never become valid and would block every joiner.
             _unlink_quietly(path)
             raise SegmentError(name, f"cannot {step}: {e.strerror}") from None
+        header = abi.pack_header()
+        mm[8 : abi.HEADER_SIZE] = header[8:]
+        mm[0:8] = header[:8]  # magic last: joiners wait for it
         return cls(path, fd, mm, st)
 
     @classmethod
