@@ -64,8 +64,27 @@ def resolve_key(gpu_key: str | None, gpu: int | None) -> str:
         fail(str(e))
 
 
+def checked_group(group: str | None) -> str | None:
+    """A --share-group that names a group here (or a numeric gid), else a usage error."""
+    if group is None:
+        return None
+    from .core.segment import UnknownGroupError, resolve_group
+
+    try:
+        resolve_group(group)
+    except UnknownGroupError as e:
+        fail(str(e), ExitCode.USAGE)
+    return group
+
+
 GpuKeyOpt = typer.Option(None, "--gpu-key", help="Registry key (overrides --gpu); 1..64 of [A-Za-z0-9._-].")
 GpuIndexOpt = typer.Option(None, "--gpu", help="CUDA device index whose NVML UUID is the key (default 0).")
+ShareGroupOpt = typer.Option(
+    None,
+    "--share-group",
+    envvar="GPUSHARE_GROUP",
+    help="Share the segment with this group: create it 0660 for the group, join the group's (never world-writable).",
+)
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -84,7 +103,11 @@ def render_table(report: dict) -> str:
     lines = []
     for g in report["gpus"]:
         period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
-        lines.append(f"{printable(g['segment'])}  period {period}  peers {len(g['peers'])}")
+        warn = "  WARNING: group/world-writable" if g["writable_by_others"] else ""
+        lines.append(
+            f"{printable(g['segment'])}  owner {printable(g['owner'])}  mode {g['mode']}  "
+            f"period {period}  peers {len(g['peers'])}{warn}"
+        )
         lines.append(
             f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} "
             f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US"
@@ -155,6 +178,7 @@ def synth(
     busy_idle: str | None = typer.Option(None, "--busy-idle", help="BUSY_S:IDLE_S duty pattern."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-second lines on stdout."),
     work_units: int = typer.Option(0, "--work-units", help="Fixed work per step (0 = calibrate to --step-ms)."),
+    share_group: str | None = ShareGroupOpt,
 ) -> None:
     """A synthetic engine: real CPU work per step, paced by the registry."""
     w = checked_weight(weight)
@@ -162,6 +186,7 @@ def synth(
         fail(f"invalid --step-ms {step_ms}: between 0.05 and 10000", ExitCode.USAGE)
     pattern = _parse_pattern(busy_idle)
     key = resolve_key(gpu_key, gpu)
+    share_group = checked_group(share_group)
     from .core.control import ControlError, ControlServer
     from .core.engines.synthetic import SynthStats, run_synth, synth_handlers
     from .core.lifecycle import exit_on_termination
@@ -169,7 +194,7 @@ def synth(
     from .core.segment import SegmentError
 
     exit_on_termination()
-    m = Membership(key, w, name)
+    m = Membership(key, w, name, share_group=share_group)
     try:
         slot = m.join()
     except (RegistryFullError, SegmentError) as e:

@@ -11,7 +11,17 @@ import time
 
 import typer
 
-from .cli import ExitCode, GpuIndexOpt, GpuKeyOpt, app, checked_weight, fail, resolve_key
+from .cli import (
+    ExitCode,
+    GpuIndexOpt,
+    GpuKeyOpt,
+    ShareGroupOpt,
+    app,
+    checked_group,
+    checked_weight,
+    fail,
+    resolve_key,
+)
 
 ENGINE_CTX = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -42,6 +52,7 @@ def run(
     gpu: int | None = GpuIndexOpt,
     load_timeout: float = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200."),
     notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
+    share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
     from .core.engines import llama_server as ls
@@ -56,6 +67,7 @@ def run(
 
     w = checked_weight(weight)
     key = resolve_key(gpu_key, gpu)
+    share_group = checked_group(share_group)
     try:
         args = ls.prepare_args(list(ctx.args))
         ls.resolve_binary(args.argv[0])
@@ -75,6 +87,7 @@ def run(
         load_timeout_s=load_timeout,
         gpu_busy=_gpu_busy_for(key),
         say=say,
+        share_group=share_group,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: sup.request_stop())
@@ -120,11 +133,13 @@ def launch(
     gpu: int | None = GpuIndexOpt,
     load_timeout: float = typer.Option(600.0, "--load-timeout"),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
     from .core.control import state_dir
 
     checked_weight(weight)
+    checked_group(share_group)
     if gpu_key is not None or gpu is None:
         resolve_key(gpu_key, gpu)  # fail fast on a bad key
     if not ctx.args:
@@ -148,6 +163,8 @@ def launch(
         cmd += ["--gpu-key", gpu_key]
     if gpu is not None:
         cmd += ["--gpu", str(gpu)]
+    if share_group:
+        cmd += ["--share-group", share_group]
     sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
     with open(sup_log, "ab") as log:
         proc = subprocess.Popen(

@@ -16,7 +16,17 @@ from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
 
 TOP_KEYS = ["schema_version", "hostname", "timestamp", "gpus", "errors"]
-GPU_TYPES = {"gpu_key": str, "segment": str, "period_ms": (int, type(None)), "self": type(None), "peers": list}
+GPU_TYPES = {
+    "gpu_key": str,
+    "segment": str,
+    "period_ms": (int, type(None)),
+    "self": type(None),
+    "peers": list,
+    "owner": str,
+    "owner_uid": int,
+    "mode": str,
+    "writable_by_others": bool,
+}
 PEER_TYPES = {
     "slot": int,
     "pid": int,

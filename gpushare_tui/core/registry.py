@@ -44,8 +44,10 @@ class Membership:
         mono_us: ClockUs = mono_us,
         heartbeat_s: float = HEARTBEAT_S,
         log: Callable[[str], None] = _log_stderr,
+        share_group: str | int | None = None,
     ) -> None:
         self.key = abi.validate_gpu_key(key)
+        self.share_group = share_group  # opt-in: join/create a segment of this group (spec §1a)
         self._weight = abi.validate_weight(weight)
         self._name_raw = abi.encode_name(name)
         self.pid = pid if pid is not None else os.getpid()
@@ -71,7 +73,7 @@ class Membership:
         with termination_deferred():
             with self._lock:
                 if self._segment is None:
-                    self._segment = Segment.create_or_attach(self.key)
+                    self._segment = Segment.create_or_attach(self.key, share_group=self.share_group)
                 try:
                     self._slot = self._claim()
                 except RegistryFullError:

@@ -1,15 +1,25 @@
 """Shared-memory segment I/O: create/attach (RW owner, RO observer), CAS, seqlock.
 
 RW segments use real atomics on the shared words (the `atomics` package), the
-same words C peers CAS. RO segments are mapped PROT_READ from an O_RDONLY fd,
-so an observer physically cannot write.
+same words C peers CAS. RO segments are never mapped: an observer reads them
+with `pread` of an O_RDONLY fd, so it physically cannot write, and a segment
+its (untrusted) owner shrinks under it gives a short read, never a SIGBUS.
+
+Trust (spec §1a): every path is opened O_NOFOLLOW and checked with `fstat`
+before use; a joiner only joins a segment that is ours and not writable by
+others, or, when a sharing group was opted into, that group's and not
+world-writable.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import grp
 import mmap
 import os
+import pwd
+import stat
 import struct
 import time
 
@@ -20,6 +30,7 @@ from . import abi
 SHM_DIR = "/dev/shm"
 JOIN_WAIT_S = 1.0
 SEQLOCK_RETRIES = 8
+GROUP_MODE = 0o660
 
 _SEQS = struct.Struct("<I")
 
@@ -33,6 +44,10 @@ class SegmentError(Exception):
         self.why = why
 
 
+class UnknownGroupError(ValueError):
+    """A --share-group that names no group on this host."""
+
+
 def shm_path(key: str) -> str:
     return os.path.join(SHM_DIR, abi.SEGMENT_PREFIX + key)
 
@@ -41,86 +56,191 @@ def key_from_path(path: str) -> str:
     return os.path.basename(path)[len(abi.SEGMENT_PREFIX) :]
 
 
-class Segment:
-    """A mapped registry segment. Use `create_or_attach` or `attach_readonly`."""
+def resolve_group(group: str | int) -> int:
+    """gid of a group name (or a numeric gid); UnknownGroupError if there is none."""
+    if isinstance(group, int):
+        return group
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        if group.isdigit():
+            return int(group)
+        raise UnknownGroupError(f"unknown group {group!r} (--share-group / GPUSHARE_GROUP)") from None
 
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, writable: bool) -> None:
+
+@functools.lru_cache(maxsize=256)
+def user_name(uid: int) -> str:
+    """The user name of `uid`, or the uid as text when it has none."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _open_error(name: str, e: OSError) -> SegmentError:
+    if e.errno == errno.ELOOP:
+        return SegmentError(name, "is a symlink (not following it)")
+    return SegmentError(name, f"cannot open: {e.strerror}")
+
+
+def _file_kind(st: os.stat_result) -> str:
+    m = st.st_mode
+    if stat.S_ISFIFO(m):
+        return "a FIFO"
+    if stat.S_ISDIR(m):
+        return "a directory"
+    if stat.S_ISSOCK(m):
+        return "a socket"
+    if stat.S_ISCHR(m) or stat.S_ISBLK(m):
+        return "a device"
+    return "not a regular file"
+
+
+def _check_regular(name: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise SegmentError(name, f"is {_file_kind(st)}, not a regular file")
+
+
+def _check_trusted(name: str, st: os.stat_result, share_gid: int | None) -> None:
+    """A joiner writes into the segment: refuse one others may write (or shrink) under us."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == os.geteuid() and not mode & 0o022:
+        return
+    if share_gid is not None and st.st_gid == share_gid and not mode & 0o002:
+        return
+    rule = "must be ours and not writable by others; or use --share-group"
+    if share_gid is not None:
+        rule = f"must be ours and not writable by others, or group {_group_name(share_gid)}'s and not world-writable"
+    raise SegmentError(
+        name, f"owned by {user_name(st.st_uid)} (uid {st.st_uid}), mode {mode:04o}: refusing to join ({rule})"
+    )
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+class Segment:
+    """A registry segment. Use `create_or_attach` (RW: mapped, atomics) or `attach_readonly` (RO: pread, no map)."""
+
+    def __init__(self, path: str, fd: int, mm: mmap.mmap | None, st: os.stat_result) -> None:
         self.path = path
         self.key = key_from_path(path)
         self.name = "/" + os.path.basename(path)
-        self.writable = writable
+        self.writable = mm is not None
         self._fd = fd
         self._mm = mm
+        self._ident = (st.st_dev, st.st_ino)
         self._views: dict[tuple[int, int], tuple[object, object]] = {}
         self._last_good: dict[int, bytes] = {}
-        self._mv = memoryview(mm) if writable else None
-        self.header = abi.unpack_header(mm[: abi.HEADER_SIZE])
-        problem = abi.header_problem(self.header, len(mm))
-        if problem:
+        self._mv = memoryview(mm) if mm is not None else None
+        try:
+            self._header_raw = self._read(0, abi.HEADER_SIZE)
+            self.header = abi.unpack_header(self._header_raw)
+            problem = abi.header_problem(self.header, st.st_size)
+            if problem:
+                raise SegmentError(self.name, problem)
+        except BaseException:
             self.close()
-            raise SegmentError(self.name, problem)
+            raise
 
     # -- opening -----------------------------------------------------------
 
     @classmethod
-    def create_or_attach(cls, key: str, mode: int = 0o600) -> Segment:
-        """Create `/opencoti-gpu-<key>` (O_EXCL, magic last) or attach to it."""
+    def create_or_attach(cls, key: str, mode: int = 0o600, share_group: str | int | None = None) -> Segment:
+        """Create `/opencoti-gpu-<key>` (O_EXCL, magic last) or attach to a trusted existing one.
+
+        With `share_group` (a name or gid) a new segment is given to that group,
+        mode 0660, and an existing one of that group (not world-writable) is
+        joined even when another user owns it. SegmentError otherwise."""
         abi.validate_gpu_key(key)
         path = shm_path(key)
         name = abi.segment_name(key)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+            share_gid = None if share_group is None else resolve_group(share_group)
+        except UnknownGroupError as e:
+            raise SegmentError(name, str(e)) from None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         except FileExistsError:
-            return cls._attach_existing(path, name)
+            return cls._attach_existing(path, name, share_gid)
         except OSError as e:
             raise SegmentError(name, os.strerror(e.errno or 0)) from None
+        step = "create"
         try:
+            if share_gid is not None:
+                step = f"give it to group {_group_name(share_gid)}"
+                os.fchown(fd, -1, share_gid)
+                os.fchmod(fd, GROUP_MODE)  # after the chown; the umask stripped the group bits at open
+                step = "create"
             os.ftruncate(fd, abi.SEGMENT_SIZE)
+            st = os.fstat(fd)
             mm = mmap.mmap(fd, abi.SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            header = abi.pack_header()
-            mm[8 : abi.HEADER_SIZE] = header[8:]
-            mm[0:8] = header[:8]  # magic last: joiners wait for it
         except OSError as e:
             os.close(fd)
-            raise SegmentError(name, f"cannot create: {e.strerror}") from None
-        return cls(path, fd, mm, writable=True)
+            # Without its magic it could never become valid and would block every joiner.
+            _unlink_quietly(path)
+            raise SegmentError(name, f"cannot {step}: {e.strerror}") from None
+        header = abi.pack_header()
+        mm[8 : abi.HEADER_SIZE] = header[8:]
+        mm[0:8] = header[:8]  # magic last: joiners wait for it
+        return cls(path, fd, mm, st)
 
     @classmethod
-    def _attach_existing(cls, path: str, name: str) -> Segment:
+    def _attach_existing(cls, path: str, name: str, share_gid: int | None) -> Segment:
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except PermissionError as e:
+            try:  # say whose it is when that is why
+                _check_trusted(name, os.stat(path, follow_symlinks=False), share_gid)
+            except OSError:
+                pass
+            raise _open_error(name, e) from None
         except OSError as e:
-            raise SegmentError(name, f"cannot open: {e.strerror}") from None
-        deadline = time.monotonic() + JOIN_WAIT_S
-        while True:
-            size = os.fstat(fd).st_size
-            if size == abi.SEGMENT_SIZE:
-                with open(path, "rb") as f:
-                    if f.read(8) == abi.MAGIC:
-                        break
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                if size != abi.SEGMENT_SIZE:
-                    raise SegmentError(name, f"wrong size {size} (expected {abi.SEGMENT_SIZE})")
-                raise SegmentError(name, "bad magic (not an ABI v1 registry)")
-            time.sleep(0.005)
-        mm = mmap.mmap(fd, abi.SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        return cls(path, fd, mm, writable=True)
+            raise _open_error(name, e) from None
+        try:
+            st = os.fstat(fd)
+            _check_regular(name, st)
+            _check_trusted(name, st, share_gid)
+            deadline = time.monotonic() + JOIN_WAIT_S
+            while True:
+                st = os.fstat(fd)
+                if st.st_size == abi.SEGMENT_SIZE and os.pread(fd, len(abi.MAGIC), 0) == abi.MAGIC:
+                    break
+                if time.monotonic() >= deadline:
+                    if st.st_size != abi.SEGMENT_SIZE:
+                        raise SegmentError(name, f"wrong size {st.st_size} (expected {abi.SEGMENT_SIZE})")
+                    raise SegmentError(name, "bad magic (not an ABI v1 registry)")
+                time.sleep(0.005)
+            mm = mmap.mmap(fd, abi.SEGMENT_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            os.close(fd)
+            raise SegmentError(name, f"cannot attach: {e.strerror}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, mm, st)
 
     @classmethod
     def attach_readonly(cls, path: str) -> Segment:
-        """Map an existing segment read-only; errors name the segment."""
+        """Open an existing segment read-only, never mapped (any owner; never hangs). Errors name the segment."""
         name = "/" + os.path.basename(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as e:
-            raise SegmentError(name, f"cannot open: {e.strerror}") from None
-        size = os.fstat(fd).st_size
-        if size != abi.SEGMENT_SIZE:
+            raise _open_error(name, e) from None
+        try:
+            st = os.fstat(fd)
+            _check_regular(name, st)
+            if st.st_size != abi.SEGMENT_SIZE:
+                raise SegmentError(name, f"wrong size {st.st_size} (expected {abi.SEGMENT_SIZE})")
+        except BaseException:
             os.close(fd)
-            raise SegmentError(name, f"wrong size {size} (expected {abi.SEGMENT_SIZE})")
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        return cls(path, fd, mm, writable=False)
+            raise
+        return cls(path, fd, None, st)
 
     def close(self) -> None:
         for ctx, _ in self._views.values():
@@ -129,7 +249,7 @@ class Segment:
         if self._mv is not None:
             self._mv.release()
             self._mv = None
-        if not self._mm.closed:
+        if self._mm is not None and not self._mm.closed:
             self._mm.close()
         if self._fd >= 0:
             os.close(self._fd)
@@ -141,6 +261,20 @@ class Segment:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- identity ------------------------------------------------------------
+
+    def fstat(self) -> os.stat_result:
+        """The open file's status now (owner, mode, size)."""
+        return os.fstat(self._fd)
+
+    def replaced(self) -> bool:
+        """True when the path no longer names the file we have open (unlinked, recreated or renamed over)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._ident
+
     # -- reading -----------------------------------------------------------
 
     @property
@@ -150,27 +284,45 @@ class Segment:
     def slot_offset(self, index: int) -> int:
         return self.header.header_size + index * self.header.slot_size
 
+    def _read(self, off: int, n: int) -> bytes:
+        """n bytes at off: a slice of the mapping (RW), or a pread that must not come up short (RO)."""
+        if self._mm is not None:
+            return self._mm[off : off + n]
+        try:
+            buf = os.pread(self._fd, n, off)
+        except OSError as e:
+            raise SegmentError(self.name, f"cannot read: {e.strerror}") from None
+        if len(buf) != n:
+            size = os.fstat(self._fd).st_size
+            raise SegmentError(self.name, f"shrunk under the reader: wrong size {size} (expected {abi.SEGMENT_SIZE})")
+        return buf
+
     def read_slots(self) -> tuple[abi.SlotRecord, ...]:
         """All slots, each seqlock-consistent (retry ≤ 8 times per slot).
 
         A slot still torn after the retries (its writer stalled mid-write) is
-        reported as last read consistently; a torn copy only if there is none.
+        reported as last read consistently; if there is none, a writer gets
+        the torn copy and a reader a free slot. RO: SegmentError if the file
+        shrank or its header changed since it was opened.
         """
         h = self.header
         start, size = h.header_size, h.slot_size
         end = start + h.slot_count * size
+        if self._mm is None and self._read(0, abi.HEADER_SIZE) != self._header_raw:
+            raise SegmentError(self.name, "header changed under the reader (rewritten or truncated)")
         # Three separate copies: every seq in `before` is loaded before any byte
         # of `data`, every seq in `after` after it (one memcpy has no load order).
-        before = self._mm[start:end]
-        data = self._mm[start:end]
-        after = self._mm[start:end]
+        before = self._read(start, end - start)
+        data = self._read(start, end - start)
+        after = self._read(start, end - start)
         out = []
         for i in range(h.slot_count):
             off = i * size
             buf = data[off : off + abi.SLOT_SIZE]
             seq_a = _SEQS.unpack_from(before, off + abi.OFF_SEQ)[0]
             seq_b = _SEQS.unpack_from(after, off + abi.OFF_SEQ)[0]
-            if seq_a & 1 or seq_a != seq_b:
+            # data's own seq too: a slot truncated to zeros and rewritten can bring an old seq back (ABA)
+            if seq_a & 1 or seq_a != seq_b or _SEQS.unpack_from(buf, abi.OFF_SEQ)[0] != seq_a:
                 buf = self._read_slot_bytes(i)
             else:
                 self._last_good[i] = buf
@@ -185,16 +337,19 @@ class Segment:
         seq_off = off + abi.OFF_SEQ
         buf = b""
         for attempt in range(SEQLOCK_RETRIES):
-            seq_a = _SEQS.unpack_from(self._mm, seq_off)[0]
-            buf = self._mm[off : off + abi.SLOT_SIZE]
-            seq_b = _SEQS.unpack_from(self._mm, seq_off)[0]
-            if not seq_a & 1 and seq_a == seq_b:
+            seq_a = _SEQS.unpack(self._read(seq_off, 4))[0]
+            buf = self._read(off, abi.SLOT_SIZE)
+            seq_b = _SEQS.unpack(self._read(seq_off, 4))[0]
+            if not seq_a & 1 and seq_a == seq_b and _SEQS.unpack_from(buf, abi.OFF_SEQ)[0] == seq_a:
                 self._last_good[index] = buf
                 return buf
             # The writer may be descheduled mid-write: back off (≈6 ms in all).
             time.sleep(0 if attempt < 2 else 0.0001 * 2 ** (attempt - 2))
-        # Still torn: the last consistent copy of this slot, if we ever had one.
-        return self._last_good.get(index, buf)
+        # Still torn: the last consistent copy of this slot, if we ever had one. A
+        # writer's claim needs the pid it saw (its CAS decides); a reader shows nothing.
+        if index in self._last_good:
+            return self._last_good[index]
+        return buf if self._mm is not None else bytes(abi.SLOT_SIZE)
 
     # -- writing (RW only) -------------------------------------------------
 
@@ -242,6 +397,13 @@ class Segment:
             "<qfIqI48s", self._mm, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
         )
         seq.fetch_add(1)  # type: ignore[attr-defined]  # even: done (seq_cst, a release)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def list_segment_paths(shm_dir: str | None = None) -> list[str]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import socket
+import stat
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from . import schedule
 from .abi import ALIVE_US, SlotRecord, weight_is_valid
-from .segment import Segment, SegmentError, key_from_path, list_segment_paths
+from .segment import Segment, SegmentError, key_from_path, list_segment_paths, user_name
 
 SCHEMA_VERSION = 1
 
@@ -36,6 +37,14 @@ class GpuSnapshot:
     period_ms: int | None
     peers: tuple[PeerSnapshot, ...]
     now_us: int
+    owner: str = ""  # the segment file's owner (user name, or the uid as text); "" when not known
+    owner_uid: int = -1
+    mode: int = 0  # its permission bits
+
+    @property
+    def writable_by_others(self) -> bool:
+        """Group or world may write (and shrink) this segment: anyone of them can steer the schedule."""
+        return bool(self.mode & 0o022)
 
     def running_slot(self) -> int | None:
         """Which member's window contains now (None without a schedule)."""
@@ -54,8 +63,17 @@ class SegmentProblem:
     error: str
 
 
-def build_gpu_snapshot(gpu_key: str, segment: str, slots: Iterable[SlotRecord], now_us: int) -> GpuSnapshot:
-    """Pure: shares and windows per spec §5 from consistent slot records."""
+def build_gpu_snapshot(
+    gpu_key: str,
+    segment: str,
+    slots: Iterable[SlotRecord],
+    now_us: int,
+    *,
+    owner: str = "",
+    owner_uid: int = -1,
+    mode: int = 0,
+) -> GpuSnapshot:
+    """Pure: shares and windows per spec §5 from consistent slot records (owner and mode as given)."""
     slots = tuple(slots)
     members = schedule.member_weights(slots, now_us)
     sched = schedule.build_schedule(members)
@@ -79,7 +97,8 @@ def build_gpu_snapshot(gpu_key: str, segment: str, slots: Iterable[SlotRecord], 
                 boot_us=rec.boot_us,
             )
         )
-    return GpuSnapshot(gpu_key, segment, sched.period_ms if sched else None, tuple(peers), now_us)
+    period = sched.period_ms if sched else None
+    return GpuSnapshot(gpu_key, segment, period, tuple(peers), now_us, owner, owner_uid, mode)
 
 
 def heartbeat_age_ms(heartbeat_us: int, now_us: int) -> float | None:
@@ -103,7 +122,10 @@ def _text(name: str) -> str:
 
 
 class SegmentReader:
-    """Keeps read-only mappings open across refreshes; picks up new/removed segments."""
+    """Keeps read-only segments open across refreshes; picks up new, removed and replaced segments.
+
+    A segment that errors is closed and opened afresh at the next refresh; one
+    whose path now names another file (unlinked and recreated) is reopened."""
 
     def __init__(self, gpu_key: str | None = None, shm_dir: str | None = None) -> None:
         self.gpu_key = gpu_key
@@ -115,19 +137,42 @@ class SegmentReader:
         if self.gpu_key is not None:
             paths = [p for p in paths if key_from_path(p) == self.gpu_key]
         for gone in set(self._open) - set(paths):
-            self._open.pop(gone).close()
+            self._drop(gone)
         gpus, errors = [], []
         for path in paths:
             try:
-                seg = self._open.get(path)
-                if seg is None:
-                    seg = self._open[path] = Segment.attach_readonly(path)
-                gpus.append(build_gpu_snapshot(_text(seg.key), _text(seg.name), seg.read_slots(), now_us))
+                gpus.append(self._snapshot(path, now_us))
             except SegmentError as e:
+                self._drop(path)
                 errors.append(SegmentProblem(_text(e.segment), e.why))
             except (OSError, ValueError) as e:
+                self._drop(path)
                 errors.append(SegmentProblem(_text("/" + path.rsplit("/", 1)[-1]), _text(str(e))))
         return gpus, errors
+
+    def _snapshot(self, path: str, now_us: int) -> GpuSnapshot:
+        seg = self._open.get(path)
+        if seg is not None and seg.replaced():
+            self._drop(path)
+            seg = None
+        if seg is None:
+            seg = self._open[path] = Segment.attach_readonly(path)
+        slots = seg.read_slots()
+        st = seg.fstat()  # now: the owner may chmod/chown it at any time
+        return build_gpu_snapshot(
+            _text(seg.key),
+            _text(seg.name),
+            slots,
+            now_us,
+            owner=user_name(st.st_uid),
+            owner_uid=st.st_uid,
+            mode=stat.S_IMODE(st.st_mode),
+        )
+
+    def _drop(self, path: str) -> None:
+        seg = self._open.pop(path, None)
+        if seg is not None:
+            seg.close()
 
     def close(self) -> None:
         for seg in self._open.values():
@@ -153,6 +198,10 @@ def gpu_to_json(g: GpuSnapshot) -> dict:
         "period_ms": g.period_ms,
         "self": None,  # spec §6: null for an observer
         "peers": [peer_to_json(p) for p in g.peers],
+        "owner": g.owner,
+        "owner_uid": g.owner_uid,
+        "mode": f"{g.mode:04o}",
+        "writable_by_others": g.writable_by_others,
     }
 
 

@@ -61,8 +61,10 @@ class Supervisor:
         load_timeout_s: float = 600.0,
         gpu_busy: Callable[[int, int], float | None] | None = None,
         say: Callable[[str], None] = print,
+        share_group: str | None = None,
     ) -> None:
         self.args = args
+        self.share_group = share_group
         self.gpu_key = abi.validate_gpu_key(gpu_key)
         self.weight = abi.validate_weight(weight)
         self.name = name
@@ -89,7 +91,9 @@ class Supervisor:
         self.proc = ls.start(self.args, self.log_path)
         try:
             ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
-            self.membership = Membership(self.gpu_key, self.weight, self.name, pid=self.proc.pid)
+            self.membership = Membership(
+                self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group
+            )
             slot = self.membership.join()
             self._control = ControlServer(self.proc.pid, self._handlers())
         except BaseException:

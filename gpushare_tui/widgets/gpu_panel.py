@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 
 from ..core.gpu import DeviceStats
+from ..core.snapshot import GpuSnapshot
 from .model import GpuView
 from .text_line import TextLine
 from .timeline import Timeline
@@ -44,6 +45,17 @@ def info_line(view: GpuView) -> Text:
     return t
 
 
+def subtitle(snap: GpuSnapshot) -> Text:
+    """Segment, owner, and a warning when others may write it (plain Text: names are never markup)."""
+    t = Text(snap.segment)
+    if snap.owner:
+        t.append(f" · owner {snap.owner}")
+    if snap.writable_by_others:
+        who = "world" if snap.mode & 0o002 else "group"
+        t.append(f" ⚠ {who}-writable {snap.mode:04o}", style="bold yellow")
+    return t
+
+
 class GpuPanel(Vertical):
     """Updated in place with `show(view)`; never re-created per tick."""
 
@@ -75,12 +87,13 @@ class GpuPanel(Vertical):
     def _set_titles(self, view: GpuView) -> None:
         name = view.device.name if view.device and view.device.name else None
         self.border_title = f"{view.gpu_key} · {name}" if name else view.gpu_key
-        self.border_subtitle = view.snapshot.segment
+        self.border_subtitle = subtitle(view.snapshot)
 
     def show(self, view: GpuView) -> None:
         old = self._view
         self._view = view
-        if old.device != view.device or old.snapshot.segment != view.snapshot.segment:
+        o, n = old.snapshot, view.snapshot
+        if old.device != view.device or (o.segment, o.owner, o.mode) != (n.segment, n.owner, n.mode):
             self._set_titles(view)
         self._info.set_text(info_line(view))
         self._timeline.show(view.snapshot)
