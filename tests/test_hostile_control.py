@@ -238,10 +238,10 @@ def test_fd_exhaustion_does_not_spin(procs, gpu_key: str, runtime_dir: str) -> N
             s = _connect(path, timeout=0.5)
             if s is not None:
                 conns.append(s)
-        wait_for(lambda: proc.num_fds() >= limit - 1, 10, what=f"the engine at its fd limit ({proc.num_fds()})")
+        fds = wait_for(lambda: (n := proc.num_fds()) >= limit - 1 and n, 10, what="the engine at its fd limit")
         proc.cpu_percent(None)
         cpu = proc.cpu_percent(interval=2.0)
-        print(f"at EMFILE ({proc.num_fds()} fds, {len(conns)} client connections): {cpu:.1f}% CPU over 2 s")
+        print(f"at EMFILE ({fds} fds, {len(conns)} client connections): {cpu:.1f}% CPU over 2 s")
         assert cpu < 25.0
         assert proc.num_threads() <= MAX_THREADS
     finally:

@@ -125,7 +125,10 @@ class ControlServer:
         self._ended = threading.Condition(self._lock)  # notified whenever a connection ends
         self._conns: dict[socket.socket, bool] = {}  # open connections -> reply being written
         self._closed = False
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes the accept loop on close()
+        try:
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes the accept loop on close()
+        except OSError as e:
+            raise ControlError(f"control socket {self.path}: {e.strerror}") from None
         try:
             self._sock = self._bind()
             try:
