@@ -184,15 +184,25 @@ def synth(
     w = checked_weight(weight)
     if not (math.isfinite(step_ms) and 0.05 <= step_ms <= 10_000):
         fail(f"invalid --step-ms {step_ms}: between 0.05 and 10000", ExitCode.USAGE)
+    if not (math.isfinite(duration) and duration >= 0):
+        fail(f"invalid --duration {duration}: a finite number of seconds >= 0 (0 = until stopped)", ExitCode.USAGE)
+    if work_units < 0:
+        fail(f"invalid --work-units {work_units}: >= 0 (0 = calibrate to --step-ms)", ExitCode.USAGE)
+    if status_file is not None:
+        _check_status_file(status_file)
     pattern = _parse_pattern(busy_idle)
     key = resolve_key(gpu_key, gpu)
     share_group = checked_group(share_group)
-    from .core.control import ControlError, ControlServer
-    from .core.engines.synthetic import SynthStats, run_synth, synth_handlers
-    from .core.lifecycle import exit_on_termination
+    from .core.control import ControlError, ControlServer, socket_path
+    from .core.engines.synthetic import StatusFileError, SynthStats, run_synth, synth_handlers
+    from .core.lifecycle import exit_on_termination, termination_deferred
     from .core.registry import Membership, RegistryFullError
     from .core.segment import SegmentError
 
+    try:
+        socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
+    except ControlError as e:
+        fail(str(e))
     exit_on_termination()
     m = Membership(key, w, name, share_group=share_group)
     try:
@@ -207,7 +217,8 @@ def synth(
     stats, stop = SynthStats(), threading.Event()
     server = None
     try:
-        server = ControlServer(os.getpid(), synth_handlers(m, stats, stop))
+        with termination_deferred():  # a signal between bind() and the assignment would leave the socket
+            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop))
         run_synth(
             m,
             step_ms=step_ms,
@@ -222,12 +233,24 @@ def synth(
         )
     except KeyboardInterrupt:
         pass
-    except ControlError as e:
+    except (ControlError, StatusFileError) as e:
         fail(str(e))
     finally:
-        if server is not None:
-            server.close()
-        m.leave()
+        with termination_deferred():
+            if server is not None:
+                server.close()
+            m.leave()
+
+
+def _check_status_file(path: str) -> None:
+    """Fail (usage) unless `path` can be created: its directory exists and is writable."""
+    parent = os.path.dirname(os.path.abspath(path)) if path else ""
+    if not path or os.path.isdir(path):
+        fail(f"invalid --status-file {path!r}: not a file name", ExitCode.USAGE)
+    if not os.path.isdir(parent):
+        fail(f"invalid --status-file {path!r}: directory {parent} does not exist", ExitCode.USAGE)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        fail(f"invalid --status-file {path!r}: directory {parent} is not writable", ExitCode.USAGE)
 
 
 def _parse_pattern(text: str | None):

@@ -4,8 +4,9 @@ Works on any machine (no GPU, no model). The engines are real processes
 (`gpushare-tui synth`) that join the registry, pace themselves and serve the
 control socket, so every admin key works on them. On exit — `q`, Ctrl-C,
 SIGTERM/SIGINT/SIGHUP, or an error — they are ended (by pid) and the demo
-segment is removed. If the demo itself is killed outright, the engines get
-SIGTERM from the kernel (PR_SET_PDEATHSIG).
+segment is removed, unless live peers other than the demo's engines use it
+(a --gpu-key shared with other engines). If the demo itself is killed
+outright, the engines get SIGTERM from the kernel (PR_SET_PDEATHSIG).
 
 `start_demo` / `stop_demo` import no Textual; `run_demo` adds the dashboard.
 """
@@ -76,13 +77,14 @@ def synth_argv(key: str, name: str, weight: float, busy_idle: str | None, units:
     return argv
 
 
-def alive_peers(key: str) -> int:
+def alive_peers(key: str) -> list[int]:
+    """Pids of the live peers on `key` (read-only); [] if there is no readable segment."""
     try:
         with Segment.attach_readonly(shm_path(key)) as seg:
             now = wall_us()
-            return sum(1 for r in seg.read_slots() if r.is_alive(now))
+            return [r.pid for r in seg.read_slots() if r.is_alive(now)]
     except (SegmentError, OSError):
-        return 0
+        return []
 
 
 def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float = 5.0, timeout_s: float = 20.0) -> Demo:
@@ -108,7 +110,7 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
                 )
         deadline = time.monotonic() + timeout_s
         # registered and serving their control sockets (the dashboard manages them at once)
-        while alive_peers(demo.key) < len(engines) or not all(is_managed(p.pid) for p in demo.procs):
+        while not set(demo.pids) <= set(alive_peers(demo.key)) or not all(is_managed(p.pid) for p in demo.procs):
             for p, path in zip(demo.procs, demo.logs):
                 if p.poll() is not None:
                     raise DemoError(f"demo engine {p.pid} exited (code {p.returncode}): {_tail(path)}")
@@ -131,7 +133,10 @@ def _tail(path: str) -> str:
 
 
 def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
-    """End every engine (SIGTERM, then SIGCONT+SIGKILL by pid), remove the segment and logs. Idempotent."""
+    """End every engine (SIGTERM, then SIGCONT+SIGKILL by pid), remove the segment and logs. Idempotent.
+
+    The segment stays if live peers other than the demo's engines use it (a --gpu-key shared
+    with real engines): unlinking it would put later joiners in a second registry."""
     for p in demo.procs:
         if p.poll() is None:
             try:
@@ -150,10 +155,11 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
             except ProcessLookupError:
                 pass
             p.wait()
-    try:
-        os.unlink(demo.segment_path)
-    except FileNotFoundError:
-        pass
+    if not set(alive_peers(demo.key)) - set(demo.pids):
+        try:
+            os.unlink(demo.segment_path)
+        except FileNotFoundError:
+            pass
     for path in demo.logs:
         try:
             os.unlink(path)

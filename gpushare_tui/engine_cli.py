@@ -73,6 +73,12 @@ def run(
         ls.resolve_binary(args.argv[0])
     except ls.EngineError as e:
         refuse(str(e), ExitCode.USAGE if not ctx.args else ExitCode.ERROR)
+    from .core.control import ControlError, check_socket_dir
+
+    try:
+        check_socket_dir()  # before the engine is started and loads its model
+    except ControlError as e:
+        refuse(str(e))
     name = name or ls.model_stem(args)
     log_path = _log_path(name, args.port)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731

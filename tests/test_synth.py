@@ -45,13 +45,36 @@ def test_synth_bad_key_in_process(key: str) -> None:
         ["--weight", "1", "--gpu-key", "../x"],
         ["--weight", "1", "--step-ms", "0"],
         ["--weight", "1", "--busy-idle", "x:y"],
+        ["--weight", "1", "--duration", "nan"],
+        ["--weight", "1", "--duration", "inf"],
+        ["--weight", "1", "--duration", "-1"],
+        ["--weight", "1", "--work-units", "-5"],
+        ["--weight", "1", "--status-file", "/nonexistent/x"],
+        ["--weight", "1", "--status-file", "/tmp"],
+        ["--weight", "1", "--status-file", ""],
     ],
-    ids=["nan", "inf", "zero", "negative", "abc", "bad-key", "bad-step", "bad-pattern"],
+    ids=[
+        "nan",
+        "inf",
+        "zero",
+        "negative",
+        "abc",
+        "bad-key",
+        "bad-step",
+        "bad-pattern",
+        "duration-nan",
+        "duration-inf",
+        "duration-negative",
+        "work-units-negative",
+        "status-file-no-dir",
+        "status-file-a-dir",
+        "status-file-empty",
+    ],
 )
 def test_synth_usage_errors_in_a_real_process(args: list[str], gpu_key: str, cli) -> None:
     if "--gpu-key" not in args:
         args = [*args, "--gpu-key", gpu_key]
-    r = cli("synth", *args, "--duration", "0.1", timeout=30)
+    r = cli("synth", "--duration", "0.1", *args, timeout=30)  # a later --duration wins
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     (line,) = r.stderr.strip().splitlines()

@@ -4,33 +4,68 @@ Socket: `<runtime dir>/<engine pid>.sock`, mode 0600, in a 0700 per-user
 directory (`$XDG_RUNTIME_DIR/gpushare-tui`, else `/tmp/gpushare-tui-<uid>`).
 Requests: {"cmd": "status"} | {"cmd": "set_weight", "weight": W} | {"cmd": "stop"}.
 Replies: {"ok": true, ...} or {"ok": false, "error": "..."}.
+
+Limits (a local client must not be able to hurt the engine): a request line
+holds at most MAX_REQUEST_BYTES (without its newline) and must arrive within
+READ_TIMEOUT_S of the connection being accepted; at most MAX_CONNECTIONS are
+served at once, and any more get {"ok": false, "error": "busy: ..."} at once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import socket
-import socketserver
+import stat
 import threading
+import time
 from collections.abc import Callable
 
 import psutil
 
 MAX_REQUEST_BYTES = 4096
+READ_TIMEOUT_S = 2.0
+MAX_CONNECTIONS = 16
+SUN_PATH_MAX = 107  # bytes of an AF_UNIX path, without the NUL (sun_path is 108 on Linux)
+PID_DIGITS_MAX = 7  # the largest Linux pid_max, 4194304
+LISTEN_BACKLOG = 64
+ACCEPT_BACKOFF_S = 0.05  # out of fds (EMFILE/ENFILE): wait for some to close instead of spinning
+CLOSE_GRACE_S = 1.0  # close() waits this long for replies already being written (a `stop` reply)
+
+_BAD_REQUEST = "bad request: expected one JSON object with a 'cmd'"
 
 
 class ControlError(RuntimeError):
     pass
 
 
-def runtime_dir() -> str:
+def _runtime_dir_path() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR")
-    path = os.path.join(base, "gpushare-tui") if base else f"/tmp/gpushare-tui-{os.getuid()}"
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
+    return os.path.join(base, "gpushare-tui") if base else f"/tmp/gpushare-tui-{os.getuid()}"
+
+
+def _fix_hint() -> str:
+    return "set XDG_RUNTIME_DIR to a private directory you can write" + (
+        "" if os.environ.get("XDG_RUNTIME_DIR") else " (it is unset)"
+    )
+
+
+def runtime_dir() -> str:
+    """The private per-user socket directory, created if missing. ControlError (one line
+    naming the path and the fix) when it cannot be created or is not a private directory."""
+    path = _runtime_dir_path()
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise ControlError(f"runtime directory {path} is unusable ({e.strerror}); {_fix_hint()}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ControlError(f"runtime directory {path} is not a directory; {_fix_hint()}")
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
         raise ControlError(f"runtime directory {path} is not private to this user")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ControlError(f"runtime directory {path} is not writable; {_fix_hint()}")
     return path
 
 
@@ -42,45 +77,206 @@ def state_dir() -> str:
     return path
 
 
+def _check_length(path: str) -> None:
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        raise ControlError(
+            f"control socket path {path} is longer than {SUN_PATH_MAX} bytes (the AF_UNIX limit); "
+            "set XDG_RUNTIME_DIR to a shorter private directory"
+        )
+
+
 def socket_path(engine_pid: int) -> str:
-    return os.path.join(runtime_dir(), f"{engine_pid}.sock")
+    """`<runtime dir>/<pid>.sock`; ControlError if the directory is unusable or the path too long to bind."""
+    path = os.path.join(_runtime_dir_path(), f"{engine_pid}.sock")
+    _check_length(path)  # before runtime_dir(): no directory is created for a path that cannot work
+    runtime_dir()
+    return path
+
+
+def check_socket_dir() -> str:
+    """The runtime directory, if a socket for any pid fits in it; else ControlError (fail fast
+    before an engine is started whose pid is not known yet)."""
+    _check_length(os.path.join(_runtime_dir_path(), "9" * PID_DIGITS_MAX + ".sock"))
+    return runtime_dir()
 
 
 Handler = Callable[[dict], dict]
 
 
 class ControlServer:
-    """Serves `handlers[cmd](request) -> reply fields` on a thread."""
+    """Serves `handlers[cmd](request) -> reply fields`: one accept thread, and one worker
+    thread per connection, at most MAX_CONNECTIONS at once. Every request gets one reply
+    line, an error for anything malformed. ControlError if the socket cannot be set up."""
 
-    def __init__(self, engine_pid: int, handlers: dict[str, Handler]) -> None:
+    def __init__(
+        self,
+        engine_pid: int,
+        handlers: dict[str, Handler],
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
         self.path = socket_path(engine_pid)
         self._handlers = handlers
-        outer = self
-
-        class _Req(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                line = self.rfile.readline(MAX_REQUEST_BYTES)
-                reply = outer.dispatch(line)
-                self.wfile.write(json.dumps(reply, allow_nan=False).encode() + b"\n")
-
-        if os.path.exists(self.path):
-            os.unlink(self.path)  # a stale socket of a dead supervisor of the same pid
-        old = os.umask(0o177)
+        self._max_connections = max_connections
+        self._read_timeout_s = read_timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)  # notified whenever a connection ends
+        self._conns: dict[socket.socket, bool] = {}  # open connections -> reply being written
+        self._closed = False
         try:
-            self._server = socketserver.ThreadingUnixStreamServer(self.path, _Req)
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes the accept loop on close()
+        except OSError as e:
+            raise ControlError(f"control socket {self.path}: {e.strerror}") from None
+        try:
+            self._sock = self._bind()
+            try:
+                self._thread = threading.Thread(target=self._accept_loop, name="gpushare-control", daemon=True)
+                self._thread.start()
+            except BaseException:  # incl. a SystemExit from a signal handler: no socket file left behind
+                self._sock.close()
+                self._unlink()
+                raise
+        except BaseException:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            raise
+
+    def _bind(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound = False
+        try:
+            if os.path.lexists(self.path):
+                os.unlink(self.path)  # a stale socket of a dead supervisor of the same pid
+            old = os.umask(0o177)
+            try:
+                sock.bind(self.path)
+                bound = True
+            finally:
+                os.umask(old)
+            os.chmod(self.path, 0o600)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+        except BaseException as e:
+            sock.close()
+            if bound:
+                self._unlink()
+            if isinstance(e, OSError):
+                raise ControlError(f"control socket {self.path}: {e.strerror or e}") from None
+            raise
+        return sock
+
+    def _unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    # -- serving -----------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        poller = select.poll()
+        poller.register(self._sock.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while not self._closed:
+            poller.poll()
+            if self._closed:
+                return
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, ConnectionAbortedError):
+                continue
+            except OSError:
+                # EMFILE/ENFILE/ENOBUFS: the connection stays queued and poll() keeps saying
+                # so; wait for descriptors to be freed instead of spinning on it.
+                self._pause(ACCEPT_BACKOFF_S)
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._refuse(conn, f"busy: {self._max_connections} control connections open, try again")
+                continue
+            with self._lock:
+                self._conns[conn] = False
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="gpushare-control-conn", daemon=True).start()
+            except RuntimeError:  # can't start new thread
+                self._end(conn)
+                self._pause(ACCEPT_BACKOFF_S)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, but wake at once on close()."""
+        wake = select.poll()
+        wake.register(self._wake_r, select.POLLIN)
+        wake.poll(seconds * 1000)
+
+    @staticmethod
+    def _refuse(conn: socket.socket, error: str) -> None:
+        """An error reply without a thread: never blocks (the reply fits in an empty socket buffer)."""
+        try:
+            conn.setblocking(False)
+            conn.send(_encode({"ok": False, "error": error}))
+        except OSError:
+            pass
         finally:
-            os.umask(old)
-        os.chmod(self.path, 0o600)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="gpushare-control", daemon=True)
-        self._thread.start()
+            conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            line, reply = self._read_request(conn)
+            with self._lock:
+                if self._closed:
+                    return
+                self._conns[conn] = True
+            if reply is None:
+                reply = self.dispatch(line)
+            conn.settimeout(self._read_timeout_s)
+            conn.sendall(_encode(reply))
+        except OSError:
+            pass  # the client went away
+        finally:
+            self._end(conn)
+
+    def _read_request(self, conn: socket.socket) -> tuple[bytes, dict | None]:
+        """(line, None), or (b"", an error reply) for a request too long or too slow.
+        A request ends at its newline or, without one, where the client stops sending."""
+        deadline = time.monotonic() + self._read_timeout_s
+        buf = bytearray()
+        while True:
+            end = buf.find(b"\n")
+            if end > MAX_REQUEST_BYTES or (end < 0 and len(buf) > MAX_REQUEST_BYTES):
+                return b"", {"ok": False, "error": f"request too large (more than {MAX_REQUEST_BYTES} bytes)"}
+            if end >= 0:
+                return bytes(buf[:end]), None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return b"", {"ok": False, "error": f"timeout: no request line within {self._read_timeout_s:g} s"}
+            conn.settimeout(left)
+            try:
+                chunk = conn.recv(MAX_REQUEST_BYTES + 2 - len(buf))
+            except TimeoutError:
+                continue
+            if not chunk:
+                return bytes(buf), None
+            buf += chunk
+
+    def _end(self, conn: socket.socket) -> None:
+        with self._lock:
+            del self._conns[conn]
+            self._ended.notify_all()
+        conn.close()
+        self._slots.release()
 
     def dispatch(self, line: bytes) -> dict:
+        """The reply to one request line; never raises."""
         try:
             req = json.loads(line)
-            cmd = req["cmd"]
-        except (ValueError, KeyError, TypeError):
-            return {"ok": False, "error": "bad request: expected one JSON object with a 'cmd'"}
+        except (ValueError, RecursionError):  # RecursionError: deeply nested arrays/objects
+            return {"ok": False, "error": _BAD_REQUEST}
+        if not isinstance(req, dict) or "cmd" not in req:
+            return {"ok": False, "error": _BAD_REQUEST}
+        cmd = req["cmd"]
+        if not isinstance(cmd, str):
+            return {"ok": False, "error": "bad request: 'cmd' must be a string"}
         handler = self._handlers.get(cmd)
         if handler is None:
             return {"ok": False, "error": f"unknown command {cmd!r}"}
@@ -92,12 +288,36 @@ class ControlServer:
             return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}"}
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Stop serving and remove the socket file. Connections still waiting for their
+        request are closed; replies being written get up to CLOSE_GRACE_S. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._wake_w, b"x")
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._sock.close()
+        self._unlink()
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        with self._lock:
+            for conn, replying in self._conns.items():  # under the lock: none of them is closed yet
+                if not replying:
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            while any(self._conns.values()) and (left := deadline - time.monotonic()) > 0:
+                self._ended.wait(left)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def _encode(reply: dict) -> bytes:
+    try:
+        return json.dumps(reply, allow_nan=False).encode() + b"\n"
+    except (ValueError, TypeError, RecursionError) as e:  # a handler returned NaN or a non-JSON value
+        return json.dumps({"ok": False, "error": f"internal error: reply not JSON: {e}"}).encode() + b"\n"
 
 
 def request(engine_pid: int, cmd: str, timeout_s: float = 3.0, **args: object) -> dict:
@@ -109,7 +329,10 @@ def request(engine_pid: int, cmd: str, timeout_s: float = 3.0, **args: object) -
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout_s)
             s.connect(path)
-            s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+            try:
+                s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused before the request was read ("busy"): the reply is still there to read
             data = b""
             while not data.endswith(b"\n"):
                 chunk = s.recv(65536)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..lifecycle import termination_deferred
 from ..pacer import Pacer
 from ..registry import Membership
 
@@ -58,11 +59,24 @@ class DutyPattern:
         return t_s % (self.busy_s + self.idle_s) < self.busy_s
 
 
+class StatusFileError(RuntimeError):
+    """The status file could not be written; the message names it."""
+
+
 def _write_status(path: str, data: dict) -> None:
+    """Atomic replace; a signal meanwhile takes effect after it (no temporary file left)."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    with termination_deferred():
+        try:
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise StatusFileError(f"cannot write status file {path}: {e.strerror or e}") from None
 
 
 def run_synth(
@@ -78,7 +92,13 @@ def run_synth(
     stats: SynthStats | None = None,
     stop: threading.Event | None = None,
 ) -> SynthStats:
-    """Run until `duration_s` (0 = forever) or `stop` is set. Reports steps/s once a second."""
+    """Run until `duration_s` (0 = forever) or `stop` is set. Reports steps/s once a second.
+
+    `status_file` gets the stats once a second and a last time however the loop ends, with
+    `state` then "exited" (duration over or `stop` set), "terminated" (SystemExit or
+    KeyboardInterrupt: a signal) or "failed" (any other error). StatusFileError if it
+    cannot be written.
+    """
     units = units or calibrate_units(step_ms)
     pacer = Pacer(membership)
     stats = stats or SynthStats()
@@ -87,38 +107,50 @@ def run_synth(
     t0 = last_t = time.monotonic()
     last_steps = 0
     report = report or (lambda line: print(line, flush=True))
-    while (duration_s <= 0 or time.monotonic() - t0 < duration_s) and not stop.is_set():
-        now = time.monotonic()
-        if pattern.busy_at(now - t0):
-            s0 = time.perf_counter_ns()
-            work(units)
-            stats.steps_total += 1
-            if pace:
-                pacer.step_done((time.perf_counter_ns() - s0) // 1000)
+    final = "failed"
+    try:
+        while (duration_s <= 0 or time.monotonic() - t0 < duration_s) and not stop.is_set():
+            now = time.monotonic()
+            if pattern.busy_at(now - t0):
+                s0 = time.perf_counter_ns()
+                work(units)
+                stats.steps_total += 1
+                if pace:
+                    pacer.step_done((time.perf_counter_ns() - s0) // 1000)
+                else:
+                    membership.mark_active()
             else:
-                membership.mark_active()
-        else:
-            time.sleep(0.05)
-        now = time.monotonic()
-        if now - last_t >= 1.0:
-            stats.steps_per_s = (stats.steps_total - last_steps) / (now - last_t)
-            stats.slept_us = pacer.total_slept_us
-            stats.slot = membership.slot
-            last_t, last_steps = now, stats.steps_total
-            report(
-                f"synth {os.getpid()}: {stats.steps_per_s:.1f} steps/s "
-                f"(slot {stats.slot}, weight {membership.weight:g}, total {stats.steps_total})"
-            )
-            if status_file:
+                time.sleep(0.05)
+            now = time.monotonic()
+            if now - last_t >= 1.0:
+                stats.steps_per_s = (stats.steps_total - last_steps) / (now - last_t)
+                stats.slept_us = pacer.total_slept_us
+                stats.slot = membership.slot
+                last_t, last_steps = now, stats.steps_total
+                report(
+                    f"synth {os.getpid()}: {stats.steps_per_s:.1f} steps/s "
+                    f"(slot {stats.slot}, weight {membership.weight:g}, total {stats.steps_total})"
+                )
+                if status_file:
+                    _write_status(
+                        status_file,
+                        {"pid": os.getpid(), "time_us": time.time_ns() // 1000, "units": units, **stats.__dict__},
+                    )
+        final = "exited"
+    except (SystemExit, KeyboardInterrupt):
+        final = "terminated"
+        raise
+    finally:
+        stats.state = final
+        if status_file:
+            try:
                 _write_status(
                     status_file,
                     {"pid": os.getpid(), "time_us": time.time_ns() // 1000, "units": units, **stats.__dict__},
                 )
-    if status_file:
-        stats.state = "exited"
-        _write_status(
-            status_file, {"pid": os.getpid(), "time_us": time.time_ns() // 1000, "units": units, **stats.__dict__}
-        )
+            except StatusFileError:
+                if final == "exited":
+                    raise  # else the error already on its way out is the one to report
     return stats
 
 
