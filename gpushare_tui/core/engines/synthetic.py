@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..clock import mono_us, wall_us
 from ..lifecycle import termination_deferred
 from ..pacer import Pacer
 from ..registry import Membership
@@ -40,7 +41,8 @@ def calibrate_units(step_ms: float) -> int:
 class SynthStats:
     steps_total: int = 0
     steps_per_s: float = 0.0
-    started_us: int = 0
+    started_us: int = 0  # wall clock, for readers of the status file
+    started_mono_us: int = 0  # uptime: a wall-clock step must not change it
     slept_us: int = 0
     slot: int | None = None
     state: str = "running"
@@ -102,7 +104,7 @@ def run_synth(
     units = units or calibrate_units(step_ms)
     pacer = Pacer(membership)
     stats = stats or SynthStats()
-    stats.started_us, stats.slot = time.time_ns() // 1000, membership.slot
+    stats.started_us, stats.started_mono_us, stats.slot = time.time_ns() // 1000, mono_us(), membership.slot
     stop = stop or threading.Event()
     t0 = last_t = time.monotonic()
     last_steps = 0
@@ -156,7 +158,6 @@ def run_synth(
 
 def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event) -> dict:
     """Control-socket handlers (same protocol as the llama-server supervisor)."""
-    from ..clock import wall_us
     from ..snapshot import own_peer
 
     def status(_req: dict) -> dict:
@@ -172,7 +173,7 @@ def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Ev
             "weight": membership.weight,
             "share_pct": me.share_pct if me else 0.0,
             "busy_pct": me.busy_pct if me else 0.0,
-            "uptime_s": (now - stats.started_us) / 1e6,
+            "uptime_s": (mono_us() - stats.started_mono_us) / 1e6,
             "slot": membership.slot,
             "gpu_key": membership.key,
         }
