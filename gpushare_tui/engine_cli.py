@@ -75,12 +75,12 @@ def run(
         refuse(str(e), ExitCode.USAGE if not ctx.args else ExitCode.ERROR)
     from .core.control import ControlError, check_socket_dir
 
+    name = name or ls.model_stem(args)
     try:
         check_socket_dir()  # before the engine is started and loads its model
+        log_path = _log_path(name, args.port)
     except ControlError as e:
         refuse(str(e))
-    name = name or ls.model_stem(args)
-    log_path = _log_path(name, args.port)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if args.port_chosen:
         say(f"gpu-share: engine port {args.port} on {args.host} (free port picked)")
@@ -142,7 +142,7 @@ def launch(
     share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
-    from .core.control import state_dir
+    from .core.control import ControlError, state_dir
 
     checked_weight(weight)
     checked_group(share_group)
@@ -150,6 +150,10 @@ def launch(
         resolve_key(gpu_key, gpu)  # fail fast on a bad key
     if not ctx.args:
         fail("no engine command given (use: -- llama-server ARGS...)", ExitCode.USAGE)
+    try:
+        sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
+    except ControlError as e:
+        fail(str(e))
     read_fd, write_fd = os.pipe()
     cmd = [
         sys.executable,
@@ -171,7 +175,6 @@ def launch(
         cmd += ["--gpu", str(gpu)]
     if share_group:
         cmd += ["--share-group", share_group]
-    sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
     with open(sup_log, "ab") as log:
         proc = subprocess.Popen(
             [*cmd, "--", *ctx.args],

@@ -337,6 +337,20 @@ def test_bad_runtime_dir_supervised_engine(
     assert not os.path.exists(shm_file(gpu_key))
 
 
+@pytest.mark.parametrize("command", ["run", "launch"])
+def test_bad_state_dir_supervised_engine(
+    command: str, runtime_dir: str, gpu_key: str, tmp_path, monkeypatch: pytest.MonkeyPatch, cli
+) -> None:
+    a_file = tmp_path / "plain-file"
+    a_file.write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(a_file))  # logs would go under a regular file
+    r = cli(command, "--gpu-key", gpu_key, "--", "true", "-m", "x.gguf", timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert line.startswith("gpushare-tui: state directory") and "XDG_STATE_HOME" in line, line
+    assert not os.path.exists(shm_file(gpu_key))
+
+
 def test_bad_runtime_dir_once_is_unaffected(bad_runtime_dir: str, gpu_key: str, cli) -> None:
     r = cli("--once", "--json", "--gpu-key", gpu_key, timeout=60)
     assert r.returncode == 0 and "Traceback" not in r.stderr

@@ -70,10 +70,17 @@ def runtime_dir() -> str:
 
 
 def state_dir() -> str:
-    """Per-user state directory for supervisor logs."""
+    """Per-user state directory for supervisor logs, created if missing; ControlError (one line) if unusable."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     path = os.path.join(base, "gpushare-tui")
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        raise ControlError(
+            f"state directory {path} is unusable ({e.strerror}); set XDG_STATE_HOME to a writable directory"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ControlError(f"state directory {path} is not writable; set XDG_STATE_HOME to a writable directory")
     return path
 
 
