@@ -36,7 +36,8 @@ def test_layout_constants() -> None:
         "busy_ppm": 32,
         "name": 36,
     }
-    assert abi.OFF_RESERVED == 84 == abi.OFF_NAME + abi.NAME_BYTES
+    assert abi.OFF_RESERVED == 84 == abi.SLOT_OFFSETS["name"] + abi.NAME_BYTES
+    assert abi.OWNER_FIELDS_STRUCT.size == abi.OFF_RESERVED - abi.OFF_BOOT_US
     assert abi.HEADER_OFFSETS == {"magic": 0, "version": 8, "slot_count": 12, "slot_size": 16, "header_size": 20}
 
 

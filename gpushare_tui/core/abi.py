@@ -22,32 +22,47 @@ NAME_BYTES = 48
 ALIVE_US = 3_000_000  # heartbeat age (either way: a future one is corrupt or stepped) beyond which a slot is dead
 ACTIVITY_WINDOW_US = 2_000_000
 
-HEADER_STRUCT = struct.Struct("<8sIIII40x")
-# pid, seq, boot_us, weight, active, heartbeat_us, busy_ppm, name, reserved
-SLOT_STRUCT = struct.Struct("<IIqfIqI48s44x")
+# The layout, spelled once: (field, struct code) in order. Little-endian, natural C alignment
+# with no padding inside (checked below; the tests compare the offsets with a C compiler's).
+HEADER_FIELDS = (("magic", "8s"), ("version", "I"), ("slot_count", "I"), ("slot_size", "I"), ("header_size", "I"))
+SLOT_FIELDS = (
+    ("pid", "I"),  # claimed with a 32-bit CAS
+    ("seq", "I"),  # seqlock
+    ("boot_us", "q"),
+    ("weight", "f"),
+    ("active", "I"),
+    ("heartbeat_us", "q"),
+    ("busy_ppm", "I"),
+    ("name", f"{NAME_BYTES}s"),
+)
 
-# Field offsets within a slot (natural C alignment, checked against cc in tests).
-OFF_PID = 0
-OFF_SEQ = 4
-OFF_BOOT_US = 8
-OFF_WEIGHT = 16
-OFF_ACTIVE = 20
-OFF_HEARTBEAT_US = 24
-OFF_BUSY_PPM = 32
-OFF_NAME = 36
-OFF_RESERVED = 84
 
-HEADER_OFFSETS = {"magic": 0, "version": 8, "slot_count": 12, "slot_size": 16, "header_size": 20}
-SLOT_OFFSETS = {
-    "pid": OFF_PID,
-    "seq": OFF_SEQ,
-    "boot_us": OFF_BOOT_US,
-    "weight": OFF_WEIGHT,
-    "active": OFF_ACTIVE,
-    "heartbeat_us": OFF_HEARTBEAT_US,
-    "busy_ppm": OFF_BUSY_PPM,
-    "name": OFF_NAME,
-}
+def _offsets(fields: tuple[tuple[str, str], ...]) -> dict[str, int]:
+    out, off = {}, 0
+    for name, code in fields:
+        size = struct.calcsize("<" + code)
+        align = 1 if code.endswith("s") else size
+        assert off % align == 0, f"{name} at {off} is not naturally aligned: the layout would need padding"
+        out[name], off = off, off + size
+    return out
+
+
+def _struct(fields: tuple[tuple[str, str], ...], total: int) -> struct.Struct:
+    codes = "".join(code for _, code in fields)
+    return struct.Struct(f"<{codes}{total - struct.calcsize('<' + codes)}x")
+
+
+HEADER_OFFSETS = _offsets(HEADER_FIELDS)
+SLOT_OFFSETS = _offsets(SLOT_FIELDS)
+HEADER_STRUCT = _struct(HEADER_FIELDS, HEADER_SIZE)  # reserved bytes to the end are zero
+SLOT_STRUCT = _struct(SLOT_FIELDS, SLOT_SIZE)
+# The owner's fields after `seq` (one seqlock write), and the words written atomically on their own.
+OWNER_FIELDS_STRUCT = struct.Struct("<" + "".join(code for name, code in SLOT_FIELDS if name not in ("pid", "seq")))
+OFF_PID = SLOT_OFFSETS["pid"]
+OFF_SEQ = SLOT_OFFSETS["seq"]
+OFF_BOOT_US = SLOT_OFFSETS["boot_us"]
+OFF_HEARTBEAT_US = SLOT_OFFSETS["heartbeat_us"]
+OFF_RESERVED = SLOT_OFFSETS["name"] + NAME_BYTES
 
 _KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")

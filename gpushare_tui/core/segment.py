@@ -393,8 +393,8 @@ class Segment:
         off = self.slot_offset(index)
         seq = self._atomic(off + abi.OFF_SEQ, 4, atomics.UINT)
         seq.fetch_add(1)  # type: ignore[attr-defined]  # odd: writing
-        struct.pack_into(
-            "<qfIqI48s", self._mm, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
+        abi.OWNER_FIELDS_STRUCT.pack_into(
+            self._mm, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
         )
         seq.fetch_add(1)  # type: ignore[attr-defined]  # even: done (seq_cst, a release)
 
