@@ -102,7 +102,7 @@ def test_eviction_is_detected_logged_and_reclaimed(gpu_key: str) -> None:
         old = m.slot
         assert old == 0
         # another owner claimed our slot (as if we had stalled > 3 s): its pid and boot_us
-        other.store_pid(old, FAKE_PID)
+        other.cas_pid(old, other.read_slot(old).pid, FAKE_PID)
         other.write_slot_fields(
             old, boot_us=42, weight=1.0, active=1, heartbeat_us=clock.t, busy_ppm=0, name_raw=abi.encode_name("usurper")
         )
@@ -143,7 +143,7 @@ def test_eviction_when_registry_is_full_logs_failure(gpu_key: str) -> None:
         for o in others:
             o.join()
         with Segment.create_or_attach(gpu_key) as seg:
-            seg.store_pid(0, FAKE_PID + 99)
+            seg.cas_pid(0, seg.read_slot(0).pid, FAKE_PID + 99)
             m.heartbeat()
         assert m.slot is None
         assert "re-join failed" in logs[-1] and "registry full: 16 live peers" in logs[-1]
@@ -252,7 +252,7 @@ def test_dead_slot_is_claimable_live_slot_is_not(gpu_key: str) -> None:
     clock = FakeClock()
     with Segment.create_or_attach(gpu_key) as seg:
         for i, age in enumerate([3_000_001, 3_000_000]):
-            seg.store_pid(i, FAKE_PID + i)
+            seg.cas_pid(i, seg.read_slot(i).pid, FAKE_PID + i)
             seg.write_slot_fields(
                 i,
                 boot_us=1,

@@ -200,8 +200,6 @@ def test_readonly_attach_cannot_write(gpu_key: str) -> None:
             ro.cas_pid(0, 1234, 1)
         with pytest.raises(PermissionError):
             ro.store_heartbeat(0, 5)
-        with pytest.raises(PermissionError):
-            ro.store_pid(0, 0)
         assert ro.read_slot(0).name == "owner"
     assert _bytes(path) == before
 

@@ -159,7 +159,7 @@ def test_segment_reader_follows_live_changes_read_only(gpu_key: str) -> None:
 
 def test_dead_peer_shows_not_alive(gpu_key: str) -> None:
     with Segment.create_or_attach(gpu_key) as seg:
-        seg.store_pid(3, 4_000_001)
+        seg.cas_pid(3, seg.read_slot(3).pid, 4_000_001)
         now = wall_us()
         seg.write_slot_fields(3, boot_us=1, weight=1.0, active=1, heartbeat_us=now - 5_000_000, busy_ppm=0,
                               name_raw=abi.encode_name("ghost"))  # fmt: skip

@@ -70,14 +70,6 @@ class Schedule:
         except ValueError:
             return None
 
-    def running_slot(self, now_us: int) -> int:
-        """The member whose window contains now_us."""
-        pos = now_us % self.period_us
-        for slot, (start, end) in zip(self.slots, self.windows_us):
-            if start <= pos < end:
-                return slot
-        return self.slots[-1]
-
 
 def build_schedule(members: Sequence[tuple[int, float]]) -> Schedule | None:
     """Schedule for (slot, weight) members; None when n <= 1 (run unthrottled).

@@ -368,9 +368,6 @@ class Segment:
         word = self._atomic(self.slot_offset(index) + abi.OFF_PID, 4, atomics.UINT)
         return word.cmpxchg_strong(expected=expected, desired=desired).success  # type: ignore[attr-defined]
 
-    def store_pid(self, index: int, pid: int) -> None:
-        self._atomic(self.slot_offset(index) + abi.OFF_PID, 4, atomics.UINT).store(pid)  # type: ignore[attr-defined]
-
     def store_heartbeat(self, index: int, heartbeat_us: int) -> None:
         """Atomic 64-bit store of heartbeat_us (used before a claim CAS)."""
         word = self._atomic(self.slot_offset(index) + abi.OFF_HEARTBEAT_US, 8, atomics.INT)

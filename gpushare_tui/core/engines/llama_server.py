@@ -163,7 +163,6 @@ def wait_healthy(
 class Metrics:
     n_decode_total: float
     requests_processing: float
-    tokens_predicted_total: float
 
 
 def parse_metrics(text: str) -> Metrics:
@@ -179,5 +178,4 @@ def parse_metrics(text: str) -> Metrics:
     return Metrics(
         values.get("n_decode_total", 0.0),
         values.get("requests_processing", 0.0),
-        values.get("tokens_predicted_total", 0.0),
     )
