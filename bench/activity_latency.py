@@ -1,6 +1,6 @@
 """How fast a supervisor raises `active` after an idle llama-server starts decoding.
 
-    python bench/activity_latency.py [--trials 10]
+    python -m bench.activity_latency [--trials 10]
 
 Prints min/median/max ms from sending a request to seeing active=1 in the slot.
 """
@@ -11,7 +11,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -19,15 +18,12 @@ from pathlib import Path
 
 import httpx
 
+from bench.pacing import CLI, engine_argv, llama_server_path
+from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.segment import Segment, shm_path
+from testkit.tiny_gguf import write_tiny_llama
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from pacing import CLI, engine_argv, llama_server_path  # noqa: E402
-
-from gpushare_tui.core.engines.llama_server import free_port  # noqa: E402
-from gpushare_tui.core.segment import Segment, shm_path  # noqa: E402
-from gpushare_tui.testing.tiny_gguf import write_tiny_llama  # noqa: E402
 
 
 def main() -> None:

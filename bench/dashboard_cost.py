@@ -9,7 +9,7 @@ fake pids, heartbeating, active, busy varying). Then the dashboard runs:
 and we report CPU seconds per wall second (% of one core) over the window,
 after a warm-up. The segments are removed at the end.
 
-    .venv/bin/python bench/dashboard_cost.py [--seconds 30] [--mode headless|tmux|both]
+    python -m bench.dashboard_cost [--seconds 30] [--mode headless|tmux|both]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ subprocess (median of --runs) next to the interpreter start-up it cannot avoid, 
 the same report in-process (cold: a new reader each time; warm: mappings kept open).
 Cleans up its segments. Writes JSON to bench/results/.
 
-    .venv/bin/python bench/once_json_wall.py [--runs 10]
+    python -m bench.once_json_wall [--runs 10]
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpushare_tui.cli import once_report  # noqa: E402
-from gpushare_tui.core.clock import wall_us  # noqa: E402
-from gpushare_tui.core.registry import Membership  # noqa: E402
-from gpushare_tui.core.snapshot import SegmentReader, report_to_json  # noqa: E402
+from gpushare_tui.cli import once_report
+from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.snapshot import SegmentReader, report_to_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAKE_PID_BASE = 3_900_000

@@ -4,7 +4,7 @@ Scenarios (one run): solo, 1:1, 2:1, 2/1/1 under the gpushare supervisor;
 unpaced (plain llama-servers side by side) and nice-weighted 2:1.
 Prints a table and writes bench/results/pacing.json.
 
-    python bench/pacing.py [--seconds 15] [--embd 768 --layers 8]
+    python -m bench.pacing [--seconds 15] [--embd 768 --layers 8]
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ from pathlib import Path
 
 import httpx
 
+from gpushare_tui.core import abi, schedule
+from gpushare_tui.core.engines.llama_server import free_port, parse_metrics
+from testkit.load import StreamLoad
+from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT))
-
-from gpushare_tui.core import abi, schedule  # noqa: E402
-from gpushare_tui.core.engines.llama_server import free_port, parse_metrics  # noqa: E402
-from gpushare_tui.testing.load import StreamLoad  # noqa: E402
-from gpushare_tui.testing.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama  # noqa: E402
 
 CLI = [sys.executable, "-m", "gpushare_tui"]
 

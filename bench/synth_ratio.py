@@ -6,7 +6,7 @@ fixed --work-units, lets them run --duration seconds, and measures steps/s of ea
 over the same window after a --warmup (from the engines' --status-file samples).
 Prints a table and writes JSON to bench/results/.
 
-    .venv/bin/python bench/synth_ratio.py [--duration 10] [--warmup 2] [--step-ms 5]
+    python -m bench.synth_ratio [--duration 10] [--warmup 2] [--step-ms 5]
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpushare_tui.core.engines.synthetic import calibrate_units  # noqa: E402
+from gpushare_tui.core.engines.synthetic import calibrate_units
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

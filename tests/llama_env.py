@@ -33,7 +33,7 @@ def llama_server() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from gpushare_tui.testing.tiny_gguf import write_tiny_llama
+    from testkit.tiny_gguf import write_tiny_llama
 
     return write_tiny_llama(str(tmp_path_factory.mktemp("models") / "tiny-llama.gguf"), 256, 4)
 

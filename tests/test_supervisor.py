@@ -17,8 +17,8 @@ from conftest import cli_argv, run_cli, wait_for
 from llama_env import end_pid, llama_server, proc_state, tiny_model  # noqa: F401 (fixtures)
 
 from gpushare_tui.core.segment import Segment, shm_path
-from gpushare_tui.testing.load import StreamLoad
-from gpushare_tui.testing.tiny_gguf import NON_TEXT_TOKEN_IDS
+from testkit.load import StreamLoad
+from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
 
 pytestmark = pytest.mark.llama
 

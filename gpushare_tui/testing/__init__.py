@@ -1,1 +1,0 @@
-"""Helpers for tests and benchmarks (need the `test` extra)."""

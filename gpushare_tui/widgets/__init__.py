@@ -1,0 +1,1 @@
+"""Textual widgets: each renders immutable snapshots only."""

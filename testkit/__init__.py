@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks (need the `test` extra; not part of the installed package)."""
