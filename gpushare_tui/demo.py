@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from .core.clock import wall_us
 from .core.control import is_managed
 from .core.engines.synthetic import calibrate_units
+from .core.errors import GpushareError
 from .core.segment import Segment, SegmentError, shm_path
 
 # (name, weight, --busy-idle): a little idle/busy variation so the plots move.
@@ -36,8 +37,8 @@ DEMO_ENGINES: tuple[tuple[str, float, str | None], ...] = (
 PR_SET_PDEATHSIG = 1
 
 
-class DemoError(RuntimeError):
-    pass
+class DemoError(GpushareError, RuntimeError):
+    """The demo engines could not be started."""
 
 
 @dataclass

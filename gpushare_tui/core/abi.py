@@ -10,6 +10,8 @@ import re
 import struct
 from dataclasses import dataclass
 
+from .errors import UsageError
+
 MAGIC = b"OCGPU\0\0\0"
 VERSION = 1
 SLOT_COUNT = 16
@@ -53,11 +55,11 @@ _KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class BadKeyError(ValueError):
+class BadKeyError(UsageError, ValueError):
     """A gpu_key that does not match `[A-Za-z0-9._-]{1,64}`."""
 
 
-class BadWeightError(ValueError):
+class BadWeightError(UsageError, ValueError):
     """A weight that is not a finite f32 > 0."""
 
 

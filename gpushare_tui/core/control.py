@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import psutil
 
+from .errors import GpushareError
+
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 16
@@ -36,8 +38,8 @@ CLOSE_GRACE_S = 1.0  # close() waits this long for replies already being written
 _BAD_REQUEST = "bad request: expected one JSON object with a 'cmd'"
 
 
-class ControlError(RuntimeError):
-    pass
+class ControlError(GpushareError, RuntimeError):
+    """A control socket that cannot be set up or reached, or a request it refused."""
 
 
 def _runtime_dir_path() -> str:
@@ -289,7 +291,7 @@ class ControlServer:
             return {"ok": False, "error": f"unknown command {cmd!r}"}
         try:
             return {"ok": True, **handler(req)}
-        except (ValueError, ControlError) as e:
+        except (ValueError, GpushareError) as e:
             return {"ok": False, "error": str(e)}
         except Exception as e:  # a handler bug must not drop the connection silently
             return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}"}

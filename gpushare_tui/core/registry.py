@@ -10,13 +10,14 @@ from collections.abc import Callable
 
 from . import abi
 from .clock import ClockUs, mono_us, wall_us
+from .errors import GpushareError
 from .lifecycle import termination_deferred
 from .segment import Segment
 
 HEARTBEAT_S = 0.5
 
 
-class RegistryFullError(RuntimeError):
+class RegistryFullError(GpushareError, RuntimeError):
     def __init__(self, key: str, slot_count: int) -> None:
         super().__init__(f"registry full: {slot_count} live peers on {key}")
 

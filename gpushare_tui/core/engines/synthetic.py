@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..clock import mono_us, wall_us
+from ..errors import GpushareError
 from ..lifecycle import termination_deferred
 from ..pacer import Pacer
 from ..registry import Membership
@@ -61,7 +62,7 @@ class DutyPattern:
         return t_s % (self.busy_s + self.idle_s) < self.busy_s
 
 
-class StatusFileError(RuntimeError):
+class StatusFileError(GpushareError, RuntimeError):
     """The status file could not be written; the message names it."""
 
 
