@@ -47,9 +47,9 @@ def checked_key(key: str | None) -> str | None:
 
 def checked_weight(weight: str) -> float:
     try:
-        return abi.validate_weight(float(weight))
-    except (ValueError, abi.BadWeightError):
-        fail(f"invalid weight {weight!r}: must be a finite number > 0", ExitCode.USAGE)
+        return abi.parse_weight(weight)
+    except abi.BadWeightError as e:
+        fail(str(e), ExitCode.USAGE)
 
 
 def resolve_key(gpu_key: str | None, gpu: int | None) -> str:

@@ -15,7 +15,6 @@ from gpushare_tui.widgets.model import DashboardModel, EngineInfo, GpuView, Hist
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
 from gpushare_tui.widgets.peers_table import COLUMNS, cell_text, name_width, row_cells
 from gpushare_tui.widgets.timeline import render_timeline
-from gpushare_tui.widgets.weight_modal import parse_weight
 
 NOW = 1_800_000_000_000_000
 
@@ -62,17 +61,6 @@ def test_nudge_steps_and_never_reaches_zero():
         downs.append(w)
     assert downs == [2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]
     assert nudged_weight(0.001, -1) > 0
-
-
-@pytest.mark.parametrize("text", ["0", "-2", "nan", "inf", "-inf", "1e39", "x", "", "  "])
-def test_parse_weight_rejects(text):
-    with pytest.raises(abi.BadWeightError):
-        parse_weight(text)
-
-
-def test_parse_weight_accepts_and_rounds_to_f32():
-    assert parse_weight(" 2 ") == 2.0
-    assert parse_weight("0.1") == abi.to_f32(0.1)
 
 
 # -- timeline ----------------------------------------------------------------

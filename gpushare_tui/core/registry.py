@@ -49,7 +49,7 @@ class Membership:
     ) -> None:
         self.key = abi.validate_gpu_key(key)
         self.share_group = share_group  # opt-in: join/create a segment of this group (spec §1a)
-        self._weight = abi.validate_weight(weight)
+        self._weight = abi.parse_weight(weight)
         self._name_raw = abi.encode_name(name)
         self.pid = pid if pid is not None else os.getpid()
         self._clock = clock_us
@@ -163,7 +163,7 @@ class Membership:
 
     def set_weight(self, weight: float) -> float:
         """Validate (finite, > 0), store as f32 in our slot; returns the stored value."""
-        w = abi.validate_weight(weight)
+        w = abi.parse_weight(weight)
         with self._lock:
             self._weight = w
             self._write_if_joined()

@@ -66,7 +66,7 @@ class Supervisor:
         self.args = args
         self.share_group = share_group
         self.gpu_key = abi.validate_gpu_key(gpu_key)
-        self.weight = abi.validate_weight(weight)
+        self.weight = abi.parse_weight(weight)
         self.name = name
         self.log_path = log_path
         self.load_timeout_s = load_timeout_s
@@ -298,11 +298,7 @@ class Supervisor:
             }
 
         def set_weight(req: dict) -> dict:
-            try:
-                w = abi.validate_weight(req.get("weight"))  # type: ignore[arg-type]
-            except abi.BadWeightError as e:
-                raise ValueError(str(e)) from None
-            self.weight = self.membership.set_weight(w)  # type: ignore[union-attr]
+            self.weight = self.membership.set_weight(abi.parse_weight(req.get("weight")))  # type: ignore[union-attr]
             return {"weight": self.weight}
 
         def stop(_req: dict) -> dict:

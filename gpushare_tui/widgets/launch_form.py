@@ -23,8 +23,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from ..core.abi import NAME_BYTES, BadKeyError, BadWeightError, validate_gpu_key
-from .weight_modal import parse_weight
+from ..core.abi import NAME_BYTES, BadKeyError, BadWeightError, parse_weight, validate_gpu_key
 
 FIELDS = (
     ("binary", "Engine binary", "llama-server, or a path"),

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import abi
 from ..clock import mono_us, wall_us
 from ..errors import GpushareError
 from ..lifecycle import termination_deferred
@@ -180,11 +181,7 @@ def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Ev
         }
 
     def set_weight(req: dict) -> dict:
-        try:
-            w = membership.set_weight(req.get("weight"))  # type: ignore[arg-type]
-        except Exception as e:
-            raise ValueError(str(e)) from None
-        return {"weight": w}
+        return {"weight": membership.set_weight(abi.parse_weight(req.get("weight")))}  # type: ignore[arg-type]
 
     def stop_(_req: dict) -> dict:
         stats.state = "exiting"
