@@ -218,7 +218,7 @@ def synth(
     server = None
     try:
         with termination_deferred():  # a signal between bind() and the assignment would leave the socket
-            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop))
+            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop, name))
         run_synth(
             m,
             step_ms=step_ms,

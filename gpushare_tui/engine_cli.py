@@ -221,8 +221,9 @@ def _control(pid: int, cmd: str, **args: object) -> dict:
 @app.command()
 def status(pid: int = typer.Argument(..., help="Engine pid."), as_json: bool = typer.Option(False, "--json")) -> None:
     """Show a managed engine's status."""
-    reply = _control(pid, "status")
-    reply.pop("ok", None)
+    from .core.control import StatusReply
+
+    reply = StatusReply.from_json(_control(pid, "status")).to_json()
     if as_json:
         print(json.dumps(reply))
     else:

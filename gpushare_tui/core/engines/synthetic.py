@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .. import abi
 from ..clock import mono_us, wall_us
+from ..control import StatusReply
 from ..errors import GpushareError
 from ..lifecycle import termination_deferred
 from ..pacer import Pacer
@@ -158,27 +159,26 @@ def run_synth(
     return stats
 
 
-def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event) -> dict:
+def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event, name: str | None = None) -> dict:
     """Control-socket handlers (same protocol as the llama-server supervisor)."""
     from ..snapshot import own_peer
 
     def status(_req: dict) -> dict:
-        now = wall_us()
-        me = own_peer(membership.segment, membership.slot, now)
-        return {
-            "engine_pid": os.getpid(),
-            "port": None,
-            "model": "synthetic",
-            "kind": "synth",
-            "state": stats.state,
-            "tok_s": stats.steps_per_s,
-            "weight": membership.weight,
-            "share_pct": me.share_pct if me else 0.0,
-            "busy_pct": me.busy_pct if me else 0.0,
-            "uptime_s": (mono_us() - stats.started_mono_us) / 1e6,
-            "slot": membership.slot,
-            "gpu_key": membership.key,
-        }
+        me = own_peer(membership.segment, membership.slot, wall_us())
+        return StatusReply(
+            engine_pid=os.getpid(),
+            model="synthetic",
+            name=name,
+            kind="synth",
+            state=stats.state,
+            tok_s=stats.steps_per_s,
+            weight=membership.weight,
+            share_pct=me.share_pct if me else 0.0,
+            busy_pct=me.busy_pct if me else 0.0,
+            uptime_s=(mono_us() - stats.started_mono_us) / 1e6,
+            slot=membership.slot,
+            gpu_key=membership.key,
+        ).to_json()
 
     def set_weight(req: dict) -> dict:
         return {"weight": membership.set_weight(abi.parse_weight(req.get("weight")))}  # type: ignore[arg-type]
