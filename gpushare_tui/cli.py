@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-import threading
 from typing import NoReturn
 
 import typer
@@ -193,34 +192,15 @@ def synth(
     pattern = _parse_pattern(busy_idle)
     key = resolve_key(gpu_key, gpu)
     share_group = checked_group(share_group)
-    from .core.control import ControlError, ControlServer, socket_path
-    from .core.engines.synthetic import StatusFileError, SynthStats, run_synth, synth_handlers
-    from .core.lifecycle import exit_on_termination, termination_deferred
-    from .core.registry import Membership, RegistryFullError
-    from .core.segment import SegmentError
+    from .core.engines.synthetic import serve_synth
+    from .core.errors import GpushareError
 
     try:
-        socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
-    except ControlError as e:
-        fail(str(e))
-    exit_on_termination()
-    m = Membership(key, w, name, share_group=share_group)
-    try:
-        slot = m.join()
-    except (RegistryFullError, SegmentError) as e:
-        fail(str(e))
-    print(
-        f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {slot} (weight {w:g}, {m.peers_alive()} peers alive)",
-        file=sys.stderr,
-        flush=True,
-    )
-    stats, stop = SynthStats(), threading.Event()
-    server = None
-    try:
-        with termination_deferred():  # a signal between bind() and the assignment would leave the socket
-            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop, name))
-        run_synth(
-            m,
+        serve_synth(
+            key,
+            w,
+            name,
+            share_group=share_group,
             step_ms=step_ms,
             duration_s=duration,
             pace=not no_pace,
@@ -228,18 +208,9 @@ def synth(
             status_file=status_file,
             report=(lambda _l: None) if quiet else None,
             units=work_units or None,
-            stats=stats,
-            stop=stop,
         )
-    except KeyboardInterrupt:
-        pass
-    except (ControlError, StatusFileError) as e:
+    except GpushareError as e:
         fail(str(e))
-    finally:
-        with termination_deferred():
-            if server is not None:
-                server.close()
-            m.leave()
 
 
 def _check_status_file(path: str) -> None:
