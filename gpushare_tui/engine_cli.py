@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 
 import typer
 
@@ -33,16 +31,6 @@ def _log_path(name: str, port: int) -> str:
     return os.path.join(state_dir(), f"{safe}-{port}.log")
 
 
-def _notify(fd: int | None, msg: dict) -> None:
-    if fd is None:
-        return
-    try:
-        os.write(fd, (json.dumps(msg) + "\n").encode())
-        os.close(fd)
-    except OSError:
-        pass
-
-
 @app.command(context_settings=ENGINE_CTX)
 def run(
     ctx: typer.Context,
@@ -56,10 +44,11 @@ def run(
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
     from .core.engines import llama_server as ls
+    from .core.launcher import notify_failed, notify_ready
     from .core.supervisor import Supervisor
 
     def refuse(msg: str, code: ExitCode = ExitCode.ERROR, tail: str = "") -> None:
-        _notify(notify_fd, {"ok": False, "error": msg, "log_tail": tail})
+        notify_failed(notify_fd, ls.EngineError(msg, tail))
         if tail:
             print(f"gpushare-tui: {msg}\n--- last lines of the engine log ---\n{tail}", file=sys.stderr)
             raise typer.Exit(int(code))
@@ -104,17 +93,13 @@ def run(
         refuse(str(e), tail=e.log_tail)
     except Exception as e:  # registry full, bad segment, ...
         refuse(str(e))
-    _notify(
+    notify_ready(
         notify_fd,
-        {
-            "ok": True,
-            "engine_pid": sup.proc.pid,
-            "port": args.port,
-            "host": args.host,
-            "log": log_path,
-            "slot": sup.membership.slot,
-            "supervisor_pid": os.getpid(),
-        },
+        engine_pid=sup.proc.pid,
+        port=args.port,
+        host=args.host,
+        log=log_path,
+        slot=sup.membership.slot,
     )
     code = sup.run()
     say(f"gpu-share: engine {sup.proc.pid} exited with code {code}")
@@ -142,71 +127,22 @@ def launch(
     share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
-    from .core.control import ControlError, state_dir
+    from .core.errors import GpushareError
+    from .core.launcher import LaunchSpec, launch_detached
 
-    checked_weight(weight)
+    w = checked_weight(weight)
     checked_group(share_group)
-    if gpu_key is not None or gpu is None:
-        resolve_key(gpu_key, gpu)  # fail fast on a bad key
+    key = resolve_key(gpu_key, gpu)
     if not ctx.args:
         fail("no engine command given (use: -- llama-server ARGS...)", ExitCode.USAGE)
+    spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
     try:
-        sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
-    except ControlError as e:
-        fail(str(e))
-    read_fd, write_fd = os.pipe()
-    cmd = [
-        sys.executable,
-        "-m",
-        "gpushare_tui",
-        "run",
-        "--weight",
-        weight,
-        "--load-timeout",
-        str(load_timeout),
-        "--notify-fd",
-        str(write_fd),
-    ]
-    if name:
-        cmd += ["--name", name]
-    if gpu_key:
-        cmd += ["--gpu-key", gpu_key]
-    if gpu is not None:
-        cmd += ["--gpu", str(gpu)]
-    if share_group:
-        cmd += ["--share-group", share_group]
-    with open(sup_log, "ab") as log:
-        proc = subprocess.Popen(
-            [*cmd, "--", *ctx.args],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-        )
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as r:
-        line = r.readline()
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        proc.poll()
-        fail(f"supervisor exited (code {proc.returncode}) before the engine was ready; see {sup_log}")
-    if not msg.get("ok"):
-        tail = msg.get("log_tail") or ""
-        print(
-            f"gpushare-tui: {msg.get('error')}" + (f"\n--- last lines of the engine log ---\n{tail}" if tail else ""),
-            file=sys.stderr,
-        )
-        raise typer.Exit(int(ExitCode.ERROR))
-    msg["supervisor_log"] = sup_log
-    if as_json:
-        print(json.dumps(msg))
-    else:
-        print(
-            f"engine pid {msg['engine_pid']} port {msg['port']} (slot {msg['slot']})\n"
-            f"engine log {msg['log']}\nsupervisor pid {msg['supervisor_pid']} log {sup_log}"
-        )
+        reply = launch_detached(spec)
+    except GpushareError as e:
+        tail = f"\n--- last lines of the engine log ---\n{e.log_tail}" if e.log_tail else ""
+        print(f"gpushare-tui: {e}{tail}", file=sys.stderr)
+        raise typer.Exit(int(ExitCode.ERROR)) from None
+    print(json.dumps(reply.to_json()) if as_json else reply.summary())
 
 
 def _control(pid: int, cmd: str, **args: object) -> dict:
