@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from gpushare_tui.cli import main
@@ -78,3 +81,43 @@ def test_help_comes_from_typer(capsys) -> None:
     assert main(["--once", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--once" in out and "synth" in out and "Exit codes: 0 ok, 1 runtime error, 2 usage error." in out
+
+
+# -- the package's shape --------------------------------------------------------------
+
+CLI_DIR = Path(__file__).resolve().parent.parent / "gpushare_tui" / "cli"
+COMMAND_MODULES = {"dashboard", "synth", "engines", "control_cmds", "demo"}
+HEADLESS_MODULES = {"__init__", "common", "once"}  # the path that must not import typer
+
+
+def _cli_imports() -> dict[str, set[str]]:
+    """{module: the cli modules it imports} (relative imports within gpushare_tui.cli, at any depth)."""
+    graph: dict[str, set[str]] = {}
+    for path in CLI_DIR.glob("*.py"):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+            if path.stem in HEADLESS_MODULES:
+                absolute = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0:
+                    absolute = [node.module or ""]
+                assert not any(n.split(".")[0] in ("typer", "click", "rich") for n in absolute), (path.stem, absolute)
+        graph[path.stem] = found
+    return graph
+
+
+def test_command_modules_import_no_sibling_command_module() -> None:
+    graph = _cli_imports()
+    assert COMMAND_MODULES | HEADLESS_MODULES | {"options", "typer_app"} == set(graph)
+    for mod in COMMAND_MODULES:
+        assert not graph[mod] & COMMAND_MODULES, mod
+
+
+def test_no_import_cycle_in_the_cli_package() -> None:
+    graph = _cli_imports()
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(m == goal or (m not in seen and reaches(m, goal, seen | {m})) for m in graph.get(start, ()))
+
+    assert [m for m in graph if reaches(m, m, set())] == []
