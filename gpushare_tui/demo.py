@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from .core.clock import wall_us
 from .core.control import is_managed
 from .core.engines.synthetic import calibrate_units
+from .core.errors import GpushareError
 from .core.segment import Segment, SegmentError, shm_path
 
 # (name, weight, --busy-idle): a little idle/busy variation so the plots move.
@@ -36,8 +37,8 @@ DEMO_ENGINES: tuple[tuple[str, float, str | None], ...] = (
 PR_SET_PDEATHSIG = 1
 
 
-class DemoError(RuntimeError):
-    pass
+class DemoError(GpushareError, RuntimeError):
+    """The demo engines could not be started."""
 
 
 @dataclass
@@ -170,8 +171,9 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
 
 def run_demo(
     *, interval_s: float = 1.0, readonly: bool = False, key: str | None = None, history_s: float | None = None
-) -> int:
-    """Start the engines, run the dashboard on them, clean up however it ends. Returns an exit code."""
+) -> None:
+    """Start the engines, run the dashboard on them, clean up however it ends. DemoError if the
+    engines could not be started."""
     state: dict = {"app": None, "signals": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -193,10 +195,6 @@ def run_demo(
         app = DashboardApp(gpu_key=demo.key, interval_s=interval_s, readonly=readonly, history_s=history_s)
         state["app"] = app
         app.run()
-        return 0
-    except DemoError as e:
-        print(f"gpushare-tui: {e}", file=sys.stderr)
-        return 1
     finally:
         if demo is not None:
             stop_demo(demo)

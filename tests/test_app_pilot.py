@@ -19,12 +19,14 @@ from conftest import cli_argv, shm_file, wait_for
 from gpushare_tui.app import KEY_HELP, DashboardApp, LiveSource
 from gpushare_tui.core import abi, segment
 from gpushare_tui.core.control import socket_path
+from gpushare_tui.core.engines.llama_server import EngineError
+from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.gpu_panel import GpuPanel
 from gpushare_tui.widgets.help_screen import HelpScreen
-from gpushare_tui.widgets.launch_form import LaunchForm, LaunchResult
+from gpushare_tui.widgets.launch_form import LaunchForm
 from gpushare_tui.widgets.peers_table import PeersTable, cell_text
 from gpushare_tui.widgets.weight_modal import WeightModal
 
@@ -230,11 +232,11 @@ def test_readonly_disables_every_admin_action(gpu_key, procs, runtime_dir):
 
 def test_launch_form_validation(gpu_key, tmp_path, monkeypatch):
     monkeypatch.setattr("gpushare_tui.widgets.launch_form.default_binary", lambda: "no-such-llama-server-here")
-    calls: list[list[str]] = []
+    calls: list[LaunchSpec] = []
 
-    def runner(argv):
-        calls.append(argv)
-        return LaunchResult(0, "engine pid 4242 port 8081 (slot 0)\nengine log /tmp/x.log\n", "")
+    def runner(spec: LaunchSpec) -> LaunchReply:
+        calls.append(spec)
+        return LaunchReply(4242, 8081, "127.0.0.1", "/tmp/x.log", 0, 4241, "/tmp/s.log")
 
     engine = tmp_path / "llama-server"
     engine.write_text("#!/bin/sh\nexit 0\n")
@@ -288,23 +290,17 @@ def test_launch_form_validation(gpu_key, tmp_path, monkeypatch):
             assert form.errors == {}
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), what="form closes on success")
             assert len(calls) == 1
-            argv = calls[0]
-            assert argv[1:4] == ["-m", "gpushare_tui", "launch"]
-            assert argv[argv.index("--weight") + 1] == "2"
-            assert argv[argv.index("--gpu-key") + 1] == gpu_key
-            assert argv[argv.index("--name") + 1] == "big"
-            engine_argv = argv[argv.index("--") + 1 :]
-            assert engine_argv == [str(engine), "-m", str(model), "--port", "8081", "-c", "4096", "--threads", "2"]
+            spec = calls[0]
+            assert (spec.weight, spec.gpu_key, spec.name) == (2.0, gpu_key, "big")
+            assert spec.engine_argv == (str(engine), "-m", str(model), "--port", "8081", "-c", "4096", "--threads", "2")
             assert any("engine pid 4242" in n for n in notes(app))
 
     asyncio.run(main())
 
 
 def test_launch_form_shows_the_engines_error(gpu_key, tmp_path):
-    def runner(argv):
-        return LaunchResult(
-            1, "", "gpushare-tui: engine exited during load (code 1)\n--- last lines ---\nerror: bad model\n"
-        )
+    def runner(spec: LaunchSpec) -> LaunchReply:
+        raise EngineError("engine exited during load (code 1)", "loading\nerror: bad model\n")
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
@@ -324,18 +320,30 @@ def test_launch_form_shows_the_engines_error(gpu_key, tmp_path):
     asyncio.run(main())
 
 
-def test_launch_runs_the_real_launch_command_and_reports_its_error(gpu_key, tmp_path, runtime_dir):
-    """The default runner really runs `gpushare-tui launch`; a missing engine binary fails with one line."""
-    from gpushare_tui.widgets.launch_form import run_launch, validate_launch
-
+def test_launch_really_launches_and_reports_the_engines_error(gpu_key, tmp_path, runtime_dir):
+    """The default runner really launches (in a worker thread); an engine that cannot be started
+    fails with one line, shown in the form."""
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    argv, errors = validate_launch({"binary": "/bin/true", "model": str(model), "weight": "1", "gpu_key": gpu_key})
-    assert errors == {}
-    argv[argv.index("/bin/true")] = str(tmp_path / "vanished-binary")  # gone between the form and the launch
-    result = run_launch(argv)
-    assert not result.ok
-    assert "not found" in result.summary() or "no such" in result.summary().lower(), result
+    broken = tmp_path / "broken-engine"
+    broken.write_text("#!/nonexistent/interpreter\n")  # passes the form's checks, then cannot be executed
+    broken.chmod(0o755)
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("l")
+            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form.query_one("#f-binary").value = str(broken)
+            form.query_one("#f-model").value = str(model)
+            await pilot.click("#launch")
+            await until(pilot, lambda: form.errors == {} and form.last_spec is not None, what="the launch to start")
+            await until(pilot, lambda: not form.running, timeout=60, what="the launch to fail")
+            assert app.screen is form
+            assert f"cannot start {broken}" in form.status_text and "no such" in form.status_text.lower()
+            assert len(form.status_text.splitlines()) == 1, form.status_text
+
+    asyncio.run(main())
 
 
 def test_help_overlay_lists_every_key(gpu_key):

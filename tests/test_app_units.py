@@ -9,13 +9,13 @@ from gpushare_tui.app import FixedSource, LiveSource, nudged_weight
 from gpushare_tui.core import abi
 from gpushare_tui.core.control import ControlError
 from gpushare_tui.core.gpu import DeviceStats
+from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.snapshot import build_gpu_snapshot
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.model import DashboardModel, EngineInfo, GpuView, History, PeerRow, achieved_shares
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
 from gpushare_tui.widgets.peers_table import COLUMNS, cell_text, name_width, row_cells
 from gpushare_tui.widgets.timeline import render_timeline
-from gpushare_tui.widgets.weight_modal import parse_weight
 
 NOW = 1_800_000_000_000_000
 
@@ -62,17 +62,6 @@ def test_nudge_steps_and_never_reaches_zero():
         downs.append(w)
     assert downs == [2.0, 1.0, 0.5, 0.25, 0.125, 0.0625]
     assert nudged_weight(0.001, -1) > 0
-
-
-@pytest.mark.parametrize("text", ["0", "-2", "nan", "inf", "-inf", "1e39", "x", "", "  "])
-def test_parse_weight_rejects(text):
-    with pytest.raises(abi.BadWeightError):
-        parse_weight(text)
-
-
-def test_parse_weight_accepts_and_rounds_to_f32():
-    assert parse_weight(" 2 ") == 2.0
-    assert parse_weight("0.1") == abi.to_f32(0.1)
 
 
 # -- timeline ----------------------------------------------------------------
@@ -274,10 +263,10 @@ def test_live_source_backs_off_nvml_for_keys_that_are_not_devices(tmp_path, monk
 # -- launch form -----------------------------------------------------------------
 
 
-def test_validate_launch_builds_the_launch_command(tmp_path):
+def test_validate_launch_builds_the_launch_spec(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"")
-    argv, errors = validate_launch(
+    spec, errors = validate_launch(
         {
             "binary": "/bin/true",
             "model": str(model),
@@ -287,20 +276,9 @@ def test_validate_launch_builds_the_launch_command(tmp_path):
         }
     )
     assert errors == {}
-    assert argv[argv.index("launch") + 1 :] == [
-        "--weight",
-        "0.5",
-        "--gpu-key",
-        "GPU-1",
-        "--",
-        "/bin/true",
-        "-m",
-        str(model),
-        "--ctx-size",
-        "8192",
-        "--flag",
-        "a b",
-    ]
+    assert spec == LaunchSpec(
+        ("/bin/true", "-m", str(model), "--ctx-size", "8192", "--flag", "a b"), "GPU-1", 0.5, name=None
+    )
     _, errors = validate_launch(
         {"binary": "/bin/true", "model": str(model), "weight": "1", "gpu_key": "k", "name": "é" * 25}
     )
@@ -308,10 +286,14 @@ def test_validate_launch_builds_the_launch_command(tmp_path):
 
 
 def test_launch_result_summary():
-    assert LaunchResult(0, "engine pid 1\n", "").summary() == "engine pid 1"
-    err = LaunchResult(1, "", "gpushare-tui: engine exited\n--- tail ---\n" + "\n".join(f"l{i}" for i in range(20)))
-    assert err.summary().splitlines()[-1] == "l19" and len(err.summary().splitlines()) == 8
-    assert "exit code 3" in LaunchResult(3, "", "").summary()
+    reply = LaunchReply(4242, 8081, "127.0.0.1", "/tmp/e.log", 0, 77, "/tmp/s.log")
+    assert LaunchResult(reply).summary() == (
+        "engine pid 4242 port 8081 (slot 0)\nengine log /tmp/e.log\nsupervisor pid 77 log /tmp/s.log"
+    )
+    err = LaunchResult(error="engine exited", log_tail="\n".join(f"l{i}" for i in range(20)))
+    lines = err.summary().splitlines()
+    assert not err.ok and lines[0] == "engine exited" and lines[-1] == "l19" and len(lines) == 8
+    assert LaunchResult(error="no such binary").summary() == "no such binary"
 
 
 def test_text_is_text():

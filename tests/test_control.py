@@ -12,7 +12,7 @@ import pytest
 from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import control
-from gpushare_tui.core.control import ControlError, ControlServer
+from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.segment import Segment
 
 
@@ -54,6 +54,35 @@ def test_status(engine, gpu_key: str) -> None:
     assert r["share_pct"] in (0.0, 100.0) and r["uptime_s"] >= 0
     for k in ("tok_s", "busy_pct", "port", "model"):
         assert k in r
+    assert set(r) == {"ok", *StatusReply().to_json()}  # every field of the typed reply, null when unknown
+    st = StatusReply.from_json(r)
+    assert (st.name, st.port, st.log, st.signal_lateness) == ("ctl", None, None, None)
+
+
+def test_status_reply_round_trip() -> None:
+    full = StatusReply(
+        engine_pid=1, port=8080, model="m.gguf", name="n", kind="llama-server", state="running", tok_s=1.5,
+        weight=2.0, share_pct=50.0, busy_pct=10.0, uptime_s=3.0, slot=0, gpu_key="k", log="/l.log",
+        signal_lateness=SignalLateness(n=3, p50_us=1, p99_us=2, max_us=3),
+    )  # fmt: skip
+    doc = full.to_json()
+    assert list(doc) == list(StatusReply.__dataclass_fields__)
+    assert doc["signal_lateness"] == {"n": 3, "p50_us": 1, "p99_us": 2, "max_us": 3}
+    assert StatusReply.from_json(json.loads(json.dumps({"ok": True, **doc}))) == full
+
+
+def test_status_reply_from_json_is_tolerant() -> None:
+    hostile = {
+        "engine_pid": "12", "port": 80.5, "tok_s": "fast", "weight": True, "share_pct": 10**400,
+        "uptime_s": math.nan, "busy_pct": 3, "state": 7, "model": "\x1b[31mred", "slot": -1,
+        "signal_lateness": {"n": "x", "p50_us": 5}, "unknown": {"a": 1},
+    }  # fmt: skip
+    assert StatusReply.from_json(hostile) == StatusReply(
+        busy_pct=3.0, model="\x1b[31mred", slot=-1, signal_lateness=SignalLateness(p50_us=5)
+    )  # strings stay strings (the dashboard sanitises them), an int counts as a float
+    assert StatusReply.from_json({"signal_lateness": [1]}).signal_lateness is None
+    for junk in (None, [], "status", 3):
+        assert StatusReply.from_json(junk) == StatusReply()
 
 
 def test_set_weight(engine, gpu_key: str) -> None:

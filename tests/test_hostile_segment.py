@@ -357,15 +357,14 @@ def test_unknown_share_group_is_a_usage_error(cli, gpu_key: str, cmd: str) -> No
 
 
 def test_launch_passes_the_share_group_on_to_run(monkeypatch, tmp_path) -> None:
-    from typer.testing import CliRunner
-
-    from gpushare_tui import engine_cli
-    from gpushare_tui.cli import app
+    from gpushare_tui.cli import main
+    from gpushare_tui.core import launcher
 
     spawned: list[list[str]] = []
 
     class FakePopen:
         returncode = 1
+        pid = 4_000_321
 
         def __init__(self, argv: list[str], **kw: object) -> None:
             spawned.append(argv)
@@ -373,14 +372,18 @@ def test_launch_passes_the_share_group_on_to_run(monkeypatch, tmp_path) -> None:
         def poll(self) -> int:
             return 1
 
-    monkeypatch.setattr(engine_cli.subprocess, "Popen", FakePopen)
+        def wait(self, timeout: float | None = None) -> int:
+            return 1
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     monkeypatch.delenv("GPUSHARE_GROUP", raising=False)
-    runner = CliRunner()
     args = ["launch", "--weight", "1", "--gpu-key", "k", "--", "llama-server", "-m", "x.gguf"]
-    runner.invoke(app, [*args[:5], "--share-group", GROUP, *args[5:]])
-    runner.invoke(app, args, env={"GPUSHARE_GROUP": GROUP})
-    runner.invoke(app, args, env={"GPUSHARE_GROUP": ""})
+    main([*args[:5], "--share-group", GROUP, *args[5:]])
+    monkeypatch.setenv("GPUSHARE_GROUP", GROUP)
+    main(args)
+    monkeypatch.setenv("GPUSHARE_GROUP", "")
+    main(args)
     assert len(spawned) == 3
     for argv in spawned[:2]:
         i = argv.index("run")

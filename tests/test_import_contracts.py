@@ -1,5 +1,6 @@
-"""import-linter contracts (pyproject.toml [tool.importlinter]): core/ never imports UI code,
-and no import cycle anywhere inside the package (function-level imports included)."""
+"""import-linter contracts (pyproject.toml [tool.importlinter]): core/ never imports UI code, the cli
+command modules are independent, the headless cli modules never import typer, and no import cycle
+anywhere inside the package (function-level imports included)."""
 
 from __future__ import annotations
 
@@ -14,4 +15,4 @@ LINT = "from importlinter.cli import lint_imports; raise SystemExit(lint_imports
 def test_import_contracts_are_kept() -> None:
     r = subprocess.run([sys.executable, "-c", LINT], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Contracts: 2 kept, 0 broken." in r.stdout
+    assert "kept, 0 broken." in r.stdout

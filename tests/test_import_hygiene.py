@@ -1,11 +1,13 @@
-"""The headless `--once` path never imports Textual (core/ never importing UI code is an import-linter
-contract: test_import_contracts.py)."""
+"""The headless `--once` path never imports Textual (nor, from the entry point, typer). core/ never importing
+UI code, and no import cycle, are import-linter contracts: test_import_contracts.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -15,8 +17,8 @@ UI_MODULES = ("textual", "textual_plotext", "plotext", "gpushare_tui.app", "gpus
 CLIRUNNER = r"""
 import json, sys
 from typer.testing import CliRunner
-from gpushare_tui import cli
-r = CliRunner().invoke(cli.app, ["--once", "--json", "--gpu-key", sys.argv[1]])
+from gpushare_tui.cli.typer_app import app
+r = CliRunner().invoke(app, ["--once", "--json", "--gpu-key", sys.argv[1]])
 print(json.dumps({"exit": r.exit_code, "out": r.stdout, "mods": sorted(sys.modules)}))
 """
 
@@ -48,3 +50,41 @@ def test_once_json_does_not_import_textual(script: str, gpu_key: str) -> None:
     assert "gpushare_tui.cli" in res["mods"] and "gpushare_tui.core.snapshot" in res["mods"]
     assert "textual" not in res["mods"]
     assert _ui_loaded(res["mods"]) == []
+    if script is AS_MODULE:  # the entry point serves --once without the full command line
+        assert "typer" not in res["mods"] and "pydantic" not in res["mods"]
+
+
+HEADLESS_ONLY = ("textual", "pydantic", "typer", "rich", "click")
+
+
+def _imported(stderr: str) -> set[str]:
+    """Module names from `-X importtime` lines ("import time: self | cumulative | name")."""
+    return {ln.rsplit("|", 1)[1].strip() for ln in stderr.splitlines() if ln.startswith("import time:") and "|" in ln}
+
+
+@pytest.mark.parametrize("how", ["console-script", "python-m"])
+def test_entry_point_once_json_imports_no_typer(how: str, gpu_key: str) -> None:
+    """The real entry point, as installed, in its own interpreter: --once --json imports neither
+    the UI nor the full command line (typer, its click, rich, pydantic)."""
+    script = Path(sys.executable).with_name("gpushare-tui")
+    if how == "console-script" and not script.exists():
+        pytest.skip(f"{script} is not installed (pip install -e .)")
+    argv = [str(script)] if how == "console-script" else [sys.executable, "-m", "gpushare_tui"]
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    r = subprocess.run([*argv, "--once", "--json", "--gpu-key", gpu_key], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["gpus"] == []
+    mods = _imported(r.stderr)
+    assert "gpushare_tui.cli" in mods and "gpushare_tui.core.snapshot" in mods  # the report was really made
+    loaded = sorted(m for m in mods if m.split(".")[0] in HEADLESS_ONLY or m.startswith("gpushare_tui.cli.typer_app"))
+    assert loaded == []
+    assert _ui_loaded(sorted(mods)) == []
+
+
+def test_entry_point_falls_back_to_the_full_command_line(gpu_key: str) -> None:
+    """Anything beyond the headless options (here --help) is typer's."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    argv = [sys.executable, "-m", "gpushare_tui", "--once", "--help"]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "--once" in r.stdout and "Commands" in r.stdout
+    assert "typer" in _imported(r.stderr)

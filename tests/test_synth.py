@@ -3,34 +3,34 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
 from conftest import cli_argv, read_json_file, shm_file, wait_for
-from typer.testing import CliRunner
 
-from gpushare_tui import cli as cli_mod
+from gpushare_tui.cli import main as cli_main
+from gpushare_tui.core import control
 from gpushare_tui.core.engines import synthetic
 from gpushare_tui.core.engines.synthetic import DutyPattern
+from gpushare_tui.core.segment import Segment
 
 BAD_WEIGHTS = ["nan", "NaN", "inf", "-inf", "0", "-0", "-1", "abc", "", "1e39"]
 BAD_KEYS = ["../x", "a/b", "", "x" * 65, "sp ace", ".."]
 
 
 @pytest.mark.parametrize("weight", BAD_WEIGHTS)
-def test_synth_bad_weight_in_process(weight: str, gpu_key: str) -> None:
-    r = CliRunner().invoke(cli_mod.app, ["synth", "--weight", weight, "--gpu-key", gpu_key, "--duration", "0.1"])
-    assert r.exit_code == 2
-    assert r.stdout == ""
-    assert r.stderr.splitlines() == [f"gpushare-tui: invalid weight {weight!r}: must be a finite number > 0"]
-    assert r.exception is None or isinstance(r.exception, SystemExit)
+def test_synth_bad_weight_in_process(weight: str, gpu_key: str, capsys) -> None:
+    assert cli_main(["synth", "--weight", weight, "--gpu-key", gpu_key, "--duration", "0.1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [f"gpushare-tui: invalid weight {weight!r}: must be a finite number > 0"]
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
-def test_synth_bad_key_in_process(key: str) -> None:
-    r = CliRunner().invoke(cli_mod.app, ["synth", "--weight", "1", "--gpu-key", key, "--duration", "0.1"])
-    assert r.exit_code == 2
-    (line,) = r.stderr.splitlines()
+def test_synth_bad_key_in_process(key: str, capsys) -> None:
+    assert cli_main(["synth", "--weight", "1", "--gpu-key", key, "--duration", "0.1"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("gpushare-tui: invalid gpu key")
 
 
@@ -95,6 +95,30 @@ def test_work_units_scale() -> None:
     synthetic.work(units)
     one = time.perf_counter() - t0
     assert 0.0005 < one < 0.1
+
+
+def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> None:
+    """The engine's life in-process: join, control socket while running, leave; nothing left after."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}  # it installs its own
+    said: list[str] = []
+    replies: list[dict] = []
+
+    def each_second(_line: str) -> None:
+        replies.append(control.request(os.getpid(), "status"))
+
+    try:
+        stats = synthetic.serve_synth(
+            gpu_key, 2.0, "inproc", step_ms=1.0, duration_s=1.5, report=each_second, say=said.append
+        )
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert said == [f"gpu-share: joined /opencoti-gpu-{gpu_key} slot 0 (weight 2, 1 peers alive)"]
+    assert stats.state == "exited" and stats.steps_total > 0
+    assert replies and replies[0]["kind"] == "synth" and replies[0]["name"] == "inproc" and replies[0]["weight"] == 2.0
+    assert not os.path.exists(control.socket_path(os.getpid()))
+    with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+        assert all(r.pid != os.getpid() for r in seg.read_slots())
 
 
 # -- measured under real pacing ----------------------------------------------------

@@ -10,6 +10,8 @@ import re
 import struct
 from dataclasses import dataclass
 
+from .errors import UsageError
+
 MAGIC = b"OCGPU\0\0\0"
 VERSION = 1
 SLOT_COUNT = 16
@@ -68,11 +70,11 @@ _KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class BadKeyError(ValueError):
+class BadKeyError(UsageError, ValueError):
     """A gpu_key that does not match `[A-Za-z0-9._-]{1,64}`."""
 
 
-class BadWeightError(ValueError):
+class BadWeightError(UsageError, ValueError):
     """A weight that is not a finite f32 > 0."""
 
 
@@ -102,22 +104,19 @@ def weight_is_valid(w: float) -> bool:
     return math.isfinite(w) and w > 0
 
 
-def validate_weight(w: float) -> float:
-    """Return the f32-rounded weight, or raise BadWeightError."""
+def parse_weight(value: str | float) -> float:
+    """The f32 weight of a user's text (" 2", "0.5") or a number: finite and > 0, also once
+    rounded to f32. Anything else (empty, not a number, NaN, inf, <= 0, beyond f32 or too
+    small for it, a bool, None) is a BadWeightError with the one-line reason."""
     try:
-        if isinstance(w, bool):
+        if isinstance(value, bool):
             raise TypeError
-        w = float(w)
-    except (TypeError, ValueError):
-        raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0") from None
-    if not weight_is_valid(w):
-        raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0")
-    try:
-        w32 = to_f32(w)
-    except OverflowError:  # beyond FLT_MAX
-        w32 = math.inf
+        w = float(value)
+        w32 = to_f32(w) if weight_is_valid(w) else math.nan
+    except (TypeError, ValueError, OverflowError):  # OverflowError: beyond FLT_MAX
+        w32 = math.nan
     if not weight_is_valid(w32):
-        raise BadWeightError(f"invalid weight {w!r}: must be a finite number > 0 that fits in f32")
+        raise BadWeightError(f"invalid weight {value!r}: must be a finite number > 0")
     return w32
 
 

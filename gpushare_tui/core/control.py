@@ -3,7 +3,8 @@
 Socket: `<runtime dir>/<engine pid>.sock`, mode 0600, in a 0700 per-user
 directory (`$XDG_RUNTIME_DIR/gpushare-tui`, else `/tmp/gpushare-tui-<uid>`).
 Requests: {"cmd": "status"} | {"cmd": "set_weight", "weight": W} | {"cmd": "stop"}.
-Replies: {"ok": true, ...} or {"ok": false, "error": "..."}.
+Replies: {"ok": true, ...} or {"ok": false, "error": "..."}; the fields of a `status`
+reply are those of StatusReply (every one present, null when unknown).
 
 Limits (a local client must not be able to hurt the engine): a request line
 holds at most MAX_REQUEST_BYTES (without its newline) and must arrive within
@@ -13,7 +14,9 @@ served at once, and any more get {"ok": false, "error": "busy: ..."} at once.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import select
 import socket
@@ -21,8 +24,12 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import get_args, get_type_hints
 
 import psutil
+
+from .errors import GpushareError
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = 2.0
@@ -36,8 +43,77 @@ CLOSE_GRACE_S = 1.0  # close() waits this long for replies already being written
 _BAD_REQUEST = "bad request: expected one JSON object with a 'cmd'"
 
 
-class ControlError(RuntimeError):
-    pass
+class ControlError(GpushareError, RuntimeError):
+    """A control socket that cannot be set up or reached, or a request it refused."""
+
+
+@dataclass(frozen=True)
+class SignalLateness:
+    """How late (µs) a supervisor's SIGCONT/SIGSTOP went out after their window edges."""
+
+    n: int | None = None
+    p50_us: int | None = None
+    p99_us: int | None = None
+    max_us: int | None = None
+
+
+@dataclass(frozen=True)
+class StatusReply:
+    """The fields of a `status` reply, the same for every kind of engine. None: unknown or
+    not applicable (a synthetic engine has no port, log or signal lateness)."""
+
+    engine_pid: int | None = None
+    port: int | None = None
+    model: str | None = None
+    name: str | None = None
+    kind: str | None = None  # "llama-server" | "synth"
+    state: str | None = None  # loading / running / stopped / exiting / exited ...
+    tok_s: float | None = None
+    weight: float | None = None
+    share_pct: float | None = None
+    busy_pct: float | None = None
+    uptime_s: float | None = None
+    slot: int | None = None
+    gpu_key: str | None = None
+    log: str | None = None
+    signal_lateness: SignalLateness | None = None
+
+    def to_json(self) -> dict:
+        """Every field, in order; None as null."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> StatusReply:
+        """A reply as an engine sent it (any JSON value): a field that is missing or of the wrong
+        type is None (a string stays the string it was, unsanitised; a number must be finite);
+        other keys ("ok", unknown ones) are ignored. Never raises."""
+        return cls(**_typed_fields(cls, data if isinstance(data, dict) else {}))
+
+
+def _typed_fields(cls: type, data: dict) -> dict:
+    """The fields of dataclass `cls` (each `T | None`) from `data`, each None unless it is a T."""
+    return {name: _typed(data.get(name), kind) for name, kind in _field_kinds(cls).items()}
+
+
+@functools.cache
+def _field_kinds(cls: type) -> dict[str, type]:
+    return {name: next(t for t in get_args(hint) if t is not type(None)) for name, hint in get_type_hints(cls).items()}
+
+
+def _typed(value: object, kind: type) -> object:
+    """`value` if it is a `kind` (an int is a float too, a bool is neither, a float must be finite), else None."""
+    if is_dataclass(kind):
+        return kind(**_typed_fields(kind, value)) if isinstance(value, dict) else None
+    if kind is str:
+        return value if isinstance(value, str) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if kind is int:
+        return value if isinstance(value, int) else None
+    try:
+        return float(value) if math.isfinite(value) else None
+    except OverflowError:  # an int beyond any float
+        return None
 
 
 def _runtime_dir_path() -> str:
@@ -289,7 +365,7 @@ class ControlServer:
             return {"ok": False, "error": f"unknown command {cmd!r}"}
         try:
             return {"ok": True, **handler(req)}
-        except (ValueError, ControlError) as e:
+        except (ValueError, GpushareError) as e:
             return {"ok": False, "error": str(e)}
         except Exception as e:  # a handler bug must not drop the connection silently
             return {"ok": False, "error": f"internal error: {type(e).__name__}: {e}"}

@@ -10,10 +10,11 @@ import os
 from dataclasses import dataclass
 
 from .abi import derive_gpu_key
+from .errors import GpushareError
 
 
-class GpuKeyError(RuntimeError):
-    pass
+class GpuKeyError(GpushareError, RuntimeError):
+    """No registry key for a GPU index (no NVML, no such device)."""
 
 
 def _nvml():

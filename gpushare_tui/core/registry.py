@@ -10,13 +10,14 @@ from collections.abc import Callable
 
 from . import abi
 from .clock import ClockUs, mono_us, wall_us
+from .errors import GpushareError
 from .lifecycle import termination_deferred
 from .segment import Segment
 
 HEARTBEAT_S = 0.5
 
 
-class RegistryFullError(RuntimeError):
+class RegistryFullError(GpushareError, RuntimeError):
     def __init__(self, key: str, slot_count: int) -> None:
         super().__init__(f"registry full: {slot_count} live peers on {key}")
 
@@ -48,7 +49,7 @@ class Membership:
     ) -> None:
         self.key = abi.validate_gpu_key(key)
         self.share_group = share_group  # opt-in: join/create a segment of this group (spec §1a)
-        self._weight = abi.validate_weight(weight)
+        self._weight = abi.parse_weight(weight)
         self._name_raw = abi.encode_name(name)
         self.pid = pid if pid is not None else os.getpid()
         self._clock = clock_us
@@ -162,7 +163,7 @@ class Membership:
 
     def set_weight(self, weight: float) -> float:
         """Validate (finite, > 0), store as f32 in our slot; returns the stored value."""
-        w = abi.validate_weight(weight)
+        w = abi.parse_weight(weight)
         with self._lock:
             self._weight = w
             self._write_if_joined()

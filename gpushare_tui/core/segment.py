@@ -26,6 +26,7 @@ import time
 import atomics
 
 from . import abi
+from .errors import GpushareError, UsageError
 
 SHM_DIR = "/dev/shm"
 JOIN_WAIT_S = 1.0
@@ -35,7 +36,7 @@ GROUP_MODE = 0o660
 _SEQS = struct.Struct("<I")
 
 
-class SegmentError(Exception):
+class SegmentError(GpushareError):
     """A segment that cannot be used; the message names it and says why."""
 
     def __init__(self, segment: str, why: str) -> None:
@@ -44,7 +45,7 @@ class SegmentError(Exception):
         self.why = why
 
 
-class UnknownGroupError(ValueError):
+class UnknownGroupError(UsageError, ValueError):
     """A --share-group that names no group on this host."""
 
 

@@ -25,7 +25,7 @@ import psutil
 from . import abi, schedule
 from .activity import EngineActivity
 from .clock import mono_us, wall_us
-from .control import ControlServer
+from .control import ControlServer, SignalLateness, StatusReply
 from .engines import llama_server as ls
 from .registry import Membership
 from .snapshot import own_peer
@@ -66,7 +66,7 @@ class Supervisor:
         self.args = args
         self.share_group = share_group
         self.gpu_key = abi.validate_gpu_key(gpu_key)
-        self.weight = abi.validate_weight(weight)
+        self.weight = abi.parse_weight(weight)
         self.name = name
         self.log_path = log_path
         self.load_timeout_s = load_timeout_s
@@ -279,30 +279,26 @@ class Supervisor:
         def status(_req: dict) -> dict:
             m = self.membership
             me = own_peer(m.segment, m.slot, wall_us()) if m else None
-            return {
-                "engine_pid": self.proc.pid if self.proc else None,
-                "port": self.args.port,
-                "model": self.args.model,
-                "name": self.name,
-                "kind": "llama-server",
-                "state": self.status.state,
-                "tok_s": self.status.tok_s,
-                "weight": m.weight if m else self.weight,
-                "share_pct": me.share_pct if me else 0.0,
-                "busy_pct": self.status.busy_pct,
-                "uptime_s": (mono_us() - self._started_mono_us) / 1e6,
-                "slot": m.slot if m else None,
-                "gpu_key": self.gpu_key,
-                "log": self.log_path,
-                "signal_lateness": self.lateness_summary(),
-            }
+            return StatusReply(
+                engine_pid=self.proc.pid if self.proc else None,
+                port=self.args.port,
+                model=self.args.model,
+                name=self.name,
+                kind="llama-server",
+                state=self.status.state,
+                tok_s=self.status.tok_s,
+                weight=m.weight if m else self.weight,
+                share_pct=me.share_pct if me else 0.0,
+                busy_pct=self.status.busy_pct,
+                uptime_s=(mono_us() - self._started_mono_us) / 1e6,
+                slot=m.slot if m else None,
+                gpu_key=self.gpu_key,
+                log=self.log_path,
+                signal_lateness=SignalLateness(**self.lateness_summary()),
+            ).to_json()
 
         def set_weight(req: dict) -> dict:
-            try:
-                w = abi.validate_weight(req.get("weight"))  # type: ignore[arg-type]
-            except abi.BadWeightError as e:
-                raise ValueError(str(e)) from None
-            self.weight = self.membership.set_weight(w)  # type: ignore[union-attr]
+            self.weight = self.membership.set_weight(abi.parse_weight(req.get("weight")))  # type: ignore[union-attr]
             return {"weight": self.weight}
 
         def stop(_req: dict) -> dict:

@@ -1,8 +1,8 @@
-"""`l`: start a supervised engine detached (`gpushare-tui launch`), and report how it went.
+"""`l`: start a supervised engine detached (like `gpushare-tui launch`), and report how it went.
 
-The form validates every field first (inline errors, nothing started); then it
-runs `gpushare-tui launch ... -- BINARY -m MODEL [--port P] EXTRA...` on a
-thread, which returns once the engine is healthy or with the engine's error.
+The form validates every field first (inline errors, nothing started); then it calls
+`core.launcher.launch_detached` for `BINARY -m MODEL [--port P] EXTRA...` in a thread
+worker, which returns once the engine is healthy or with the engine's error.
 """
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ import glob
 import os
 import shlex
 import shutil
-import subprocess
-import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,9 +19,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
+from textual.worker import get_current_worker
 
-from ..core.abi import NAME_BYTES, BadKeyError, BadWeightError, validate_gpu_key
-from .weight_modal import parse_weight
+from ..core.abi import NAME_BYTES, BadKeyError, BadWeightError, parse_weight, validate_gpu_key
+from ..core.errors import GpushareError
+from ..core.launcher import LaunchReply, LaunchSpec, launch_detached
 
 FIELDS = (
     ("binary", "Engine binary", "llama-server, or a path"),
@@ -36,24 +35,29 @@ FIELDS = (
     ("gpu_key", "GPU key", "segment key"),
 )
 
-LAUNCH_TIMEOUT_S = 900.0
+TAIL_LINES = 7  # of the engine log, under the error line
 
 
 @dataclass(frozen=True)
 class LaunchResult:
-    returncode: int
-    stdout: str
-    stderr: str
+    """How one launch went: the reply of a healthy engine, or the error (and engine log tail)."""
+
+    reply: LaunchReply | None = None
+    error: str = ""
+    log_tail: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0
+        return self.reply is not None
 
     def summary(self) -> str:
-        if self.ok:
-            return self.stdout.strip() or "engine started"
-        lines = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
-        return "\n".join(lines[-8:]) if lines else f"launch failed (exit code {self.returncode})"
+        if self.reply is not None:
+            return self.reply.summary()
+        tail = [ln for ln in self.log_tail.splitlines() if ln.strip()][-TAIL_LINES:]
+        return "\n".join([self.error or "launch failed", *tail])
+
+
+Runner = Callable[[LaunchSpec], LaunchReply]  # raises GpushareError when the engine could not be started
 
 
 def default_binary() -> str:
@@ -79,8 +83,8 @@ def default_binary() -> str:
     return next((c for c in candidates if os.access(c, os.X_OK)), "llama-server")
 
 
-def validate_launch(values: dict[str, str]) -> tuple[list[str] | None, dict[str, str]]:
-    """(argv of `gpushare-tui launch ...`, {}) or (None, {field: error})."""
+def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, dict[str, str]]:
+    """(what to launch, {}) or (None, {field: error})."""
     errors: dict[str, str] = {}
     v = {k: (values.get(k) or "").strip() for k, _, _ in FIELDS}
 
@@ -138,27 +142,15 @@ def validate_launch(values: dict[str, str]) -> tuple[list[str] | None, dict[str,
 
     if errors:
         return None, errors
-    argv = [sys.executable, "-m", "gpushare_tui", "launch", "--weight", f"{weight:g}", "--gpu-key", key]
-    if name:
-        argv += ["--name", name]
-    argv += ["--", binary, "-m", model]
-    if port:
-        argv += ["--port", port]
-    return argv + extra, {}
+    engine_argv = [binary, "-m", model, *(["--port", port] if port else []), *extra]
+    return LaunchSpec(tuple(engine_argv), key, weight, name=name or None), {}
 
 
-def run_launch(argv: list[str]) -> LaunchResult:
-    """Run `gpushare-tui launch` (it detaches the supervisor and returns when healthy)."""
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return LaunchResult(124, "", f"launch did not finish within {LAUNCH_TIMEOUT_S:.0f} s")
-    except OSError as e:
-        return LaunchResult(127, "", f"cannot run launch: {e}")
-    return LaunchResult(p.returncode, p.stdout, p.stderr)
-
-
-Runner = Callable[[list[str]], LaunchResult]
+def launch_in_worker(spec: LaunchSpec) -> LaunchReply:
+    """The form's default runner: `launch_detached`, giving up the wait (the engine starts
+    regardless) once the worker is cancelled, e.g. as the dashboard exits."""
+    worker = get_current_worker()
+    return launch_detached(spec, cancelled=lambda: worker.is_cancelled)
 
 
 class LaunchForm(ModalScreen[LaunchResult | None]):
@@ -188,10 +180,10 @@ class LaunchForm(ModalScreen[LaunchResult | None]):
 
     def __init__(self, gpu_key: str = "", *, runner: Runner | None = None, defaults: dict | None = None) -> None:
         super().__init__()
-        self.runner = runner or run_launch
+        self.runner = runner or launch_in_worker
         self.defaults = {"binary": default_binary(), "weight": "1", "gpu_key": gpu_key, **(defaults or {})}
         self.running = False
-        self.last_argv: list[str] | None = None
+        self.last_spec: LaunchSpec | None = None
         self.errors: dict[str, str] = {}
         self.status_text = ""
 
@@ -233,20 +225,25 @@ class LaunchForm(ModalScreen[LaunchResult | None]):
     def submit(self) -> None:
         if self.running:
             return
-        argv, errors = validate_launch(self.values())
+        spec, errors = validate_launch(self.values())
         self._show_errors(errors)
-        if argv is None:
+        if spec is None:
             self._status("Fix the fields marked above; nothing was started.", "error")
             return
-        self.last_argv = argv
+        self.last_spec = spec
         self.running = True
         self.query_one("#launch", Button).disabled = True
         self._status("Launching… waiting until the engine is healthy (model load can take a while).")
         app = self.app
-        threading.Thread(target=self._run, args=(app, argv), name="gpushare-launch", daemon=True).start()
+        # the app's worker, not the form's: closing the form must not cancel it (the outcome is still shown)
+        app.run_worker(lambda: self._launch(app, spec), name="launch", group="launch", thread=True, exit_on_error=False)
 
-    def _run(self, app, argv: list[str]) -> None:
-        result = self.runner(argv)
+    def _launch(self, app, spec: LaunchSpec) -> None:
+        """In the worker thread: run the launch, hand the outcome to the UI thread."""
+        try:
+            result = LaunchResult(reply=self.runner(spec))
+        except (GpushareError, OSError) as e:
+            result = LaunchResult(error=str(e), log_tail=getattr(e, "log_tail", ""))
         try:
             app.call_from_thread(self._finished, app, result)
         except RuntimeError:

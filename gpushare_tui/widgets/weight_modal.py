@@ -8,20 +8,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from ..core.abi import BadWeightError, validate_weight
+from ..core.abi import BadWeightError, parse_weight
 from .model import PeerRow
-
-
-def parse_weight(text: str) -> float:
-    """The f32 weight for `text`, or BadWeightError with a one-line reason."""
-    text = text.strip()
-    if not text:
-        raise BadWeightError("enter a weight: a finite number > 0")
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadWeightError(f"{text!r} is not a number: enter a finite number > 0") from None
-    return validate_weight(value)
 
 
 class WeightModal(ModalScreen[float | None]):

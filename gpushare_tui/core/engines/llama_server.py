@@ -16,12 +16,14 @@ from pathlib import Path
 
 import httpx
 
+from ..errors import GpushareError
+
 HOST_DEFAULT = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
 
 
-class EngineError(RuntimeError):
-    """A launch failure with a one-line reason (and optionally the log tail)."""
+class EngineError(GpushareError, RuntimeError):
+    """A launch failure with a one-line reason (and optionally the engine log's tail)."""
 
     def __init__(self, msg: str, log_tail: str = "") -> None:
         super().__init__(msg)

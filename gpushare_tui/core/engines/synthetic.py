@@ -1,17 +1,22 @@
-"""Synthetic engine: real CPU work per "decode step", paced like an LLM engine."""
+"""Synthetic engine: real CPU work per "decode step", paced like an LLM engine, and its life
+as a process (`serve_synth`: join, control socket, run, leave)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import abi
 from ..clock import mono_us, wall_us
-from ..lifecycle import termination_deferred
+from ..control import ControlServer, StatusReply, socket_path
+from ..errors import GpushareError
+from ..lifecycle import exit_on_termination, termination_deferred
 from ..pacer import Pacer
 from ..registry import Membership
 
@@ -61,7 +66,7 @@ class DutyPattern:
         return t_s % (self.busy_s + self.idle_s) < self.busy_s
 
 
-class StatusFileError(RuntimeError):
+class StatusFileError(GpushareError, RuntimeError):
     """The status file could not be written; the message names it."""
 
 
@@ -156,34 +161,29 @@ def run_synth(
     return stats
 
 
-def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event) -> dict:
+def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event, name: str | None = None) -> dict:
     """Control-socket handlers (same protocol as the llama-server supervisor)."""
     from ..snapshot import own_peer
 
     def status(_req: dict) -> dict:
-        now = wall_us()
-        me = own_peer(membership.segment, membership.slot, now)
-        return {
-            "engine_pid": os.getpid(),
-            "port": None,
-            "model": "synthetic",
-            "kind": "synth",
-            "state": stats.state,
-            "tok_s": stats.steps_per_s,
-            "weight": membership.weight,
-            "share_pct": me.share_pct if me else 0.0,
-            "busy_pct": me.busy_pct if me else 0.0,
-            "uptime_s": (mono_us() - stats.started_mono_us) / 1e6,
-            "slot": membership.slot,
-            "gpu_key": membership.key,
-        }
+        me = own_peer(membership.segment, membership.slot, wall_us())
+        return StatusReply(
+            engine_pid=os.getpid(),
+            model="synthetic",
+            name=name,
+            kind="synth",
+            state=stats.state,
+            tok_s=stats.steps_per_s,
+            weight=membership.weight,
+            share_pct=me.share_pct if me else 0.0,
+            busy_pct=me.busy_pct if me else 0.0,
+            uptime_s=(mono_us() - stats.started_mono_us) / 1e6,
+            slot=membership.slot,
+            gpu_key=membership.key,
+        ).to_json()
 
     def set_weight(req: dict) -> dict:
-        try:
-            w = membership.set_weight(req.get("weight"))  # type: ignore[arg-type]
-        except Exception as e:
-            raise ValueError(str(e)) from None
-        return {"weight": w}
+        return {"weight": membership.set_weight(abi.parse_weight(req.get("weight")))}  # type: ignore[arg-type]
 
     def stop_(_req: dict) -> dict:
         stats.state = "exiting"
@@ -191,3 +191,64 @@ def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Ev
         return {"state": "exiting"}
 
     return {"status": status, "set_weight": set_weight, "stop": stop_}
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def serve_synth(
+    key: str,
+    weight: float,
+    name: str = "synth",
+    *,
+    share_group: str | None = None,
+    step_ms: float = 5.0,
+    duration_s: float = 0.0,
+    pace: bool = True,
+    pattern: DutyPattern = DutyPattern(),
+    status_file: str | None = None,
+    report: Callable[[str], None] | None = None,
+    units: int | None = None,
+    say: Callable[[str], None] = _say,
+) -> SynthStats:
+    """A synthetic engine's whole life in this process: join `key`, serve the control socket,
+    `run_synth` (see there), leave. Returns when the run ends (duration, `stop` request, Ctrl-C).
+
+    GpushareError before joining if no control socket can be bound here (ControlError) or no
+    slot can be had (RegistryFullError, SegmentError); a ControlError or StatusFileError later
+    is raised after leaving. SIGTERM/SIGHUP become SystemExit(128 + signum), and however it
+    ends, neither the slot nor the socket file is left behind.
+    """
+    socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
+    exit_on_termination()
+    m = Membership(key, weight, name, share_group=share_group)
+    slot = m.join()
+    say(
+        f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {slot} (weight {m.weight:g}, {m.peers_alive()} peers alive)"
+    )
+    stats, stop = SynthStats(), threading.Event()
+    server = None
+    try:
+        with termination_deferred():  # a signal between bind() and the assignment would leave the socket
+            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop, name))
+        run_synth(
+            m,
+            step_ms=step_ms,
+            duration_s=duration_s,
+            pace=pace,
+            pattern=pattern,
+            status_file=status_file,
+            report=report,
+            units=units,
+            stats=stats,
+            stop=stop,
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with termination_deferred():
+            if server is not None:
+                server.close()
+            m.leave()
+    return stats

@@ -1,0 +1,61 @@
+"""What every command shares and the headless path needs too: exit codes, the one-line error
+report, and the checks of common option values. Imports no typer (see cli/__init__.py)."""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+
+from ..core import abi
+from ..core.errors import GpushareError, UsageError
+
+MIN_INTERVAL_S = 0.2
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    ERROR = 1  # a GpushareError at run time
+    USAGE = 2  # a UsageError: invalid input, nothing done
+    INTERRUPTED = 130
+
+
+def error_line(msg: str) -> None:
+    """`gpushare-tui: <msg>` on stderr: how every error reaches the user."""
+    print(f"gpushare-tui: {msg}", file=sys.stderr, flush=True)
+
+
+def report_error(e: GpushareError) -> ExitCode:
+    """Show `e` (one line, then an engine log's tail if it has one); its exit code."""
+    error_line(str(e) + (f"\n--- last lines of the engine log ---\n{e.log_tail}" if e.log_tail else ""))
+    return ExitCode.USAGE if isinstance(e, UsageError) else ExitCode.ERROR
+
+
+def checked_key(key: str | None) -> str | None:
+    """A valid --gpu-key, or None; BadKeyError (a UsageError) otherwise."""
+    return None if key is None else abi.validate_gpu_key(key)
+
+
+def resolve_key(gpu_key: str | None, gpu: int | None) -> str:
+    """--gpu-key wins; else the NVML UUID of --gpu (default 0). GpuKeyError without NVML or such a GPU."""
+    if gpu_key is not None:
+        return abi.validate_gpu_key(gpu_key)
+    from ..core.gpu import gpu_key_for_index
+
+    return gpu_key_for_index(gpu or 0)
+
+
+def checked_group(group: str | None) -> str | None:
+    """A --share-group that names a group here (or a numeric gid), or None; UnknownGroupError otherwise."""
+    if group is not None:
+        from ..core.segment import resolve_group
+
+        resolve_group(group)
+    return group
+
+
+def checked_interval(seconds: float) -> float:
+    """A dashboard refresh interval: finite and at least MIN_INTERVAL_S."""
+    if not math.isfinite(seconds) or seconds < MIN_INTERVAL_S:
+        raise UsageError(f"invalid --interval {seconds}: at least {MIN_INTERVAL_S} seconds")
+    return seconds

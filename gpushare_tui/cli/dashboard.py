@@ -1,0 +1,32 @@
+"""The root command: the dashboard, or with --once a snapshot (cli/once.py)."""
+
+from __future__ import annotations
+
+import typer
+
+from ..core.errors import UsageError
+from .common import checked_interval, checked_key
+from .once import print_once
+from .options import IntervalOpt, ReadonlyOpt
+
+
+def dashboard(
+    ctx: typer.Context,
+    once: bool = typer.Option(False, "--once", help="Print one snapshot of every segment and exit."),
+    as_json: bool = typer.Option(False, "--json", help="With --once: one JSON object."),
+    gpu_key: str | None = typer.Option(None, "--gpu-key", help="Show only this segment."),
+    interval: float = IntervalOpt,
+    readonly: bool = ReadonlyOpt,
+) -> None:
+    """Open the dashboard, or with --once print a snapshot."""
+    if ctx.invoked_subcommand is not None:
+        return
+    key = checked_key(gpu_key)
+    if as_json and not once:
+        raise UsageError("--json needs --once")
+    if once:
+        raise typer.Exit(print_once(key, as_json))
+    interval = checked_interval(interval)
+    from ..app import run_dashboard
+
+    run_dashboard(gpu_key=key, interval_s=interval, readonly=readonly)

@@ -1,0 +1,132 @@
+"""Supervised engines: `run` (in the foreground) and `launch` (detached, core/launcher.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import typer
+
+from ..core.abi import parse_weight
+from ..core.errors import GpushareError, UsageError
+from .common import checked_group, resolve_key
+from .options import GpuIndexOpt, GpuKeyOpt, ShareGroupOpt, WeightOpt
+
+CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
+NO_ENGINE = "no engine command given (use: -- llama-server ARGS...)"
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run(
+    ctx: typer.Context,
+    weight: str = WeightOpt,
+    name: str | None = typer.Option(None, "--name", help="Display name (default: the model file's stem)."),
+    gpu_key: str | None = GpuKeyOpt,
+    gpu: int | None = GpuIndexOpt,
+    load_timeout: float = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200."),
+    notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
+    share_group: str | None = ShareGroupOpt,
+) -> None:
+    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
+    from ..core.launcher import notify_failed, notify_ready
+
+    try:
+        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group)
+    except GpushareError as e:
+        notify_failed(notify_fd, e)  # `launch` shows it (our stderr goes to a log there)
+        raise
+    assert sup.proc is not None and sup.membership is not None
+    notify_ready(
+        notify_fd,
+        engine_pid=sup.proc.pid,
+        port=sup.args.port,
+        host=sup.args.host,
+        log=sup.log_path,
+        slot=sup.membership.slot,
+    )
+    code = sup.run()
+    _say(f"gpu-share: engine {sup.proc.pid} exited with code {code}")
+    raise typer.Exit(code)
+
+
+def _start_supervisor(
+    engine_argv: list[str],
+    weight: str,
+    name: str | None,
+    gpu_key: str | None,
+    gpu: int | None,
+    load_timeout: float,
+    share_group: str | None,
+):
+    """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
+    from ..core.control import check_socket_dir, state_dir
+    from ..core.engines import llama_server as ls
+    from ..core.supervisor import Supervisor
+
+    w = parse_weight(weight)
+    key = resolve_key(gpu_key, gpu)
+    share_group = checked_group(share_group)
+    if not engine_argv:
+        raise UsageError(NO_ENGINE)
+    args = ls.prepare_args(engine_argv)
+    ls.resolve_binary(args.argv[0])
+    name = name or ls.model_stem(args)
+    check_socket_dir()  # before the engine is started and loads its model
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:64]
+    log_path = os.path.join(state_dir(), f"{safe}-{args.port}.log")
+    if args.port_chosen:
+        _say(f"gpu-share: engine port {args.port} on {args.host} (free port picked)")
+    sup = Supervisor(
+        args,
+        gpu_key=key,
+        weight=w,
+        name=name,
+        log_path=log_path,
+        load_timeout_s=load_timeout,
+        gpu_busy=_gpu_busy_for(key),
+        say=_say,
+        share_group=share_group,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sup.request_stop())
+    _say(f"gpu-share: starting {args.argv[0]} (log {log_path})")
+    sup.start()
+    return sup
+
+
+def _gpu_busy_for(key: str):
+    """NVML per-pid utilisation when the key is a real device, else None (CPU time is used)."""
+    from ..core import gpu
+
+    if gpu.device_stats(key) is None:
+        return None
+    return lambda pid, since_us: gpu.pid_util_pct(key, pid, since_us)
+
+
+def launch(
+    ctx: typer.Context,
+    weight: str = WeightOpt,
+    name: str | None = typer.Option(None, "--name"),
+    gpu_key: str | None = GpuKeyOpt,
+    gpu: int | None = GpuIndexOpt,
+    load_timeout: float = typer.Option(600.0, "--load-timeout"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    share_group: str | None = ShareGroupOpt,
+) -> None:
+    """Start a supervised engine detached; returns once it is healthy (or failed)."""
+    from ..core.launcher import LaunchSpec, launch_detached
+
+    w = parse_weight(weight)
+    share_group = checked_group(share_group)
+    key = resolve_key(gpu_key, gpu)
+    if not ctx.args:
+        raise UsageError(NO_ENGINE)
+    reply = launch_detached(
+        LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
+    )
+    print(json.dumps(reply.to_json()) if as_json else reply.summary())

@@ -1,0 +1,106 @@
+"""`gpushare-tui --once [--json]`: one snapshot of every segment, as a table or one JSON object.
+
+Also the fast path: `headless_args` recognises a command line that asks for nothing else, so
+the entry point can serve it without importing typer (or Textual) at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+from .common import ExitCode, checked_key
+
+_KEY_EQ = "--gpu-key="
+
+
+def headless_args(argv: Sequence[str]) -> tuple[str | None, bool] | None:
+    """(--gpu-key value or None, --json given) when `argv` holds `--once` and otherwise only
+    `--json`, `--gpu-key KEY` or `--gpu-key=KEY` (the last key wins, as in the full parser);
+    else None: anything more (help, other options, a command) is the full parser's."""
+    once = as_json = False
+    key: str | None = None
+    args = iter(argv)
+    for a in args:
+        if a == "--once":
+            once = True
+        elif a == "--json":
+            as_json = True
+        elif a == "--gpu-key":
+            key = next(args, None)  # the next word, whatever it is, like click
+            if key is None:
+                return None  # a missing value: the full parser's error
+        elif a.startswith(_KEY_EQ):
+            key = a[len(_KEY_EQ) :]
+        else:
+            return None
+    return (key, as_json) if once else None
+
+
+def once_report(gpu_key: str | None) -> dict:
+    """The JSON document of one snapshot (all segments, or only `gpu_key`'s)."""
+    from ..core.clock import wall_us
+    from ..core.snapshot import SegmentReader, report_to_json
+
+    reader = SegmentReader(gpu_key)
+    try:
+        now = wall_us()
+        gpus, errors = reader.read(now)
+        return report_to_json(gpus, errors, now)
+    finally:
+        reader.close()
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _age(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms:.0f}"
+
+
+def render_table(report: dict) -> str:
+    """The human-readable `--once` table. Names, keys and errors are untrusted: control characters never
+    reach the terminal (the JSON form keeps them, escaped)."""
+    from ..core.text import printable
+
+    lines = []
+    for g in report["gpus"]:
+        period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
+        warn = "  WARNING: group/world-writable" if g["writable_by_others"] else ""
+        lines.append(
+            f"{printable(g['segment'])}  owner {printable(g['owner'])}  mode {g['mode']}  "
+            f"period {period}  peers {len(g['peers'])}{warn}"
+        )
+        lines.append(
+            f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} "
+            f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US"
+        )
+        for p in g["peers"]:
+            win = f"[{p['window_us'][0]}, {p['window_us'][1]})" if p["window_us"] else "-"
+            lines.append(
+                f"  {p['slot']:>4} {p['pid']:>8} {printable(p['name'])[:20]:<20} {_fmt(p['weight'], '.3g'):>7} "
+                f"{p['share_pct']:>7.1f} {p['busy_pct']:>6.1f} {'yes' if p['active'] else 'no':<6} "
+                f"{'yes' if p['alive'] else 'no':<5} {_age(p['heartbeat_age_ms']):>7}  {win}"
+            )
+    for e in report["errors"]:
+        lines.append(f"error: {printable(e['segment'])}: {printable(e['error'])}")
+    if not report["gpus"] and not report["errors"]:
+        lines.append("no /opencoti-gpu-* segments on this host")
+    return "\n".join(lines)
+
+
+def print_once(gpu_key: str | None, as_json: bool) -> ExitCode:
+    """Print one snapshot; BadKeyError (usage) for an invalid key. Exit 1 if stdout is closed early."""
+    report = once_report(checked_key(gpu_key))
+    try:
+        print(json.dumps(report, allow_nan=False) if as_json else render_table(report))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`| head`): exit 1 quietly, and don't fail again flushing at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.ERROR
+    return ExitCode.OK

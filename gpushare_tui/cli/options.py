@@ -1,0 +1,17 @@
+"""Options several commands take, declared once (their values are checked in cli/common.py)."""
+
+from __future__ import annotations
+
+import typer
+
+GpuKeyOpt = typer.Option(None, "--gpu-key", help="Registry key (overrides --gpu); 1..64 of [A-Za-z0-9._-].")
+GpuIndexOpt = typer.Option(None, "--gpu", help="CUDA device index whose NVML UUID is the key (default 0).")
+ShareGroupOpt = typer.Option(
+    None,
+    "--share-group",
+    envvar="GPUSHARE_GROUP",
+    help="Share the segment with this group: create it 0660 for the group, join the group's (never world-writable).",
+)
+IntervalOpt = typer.Option(1.0, "--interval", help="Dashboard refresh in seconds (min 0.2).")
+ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every admin action.")
+WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")

@@ -1,0 +1,82 @@
+"""`gpushare-tui synth`: a synthetic engine (core/engines/synthetic.py) from the command line."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import typer
+
+from ..core.abi import parse_weight
+from ..core.errors import UsageError
+from .common import checked_group, resolve_key
+from .options import GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
+
+
+def synth(
+    weight: str = typer.Option(..., "--weight", help="Share weight (finite, > 0)."),
+    name: str = typer.Option("synth", "--name"),
+    gpu_key: str | None = GpuKeyOpt,
+    gpu: int | None = GpuIndexOpt,
+    step_ms: float = typer.Option(5.0, "--step-ms", help="CPU work per decode step, in ms (unpaced)."),
+    duration: float = typer.Option(0.0, "--duration", help="Seconds to run (0 = until stopped)."),
+    status_file: str | None = typer.Option(None, "--status-file", help="Write JSON stats here every second."),
+    no_pace: bool = typer.Option(False, "--no-pace", help="Join but never sleep (baseline)."),
+    busy_idle: str | None = typer.Option(None, "--busy-idle", help="BUSY_S:IDLE_S duty pattern."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-second lines on stdout."),
+    work_units: int = typer.Option(0, "--work-units", help="Fixed work per step (0 = calibrate to --step-ms)."),
+    share_group: str | None = ShareGroupOpt,
+) -> None:
+    """A synthetic engine: real CPU work per step, paced by the registry."""
+    w = parse_weight(weight)
+    if not (math.isfinite(step_ms) and 0.05 <= step_ms <= 10_000):
+        raise UsageError(f"invalid --step-ms {step_ms}: between 0.05 and 10000")
+    if not (math.isfinite(duration) and duration >= 0):
+        raise UsageError(f"invalid --duration {duration}: a finite number of seconds >= 0 (0 = until stopped)")
+    if work_units < 0:
+        raise UsageError(f"invalid --work-units {work_units}: >= 0 (0 = calibrate to --step-ms)")
+    if status_file is not None:
+        _check_status_file(status_file)
+    from ..core.engines.synthetic import serve_synth
+
+    pattern = _parse_pattern(busy_idle)
+    key = resolve_key(gpu_key, gpu)
+    serve_synth(
+        key,
+        w,
+        name,
+        share_group=checked_group(share_group),
+        step_ms=step_ms,
+        duration_s=duration,
+        pace=not no_pace,
+        pattern=pattern,
+        status_file=status_file,
+        report=(lambda _line: None) if quiet else None,
+        units=work_units or None,
+    )
+
+
+def _check_status_file(path: str) -> None:
+    """UsageError unless `path` can be created: its directory exists and is writable."""
+    parent = os.path.dirname(os.path.abspath(path)) if path else ""
+    if not path or os.path.isdir(path):
+        raise UsageError(f"invalid --status-file {path!r}: not a file name")
+    if not os.path.isdir(parent):
+        raise UsageError(f"invalid --status-file {path!r}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"invalid --status-file {path!r}: directory {parent} is not writable")
+
+
+def _parse_pattern(text: str | None):
+    """The --busy-idle duty pattern (always busy without one); UsageError if malformed."""
+    from ..core.engines.synthetic import DutyPattern
+
+    if text is None:
+        return DutyPattern()
+    try:
+        busy_s, idle_s = (float(x) for x in text.split(":"))
+        if busy_s > 0 and idle_s >= 0 and math.isfinite(busy_s + idle_s):
+            return DutyPattern(busy_s, idle_s)
+    except ValueError:
+        pass
+    raise UsageError(f"invalid --busy-idle {text!r}: use BUSY_S:IDLE_S, e.g. 3:1")

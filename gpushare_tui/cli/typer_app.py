@@ -1,0 +1,56 @@
+"""The typer application: every command, registered here, and the one place where typer's
+own command-line errors (unknown option, missing value, ...) become one line and exit 2."""
+
+from __future__ import annotations
+
+import typer
+
+from . import control_cmds, dashboard, demo, engines, synth
+from .common import ExitCode, error_line
+
+app = typer.Typer(
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Share one GPU fairly between LLM servers, and watch it.\n\nExit codes: 0 ok, 1 runtime error, 2 usage error.",
+)
+app.callback(invoke_without_command=True)(dashboard.dashboard)
+app.command()(synth.synth)
+app.command(context_settings=engines.CONTEXT)(engines.run)
+app.command(context_settings=engines.CONTEXT)(engines.launch)
+app.command()(control_cmds.status)
+app.command()(control_cmds.weight)
+app.command()(control_cmds.stop)
+app.command()(demo.demo)
+
+
+def run_app(argv: list[str]) -> int:
+    """Run the typer application on `argv`; its exit code. Our own errors (GpushareError) pass
+    through to the entry point; typer's command-line errors are shown here."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except typer.Abort:
+        return ExitCode.INTERRUPTED
+    except Exception as e:
+        problem = _command_line_error(e)
+        if problem is None:
+            raise
+        error_line(problem[0])
+        return problem[1]
+    return code if isinstance(code, int) else ExitCode.OK
+
+
+def _command_line_error(e: Exception) -> tuple[str, int] | None:
+    """(one line, exit code) for an error typer raised parsing the command line, else None.
+
+    typer vendors click privately (typer._click), so its exception classes are no public name
+    to catch; they are known by the interface typer.BadParameter documents instead:
+    `format_message()`, `exit_code` (2 for a usage error) and, on a usage error, `ctx`."""
+    fmt, code = getattr(e, "format_message", None), getattr(e, "exit_code", None)
+    if not callable(fmt) or not isinstance(code, int) or isinstance(code, bool):
+        return None
+    msg = fmt()
+    if code != ExitCode.USAGE:
+        return msg, code
+    ctx = getattr(e, "ctx", None)
+    sub = ctx.info_name if ctx is not None and ctx.parent is not None else ""
+    return f"{msg} (see: gpushare-tui {sub + ' ' if sub else ''}--help)", code

@@ -1,0 +1,34 @@
+"""One exception base: every error reported to a user is a GpushareError (usage errors a UsageError)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare_tui.core.abi import BadKeyError, BadWeightError
+from gpushare_tui.core.control import ControlError
+from gpushare_tui.core.engines.llama_server import EngineError
+from gpushare_tui.core.engines.synthetic import StatusFileError
+from gpushare_tui.core.errors import GpushareError, UsageError
+from gpushare_tui.core.gpu import GpuKeyError
+from gpushare_tui.core.registry import RegistryFullError
+from gpushare_tui.core.segment import SegmentError, UnknownGroupError
+from gpushare_tui.demo import DemoError
+
+USAGE = [BadKeyError, BadWeightError, UnknownGroupError]
+RUNTIME = [ControlError, EngineError, StatusFileError, GpuKeyError, RegistryFullError, SegmentError, DemoError]
+
+
+@pytest.mark.parametrize("cls", USAGE + RUNTIME, ids=lambda c: c.__name__)
+def test_every_error_is_a_gpushare_error(cls: type) -> None:
+    assert issubclass(cls, GpushareError)
+    assert issubclass(cls, UsageError) == (cls in USAGE)
+
+
+@pytest.mark.parametrize("cls", USAGE, ids=lambda c: c.__name__)
+def test_invalid_input_is_still_a_value_error(cls: type) -> None:
+    assert issubclass(cls, ValueError)
+
+
+def test_only_engine_errors_carry_a_log_tail() -> None:
+    assert GpushareError("x").log_tail == "" and ControlError("x").log_tail == ""
+    assert EngineError("exited", "last line").log_tail == "last line"
