@@ -23,8 +23,6 @@ import stat
 import struct
 import time
 
-import atomics
-
 from . import abi
 from .errors import GpushareError, UsageError
 
@@ -354,11 +352,14 @@ class Segment:
 
     # -- writing (RW only) -------------------------------------------------
 
-    def _atomic(self, offset: int, width: int, atype: type) -> object:
+    def _atomic(self, offset: int, width: int, signed: bool = False) -> object:
         view = self._views.get((offset, width))
         if view is None:
             if self._mv is None:
                 raise PermissionError(f"segment {self.name} is mapped read-only")
+            import atomics  # only writers need it (cffi): the headless reader path stays light
+
+            atype = atomics.INT if signed else atomics.UINT
             ctx = atomics.atomicview(buffer=self._mv[offset : offset + width], atype=atype)
             view = (ctx, ctx.__enter__())
             self._views[(offset, width)] = view
@@ -366,12 +367,12 @@ class Segment:
 
     def cas_pid(self, index: int, expected: int, desired: int) -> bool:
         """32-bit compare-and-swap on the slot's pid word."""
-        word = self._atomic(self.slot_offset(index) + abi.OFF_PID, 4, atomics.UINT)
+        word = self._atomic(self.slot_offset(index) + abi.OFF_PID, 4)
         return word.cmpxchg_strong(expected=expected, desired=desired).success  # type: ignore[attr-defined]
 
     def store_heartbeat(self, index: int, heartbeat_us: int) -> None:
         """Atomic 64-bit store of heartbeat_us (used before a claim CAS)."""
-        word = self._atomic(self.slot_offset(index) + abi.OFF_HEARTBEAT_US, 8, atomics.INT)
+        word = self._atomic(self.slot_offset(index) + abi.OFF_HEARTBEAT_US, 8, signed=True)
         word.store(heartbeat_us)  # type: ignore[attr-defined]
 
     def write_slot_fields(
@@ -389,7 +390,7 @@ class Segment:
         if self._mv is None:
             raise PermissionError(f"segment {self.name} is mapped read-only")
         off = self.slot_offset(index)
-        seq = self._atomic(off + abi.OFF_SEQ, 4, atomics.UINT)
+        seq = self._atomic(off + abi.OFF_SEQ, 4)
         seq.fetch_add(1)  # type: ignore[attr-defined]  # odd: writing
         abi.OWNER_FIELDS_STRUCT.pack_into(
             self._mm, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
