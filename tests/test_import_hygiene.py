@@ -96,3 +96,16 @@ def test_import_scan_catches_relative_and_absolute_ui_imports(tmp_path: Path) ->
     assert found == ["gpushare_tui.app", "gpushare_tui.widgets.plot", "gpushare_tui.widgets.plot.Plot", "textual.app"]
     f.write_text("from ..engines import synthetic\nfrom . import abi\nimport json\n")
     assert [m for m in _imports(f, "gpushare_tui.core.engines") if _is_forbidden(m)] == []
+
+
+def test_dashboard_data_never_imports_ui() -> None:
+    """dashboard/ builds what the widgets render: it imports neither them nor Textual."""
+    files = sorted((REPO / "gpushare_tui" / "dashboard").rglob("*.py"))
+    assert len(files) >= 3
+    bad = {}
+    for f in files:
+        rel = f.relative_to(REPO).with_suffix("")
+        found = [m for m in _imports(f, ".".join(rel.parts[:-1])) if _is_forbidden(m)]
+        if found:
+            bad[str(rel)] = found
+    assert bad == {}

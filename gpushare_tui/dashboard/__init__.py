@@ -1,0 +1,5 @@
+"""The dashboard's data: sources (segments, NVML, control sockets) and the immutable view model.
+
+Data flows one way: a source builds a `model.DashboardModel`; the App (`app.py`)
+hands it to the widgets, which only render it. Nothing here imports Textual.
+"""
