@@ -157,12 +157,12 @@ class DashboardApp(App):
             table.border_title = "peers"
             yield table
             with Horizontal(id="plots"):
-                span = {"span_s": DashboardApp.history_s}
-                yield SharePlot("share %", id="plot-share").data_bind(**span)
-                yield SharePlot("busy %", id="plot-busy").data_bind(**span)
+                span = DashboardApp.history_s  # each plot's span_s follows it
+                yield SharePlot("share %", id="plot-share").data_bind(span_s=span)
+                yield SharePlot("busy %", id="plot-busy").data_bind(span_s=span)
                 yield SharePlot(
                     "achieved vs configured share %", id="plot-achieved", empty="no tok/s: needs managed engines"
-                ).data_bind(**span)
+                ).data_bind(span_s=span)
         yield Footer()
 
     def _empty_text(self) -> str:
@@ -303,7 +303,7 @@ class DashboardApp(App):
             p.set_class(k == self.selected_gpu and len(self._panels) > 1, "-selected")
 
     def watch_history_s(self) -> None:
-        self._show_plots(force=True)  # the plots' own span follows by data binding
+        self._show_plots(force=True)  # new series; each plot's own span_s follows by data binding
 
     def _show_plots(self, force: bool = False) -> None:
         """Redraw the plots when time has moved by one plot column, when the shares change

@@ -25,6 +25,7 @@ from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.dashboard.control import LocalControl
+from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.source import FixedSource, LiveSource
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.gpu_panel import GpuPanel
@@ -546,5 +547,41 @@ def test_plots_follow_the_terminal_height_unless_toggled():
             await pilot.resize_terminal(120, 45)
             await pilot.pause(0.1)
             assert not plots.display
+
+    asyncio.run(main())
+
+
+class SettableSource(FixedSource):
+    """Collects whatever model the test set last."""
+
+    def __init__(self, model) -> None:
+        super().__init__([model])
+        self.model = model
+
+    def collect(self):
+        return self.model
+
+
+def test_the_selected_gpus_panel_is_marked_when_there_are_several():
+    a, b = model_at(0, key="gpu-a"), model_at(0, key="gpu-b")
+    source = SettableSource(a)
+
+    async def main():
+        app = DashboardApp(source, interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+
+            def marked() -> dict[str, bool]:
+                return {p.gpu_key: p.has_class("-selected") for p in app.query(GpuPanel)}
+
+            await until(pilot, lambda: marked() == {"gpu-a": False}, what="one panel, not marked")
+            source.model = DashboardModel(a.now_us, a.gpus + b.gpus)  # a second GPU appears
+            app.refresh_now()
+            await until(pilot, lambda: marked() == {"gpu-a": True, "gpu-b": False}, what="gpu-a marked")
+            await pilot.press("end")  # a row of gpu-b
+            await until(pilot, lambda: marked() == {"gpu-a": False, "gpu-b": True}, what="gpu-b marked")
+            assert app.selected_gpu == "gpu-b"
+            source.model = b  # gpu-a goes: one panel again
+            app.refresh_now()
+            await until(pilot, lambda: marked() == {"gpu-b": False}, what="one panel, not marked")
 
     asyncio.run(main())
