@@ -153,7 +153,7 @@ def _float(x: object) -> float | None:
 
 
 class FixedSource:
-    """Fixed models (snapshots, screenshots): `prime()` fills the plots' history, `collect()` repeats the last."""
+    """Fixed models (snapshot and pilot tests): `prime()` fills the plots' history, `collect()` repeats the last."""
 
     def __init__(self, models: list[DashboardModel]) -> None:
         if not models:
