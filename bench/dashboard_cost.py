@@ -70,7 +70,8 @@ def start_peers(keys: list[str], shm_dir: str):
 
 
 def measure_headless(shm_dir: str, seconds: float, warmup: float, interval: float) -> dict:
-    from gpushare_tui.app import DashboardApp, LiveSource
+    from gpushare_tui.app import DashboardApp
+    from gpushare_tui.dashboard.source import LiveSource
 
     async def run() -> dict:
         app = DashboardApp(LiveSource(shm_dir=shm_dir), interval_s=interval)
@@ -91,7 +92,7 @@ def measure_tmux(shm_dir: str, seconds: float, warmup: float, interval: float, s
         return {}
     session = f"bench-{uuid.uuid4().hex[:6]}"
     code = (
-        "from gpushare_tui.app import DashboardApp, LiveSource; "
+        "from gpushare_tui.app import DashboardApp; from gpushare_tui.dashboard.source import LiveSource; "
         f"DashboardApp(LiveSource(shm_dir={shm_dir!r}), interval_s={interval!r}).run()"
     )
     cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"

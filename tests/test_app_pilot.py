@@ -10,24 +10,31 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 
 import pytest
 from conftest import cli_argv, shm_file, wait_for
+from slots import model_at
+from textual.geometry import Region
 
-from gpushare_tui.app import KEY_HELP, DashboardApp, LiveSource
+from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
 from gpushare_tui.core import abi, segment
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.engines.llama_server import EngineError
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
+from gpushare_tui.dashboard.control import LocalControl
+from gpushare_tui.dashboard.model import DashboardModel
+from gpushare_tui.dashboard.source import FixedSource, LiveSource
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.gpu_panel import GpuPanel
-from gpushare_tui.widgets.help_screen import HelpScreen
+from gpushare_tui.widgets.help_screen import NAVIGATION, HelpScreen
 from gpushare_tui.widgets.launch_form import LaunchForm
 from gpushare_tui.widgets.peers_table import PeersTable, cell_text
+from gpushare_tui.widgets.share_plot import SharePlot
 from gpushare_tui.widgets.weight_modal import WeightModal
 
 SIZE = (120, 40)
@@ -127,20 +134,14 @@ def test_invalid_weight_is_rejected_inline_and_nothing_is_sent(gpu_key, procs, r
     p = start_synth(procs, gpu_key, weight="2")
     sent: list = []
 
+    class Spy(LocalControl):
+        def request(self, pid, cmd, timeout_s=3.0, **kw):
+            if cmd != "status":
+                sent.append((pid, cmd, kw))
+            return super().request(pid, cmd, timeout_s, **kw)
+
     async def main():
-        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
-        real_request = app.control.request
-
-        class Spy:
-            ControlError = app.control.ControlError
-
-            @staticmethod
-            def request(pid, cmd, **kw):
-                if cmd != "status":
-                    sent.append((pid, cmd, kw))
-                return real_request(pid, cmd, **kw)
-
-        app.control = Spy
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, control=Spy())
         async with app.run_test(size=SIZE) as pilot:
             await _row_ready(pilot, p.pid)
             for text in INVALID_WEIGHTS:
@@ -346,40 +347,87 @@ def test_launch_really_launches_and_reports_the_engines_error(gpu_key, tmp_path,
     asyncio.run(main())
 
 
-def test_help_overlay_lists_every_key(gpu_key):
+def help_rows_shown(screen: HelpScreen) -> list[tuple[str, str]]:
+    """(keys, what) of each row of the help table, read from what it draws (wrapped lines joined)."""
+    keys = screen.query_one("#help-keys")
+    rows: list[list[str]] = []
+    for strip in keys.render_lines(Region(0, 0, keys.size.width, keys.size.height)):
+        line = strip.text.rstrip()
+        if not line:
+            rows.append(["", ""])  # the gap between navigation and the bound keys
+        elif line.startswith(" "):
+            rows[-1][1] += " " + line.strip()  # a wrapped description
+        else:
+            key, _, what = line.partition("  ")
+            rows.append([key, what.strip()])
+    return [(k, w) for k, w in rows]
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["admin", "readonly"])
+def test_help_overlay_lists_every_bound_key(gpu_key, readonly):
     async def main():
-        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, readonly=readonly)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("question_mark")
-            await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
-            shown = " ".join(k for k, _, _ in app.screen.keys)
-            for b in app.BINDINGS:
-                for key in b.key.split(","):
-                    display = {"question_mark": "?", "plus": "+", "minus": "-", "ctrl+c": "Ctrl+C"}.get(key, key)
-                    assert display in shown, f"{key} missing from the help overlay"
+            help_screen = await until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen, what="help")
+            await pilot.pause()
+            rows = help_rows_shown(help_screen)
+            assert rows[: len(NAVIGATION)] == list(NAVIGATION) and rows[len(NAVIGATION)] == ("", "")
+            shown = {k: what for keys, what in rows[len(NAVIGATION) + 1 :] for k in keys.split(" / ")}
+            bound = [b for b in app.BINDINGS if b.action != "readonly_refused"]  # w,+,-,l,s again, refused
+            assert sorted(shown) == sorted(app.get_key_display(b) for b in bound)
+            for b in bound:
+                what = shown[app.get_key_display(b)]
+                admin = b.action.partition("(")[0] in ADMIN_ACTIONS
+                assert what == (f"{b.tooltip} (disabled: --readonly)" if admin and readonly else b.tooltip), b
+            assert shown["q"] == shown["Ctrl+C"] == "quit" and shown["+"] == shown["-"]
             await pilot.press("escape")
             await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
             await pilot.press("question_mark")
             await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help again")
             await pilot.press("question_mark")
             await until(pilot, lambda: not isinstance(app.screen, HelpScreen), what="? toggles")
-        assert KEY_HELP
 
     asyncio.run(main())
 
 
+class ClosingSource(FixedSource):
+    """Fixed models; records which thread collects and when the source is closed."""
+
+    def __init__(self) -> None:
+        super().__init__([model_at(0)])
+        self.threads: set[threading.Thread] = set()
+        self.collects_after_close = 0
+        self.closed = threading.Event()
+
+    def collect(self):
+        self.threads.add(threading.current_thread())
+        self.collects_after_close += self.closed.is_set()
+        return super().collect()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+@pytest.mark.timeout(30)  # a collector that does not end holds up asyncio.run's exit (the executor)
 @pytest.mark.parametrize("key", ["q", "ctrl+c"])
-def test_quit(gpu_key, key):
-    async def main():
-        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
-        async with app.run_test(size=SIZE) as pilot:
-            await pilot.pause(0.3)
-            await pilot.press(key)
-            await pilot.pause(0.3)
-            assert not app.is_running
-        assert app._thread is not None and not app._thread.is_alive()
+def test_quit_ends_the_collector_promptly(key):
+    source = ClosingSource()
 
-    asyncio.run(main())
+    async def main():
+        app = DashboardApp(source, interval_s=3600)  # the collector sleeps: quitting must wake it
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.models_seen, what="first model")
+            await pilot.press(key)
+            await until(pilot, lambda: source.closed.is_set(), 2, what="the collector to close the source")
+            assert not app.is_running
+        assert app.collector.is_cancelled
+        assert source.threads and threading.main_thread() not in source.threads  # collected off the UI thread
+        assert source.collects_after_close == 0
+
+    t0 = time.monotonic()
+    asyncio.run(main())  # returns only once the collector's thread has ended
+    assert time.monotonic() - t0 < 10
 
 
 def test_segments_appear_disappear_and_a_corrupt_one_is_an_error_row(tmp_path, monkeypatch):
@@ -461,3 +509,87 @@ def test_selection_survives_refresh_and_sorting(tmp_path, monkeypatch):
     finally:
         for m in members:
             m.leave()
+
+
+def plot_text(plot: SharePlot) -> str:
+    return "\n".join(s.text for s in plot.render_lines(Region(0, 0, *plot.outer_size)))
+
+
+def test_span_key_cycles_every_plots_time_axis():
+    async def main():
+        models = [model_at(t, tok=(30.0, 10.0)) for t in range(60)]  # tok/s: the achieved plot has data too
+        app = DashboardApp(FixedSource(models), interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.models_seen, what="first model")
+            plots = list(app.query(SharePlot))
+            assert len(plots) == 3 and {p.span_s for p in plots} == {120.0}
+            for span, label in ((300.0, "-5m"), (600.0, "-10m"), (60.0, "-1m"), (120.0, "-2m")):
+                await pilot.press("h")
+                assert app.history_s == span and {p.span_s for p in plots} == {span}
+                await until(pilot, lambda s=label: all(s in plot_text(p) for p in plots), 2, what=f"{label} axis")
+                assert f"last {span / 60:g} min" in notes(app)[-1]
+
+    asyncio.run(main())
+
+
+def test_plots_follow_the_terminal_height_unless_toggled():
+    async def main():
+        app = DashboardApp(FixedSource([model_at(0)]), interval_s=3600)
+        async with app.run_test(size=(120, 24)) as pilot:
+            plots = app.query_one("#plots")
+            await until(pilot, lambda: app.models_seen, what="first model")
+            assert not plots.display and app.has_class("-noplots")  # short: the table first
+            await pilot.resize_terminal(120, 40)
+            await until(pilot, lambda: plots.display, what="plots shown when tall enough")
+            assert not app.has_class("-noplots") and not app.has_class("-compact")
+            await pilot.resize_terminal(120, 24)
+            await until(pilot, lambda: not plots.display, what="plots hidden when short again")
+            await pilot.press("p")  # shown on request, the GPU panels make room
+            await until(pilot, lambda: plots.display, what="plots shown by p")
+            assert app.has_class("-compact") and not app.query_one("#gpus").display
+            await pilot.resize_terminal(120, 40)
+            await pilot.pause(0.1)
+            assert plots.display and not app.has_class("-compact")
+            await pilot.press("p")  # hidden on request, however tall
+            await until(pilot, lambda: not plots.display, what="plots hidden by p")
+            await pilot.resize_terminal(120, 45)
+            await pilot.pause(0.1)
+            assert not plots.display
+
+    asyncio.run(main())
+
+
+class SettableSource(FixedSource):
+    """Collects whatever model the test set last."""
+
+    def __init__(self, model) -> None:
+        super().__init__([model])
+        self.model = model
+
+    def collect(self):
+        return self.model
+
+
+def test_the_selected_gpus_panel_is_marked_when_there_are_several():
+    a, b = model_at(0, key="gpu-a"), model_at(0, key="gpu-b")
+    source = SettableSource(a)
+
+    async def main():
+        app = DashboardApp(source, interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+
+            def marked() -> dict[str, bool]:
+                return {p.gpu_key: p.has_class("-selected") for p in app.query(GpuPanel)}
+
+            await until(pilot, lambda: marked() == {"gpu-a": False}, what="one panel, not marked")
+            source.model = DashboardModel(a.now_us, a.gpus + b.gpus)  # a second GPU appears
+            app.refresh_now()
+            await until(pilot, lambda: marked() == {"gpu-a": True, "gpu-b": False}, what="gpu-a marked")
+            await pilot.press("end")  # a row of gpu-b
+            await until(pilot, lambda: marked() == {"gpu-a": False, "gpu-b": True}, what="gpu-b marked")
+            assert app.selected_gpu == "gpu-b"
+            source.model = b  # gpu-a goes: one panel again
+            app.refresh_now()
+            await until(pilot, lambda: marked() == {"gpu-b": False}, what="one panel, not marked")
+
+    asyncio.run(main())

@@ -558,8 +558,8 @@ def test_storm_of_truncations_and_recreations(procs, gpu_key: str, other_user) -
 
 
 def test_once_and_dashboard_show_owner_and_flag_writable_segments(other_user, procs, new_gpu_key) -> None:
+    from gpushare_tui.dashboard.model import GpuView
     from gpushare_tui.widgets.gpu_panel import GpuPanel, subtitle
-    from gpushare_tui.widgets.model import GpuView
 
     theirs, ours = new_gpu_key("own"), new_gpu_key("own")
     _attacker_segment(other_user, shm_file(theirs), mode=0o666)

@@ -9,8 +9,7 @@ import sys
 
 from ..core import abi
 from ..core.errors import GpushareError, UsageError
-
-MIN_INTERVAL_S = 0.2
+from ..dashboard import MIN_INTERVAL_S
 
 
 class ExitCode(enum.IntEnum):

@@ -5,22 +5,15 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from .model import PeerRow
+from ..dashboard.model import PeerRow
+from .dialog import Dialog
 
 
-class ConfirmStop(ModalScreen[bool]):
+class ConfirmStop(Dialog[bool]):
     DEFAULT_CSS = """
-    ConfirmStop { align: center middle; }
-    ConfirmStop > Vertical {
-        width: 60; height: auto; padding: 1 2;
-        border: thick $error; background: $surface;
-    }
-    ConfirmStop .title { text-style: bold; margin-bottom: 1; }
-    ConfirmStop Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
-    ConfirmStop Button { margin-left: 1; min-width: 10; }
+    ConfirmStop > Vertical { width: 60; border: thick $error; }
     """
 
     BINDINGS = [
@@ -42,7 +35,7 @@ class ConfirmStop(ModalScreen[bool]):
                 f"Slot {p.slot} on {self.row.gpu_key}{what}. The engine exits and leaves the registry; "
                 "the others take over its share."
             )
-            with Horizontal():
+            with Horizontal(classes="buttons"):
                 yield Button("No", id="no")
                 yield Button("Stop it (y)", id="yes", variant="error")
 

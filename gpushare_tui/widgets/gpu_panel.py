@@ -8,7 +8,7 @@ from textual.containers import Vertical
 
 from ..core.gpu import DeviceStats
 from ..core.snapshot import GpuSnapshot
-from .model import GpuView
+from ..dashboard.model import GpuView
 from .text_line import TextLine
 from .timeline import Timeline
 

@@ -1,14 +1,18 @@
-"""`?`: an overlay listing every key."""
+"""`?`: an overlay listing every key, made from the App's bindings."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from .dialog import Dialog
 
 NAVIGATION = (
     ("↑ ↓ / mouse", "select a peer (the plots follow its GPU)"),
@@ -17,44 +21,64 @@ NAVIGATION = (
 )
 
 
-def help_table(keys: list[tuple[str, str, bool]], readonly: bool) -> Table:
-    """keys: (key, what it does, is an admin action)."""
+@dataclass(frozen=True)
+class HelpRow:
+    keys: str  # "+ / -": every key with this text
+    what: str
+    admin: bool  # disabled with --readonly
+
+
+def help_rows(
+    bindings: Iterable[BindingType], key_display: Callable[[Binding], str], is_admin: Callable[[str], bool]
+) -> list[HelpRow]:
+    """One row per distinct `tooltip` (the help text), in binding order; the keys that share
+    it are joined ("q / Ctrl+C"). Bindings without a tooltip are not listed. `is_admin` gets
+    the action's name without its parameters."""
+    keys: dict[str, list[str]] = {}
+    admin: dict[str, bool] = {}
+    for b in Binding.make_bindings(bindings):
+        if not b.tooltip:
+            continue
+        shown = keys.setdefault(b.tooltip, [])
+        display = key_display(b)
+        if display not in shown:
+            shown.append(display)
+        admin[b.tooltip] = admin.get(b.tooltip, False) or is_admin(b.action.partition("(")[0])
+    return [HelpRow(" / ".join(k), what, admin[what]) for what, k in keys.items()]
+
+
+def help_table(rows: list[HelpRow], readonly: bool) -> Table:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
     for key, what in NAVIGATION:
         t.add_row(key, what)
     t.add_row("", "")
-    for key, what, admin in keys:
-        if admin and readonly:
-            t.add_row(Text(key, style="dim strike"), Text(f"{what} (disabled: --readonly)", style="dim"))
+    for r in rows:
+        if r.admin and readonly:
+            t.add_row(Text(r.keys, style="dim strike"), Text(f"{r.what} (disabled: --readonly)", style="dim"))
         else:
-            t.add_row(key, what)
+            t.add_row(r.keys, r.what)
     return t
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Dialog[None]):
     DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll {
-        width: 76; max-width: 100%; height: auto; max-height: 90%;
-        padding: 1 2; border: thick $accent; background: $surface;
-    }
-    HelpScreen .title { text-style: bold; margin-bottom: 1; }
+    HelpScreen > VerticalScroll { width: 76; max-height: 90%; }
     HelpScreen .foot { color: $text-muted; margin-top: 1; }
     """
 
     BINDINGS = [Binding("escape,q,question_mark,enter", "close", "Close")]
 
-    def __init__(self, keys: list[tuple[str, str, bool]], readonly: bool) -> None:
+    def __init__(self, rows: list[HelpRow], readonly: bool) -> None:
         super().__init__()
-        self.keys = keys
+        self.rows = rows
         self.readonly = readonly
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static("gpushare-tui — keys", classes="title")
-            yield Static(help_table(self.keys, self.readonly), id="help-keys")
+            yield Static(help_table(self.rows, self.readonly), id="help-keys")
             yield Static(
                 "Timeline: each active peer's window in one TDM period, in its colour; ▼ marks now "
                 "(who may run this instant). SHARE% = weight ÷ Σ weights of active peers; BUSY% = "

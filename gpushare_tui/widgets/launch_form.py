@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 from textual.worker import get_current_worker
 
 from ..core.abi import NAME_BYTES, BadKeyError, BadWeightError, parse_weight, validate_gpu_key
 from ..core.errors import GpushareError
 from ..core.launcher import LaunchReply, LaunchSpec, launch_detached
+from .dialog import Dialog
 
 FIELDS = (
     ("binary", "Engine binary", "llama-server, or a path"),
@@ -153,27 +153,21 @@ def launch_in_worker(spec: LaunchSpec) -> LaunchReply:
     return launch_detached(spec, cancelled=lambda: worker.is_cancelled)
 
 
-class LaunchForm(ModalScreen[LaunchResult | None]):
+class LaunchForm(Dialog[LaunchResult | None]):
     """Dismisses with the LaunchResult of a successful launch, or None when closed."""
 
     DEFAULT_CSS = """
-    LaunchForm { align: center middle; }
-    LaunchForm > VerticalScroll {
-        width: 84; max-width: 100%; height: auto; max-height: 100%;
-        padding: 0 2; border: thick $accent; background: $surface;
-    }
-    LaunchForm .title { text-style: bold; margin: 1 0; }
+    LaunchForm > VerticalScroll { width: 84; max-height: 100%; padding: 0 2; }
+    LaunchForm .title { margin: 1 0; }
     LaunchForm .row { height: 1; margin-bottom: 1; }
     LaunchForm .row Label { width: 14; }
-    LaunchForm .row Input { width: 1fr; background: $boost; }
-    LaunchForm .row Input:focus { background: $primary 30%; }
+    LaunchForm .row Input { width: 1fr; }
     LaunchForm .field-error { color: $error; height: auto; padding-left: 14; margin-top: -1; margin-bottom: 1; }
     LaunchForm .field-error.-empty { display: none; }
     LaunchForm #launch-status { height: auto; margin-top: 1; }
     LaunchForm #launch-status.-error { color: $error; }
     LaunchForm #launch-status.-ok { color: $success; }
-    LaunchForm .buttons { height: auto; margin: 1 0; align-horizontal: right; }
-    LaunchForm Button { margin-left: 1; min-width: 10; }
+    LaunchForm .buttons { margin: 1 0; }
     """
 
     BINDINGS = [Binding("escape", "close", "Close")]

@@ -26,7 +26,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from .model import PeerRow
+from ..dashboard.model import PeerRow
 from .palette import slot_colour, slot_marker
 
 

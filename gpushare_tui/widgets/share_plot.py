@@ -8,9 +8,10 @@ widget is on screen. Lines are thinned to what the plot width can show.
 from __future__ import annotations
 
 from rich.text import Text
+from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
-from .model import Series
+from ..dashboard.model import Series
 from .palette import slot_marker, slot_rgb
 
 LINE_STEPS_BUDGET = 2500
@@ -33,10 +34,13 @@ class SharePlot(PlotextPlot):
     }
     """
 
+    span_s: reactive[float] = reactive(120.0, init=False)
+    """Seconds of history across the x axis (repaints when set)."""
+
     def __init__(self, title: str, *, span_s: float = 120.0, empty: str = "no data yet", **kwargs) -> None:
         super().__init__(**kwargs)
         self.border_title = title
-        self.span_s = span_s
+        self.set_reactive(SharePlot.span_s, span_s)
         self.empty = empty
         self._series: tuple[Series, ...] = ()
         self._extra: tuple[Series, ...] = ()

@@ -5,28 +5,20 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from ..core.abi import BadWeightError, parse_weight
-from .model import PeerRow
+from ..dashboard.model import PeerRow
+from .dialog import Dialog
 
 
-class WeightModal(ModalScreen[float | None]):
+class WeightModal(Dialog[float | None]):
     """Dismisses with the new weight, or None when cancelled."""
 
     DEFAULT_CSS = """
-    WeightModal { align: center middle; }
-    WeightModal > Vertical {
-        width: 56; height: auto; padding: 1 2;
-        border: thick $accent; background: $surface;
-    }
-    WeightModal .title { text-style: bold; margin-bottom: 1; }
-    WeightModal Input { background: $boost; margin-top: 1; }
-    WeightModal Input:focus { background: $primary 30%; }
+    WeightModal > Vertical { width: 56; }
+    WeightModal Input { margin-top: 1; }
     WeightModal #weight-error { color: $error; height: auto; min-height: 1; margin-top: 1; }
-    WeightModal Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
-    WeightModal Button { margin-left: 1; min-width: 10; }
     """
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
@@ -48,7 +40,7 @@ class WeightModal(ModalScreen[float | None]):
                 select_on_focus=True,
             )
             yield Static("", id="weight-error")
-            with Horizontal():
+            with Horizontal(classes="buttons"):
                 yield Button("Cancel", id="cancel")
                 yield Button("Set", id="ok", variant="primary")
 

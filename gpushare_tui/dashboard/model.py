@@ -1,8 +1,9 @@
 """The immutable model the dashboard renders, and the plot history built from it.
 
-Data flows one way: the App's collector thread builds a `DashboardModel` from
-`core.snapshot` (+ NVML + control-socket status) and posts it to the UI; the
-widgets only render it. Nothing here does I/O.
+Data flows one way: a data source (`dashboard.source`, on the App's collector
+worker) builds a `DashboardModel` from `core.snapshot` (+ NVML + control-socket
+status) and the App hands it to the widgets, which only render it. Nothing here
+does I/O or imports Textual.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ class DashboardModel:
     now_us: int
     gpus: tuple[GpuView, ...] = ()
     errors: tuple[SegmentProblem, ...] = ()
-    collect_ms: float = 0.0
     mono_us: int | None = None  # the collector's monotonic clock: a wall-clock step must not freeze the plots
 
     @property
@@ -100,10 +100,6 @@ class Series:
     label: str
     xs: tuple[float, ...]
     ys: tuple[float, ...]
-    dashed: bool = False
-
-
-METRICS = ("share", "busy", "achieved", "configured")
 
 
 @dataclass
@@ -187,20 +183,9 @@ class History:
                 continue
             xy = [(min(0.0, (b + 0.5) * bw - now_s), round(v / n, 1)) for b, (v, n) in sums.items()]
             xy = _compress(xy)
-            out.append(
-                Series(
-                    line.slot,
-                    line.label,
-                    tuple(x for x, _ in xy),
-                    tuple(y for _, y in xy),
-                    dashed=metric == "configured",
-                )
-            )
+            out.append(Series(line.slot, line.label, tuple(x for x, _ in xy), tuple(y for _, y in xy)))
         out.sort(key=lambda s: s.slot)
         return tuple(out)
-
-    def __len__(self) -> int:
-        return len(self._lines)
 
 
 def _compress(xy: list[tuple[float, float]]) -> list[tuple[float, float]]:

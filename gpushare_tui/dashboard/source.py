@@ -1,0 +1,166 @@
+"""Where the dashboard's models come from: the live host, or fixed data.
+
+A `DataSource` is used by one collector thread (`collect`, `close`), except
+`forget_status`, which any thread may call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from ..core.clock import ClockUs, mono_us, wall_us
+from ..core.control import ControlError, StatusReply
+from ..core.gpu import DeviceStats, device_stats
+from ..core.snapshot import SegmentReader
+from ..core.text import printable, printable_gpu, printable_problem
+from .control import ControlClient, LocalControl
+from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
+
+
+class DataSource(Protocol):
+    def collect(self) -> DashboardModel:
+        """The current model (may raise: the App reports it and carries on)."""
+        ...
+
+    def prime(self) -> list[DashboardModel]:
+        """Models from before the App started, oldest first (the plots' history)."""
+        ...
+
+    def forget_status(self, pid: int) -> None:
+        """Ask `pid`'s engine for its status again at the next collect (after a weight change or a stop)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds; no collect follows."""
+        ...
+
+
+class LiveSource:
+    """Segments + NVML + control-socket status.
+
+    `status` is asked only of managed engines (a control socket exists), with a
+    short timeout, every `status_every_s`; one that answers slowly or not at
+    all is asked less often. NVML is retried every `nvml_retry_s` for keys
+    that are not devices (CPU hosts, test keys).
+    """
+
+    def __init__(
+        self,
+        gpu_key: str | None = None,
+        clock: ClockUs = wall_us,
+        *,
+        status_every_s: float = 2.0,
+        status_timeout_s: float = 0.5,
+        nvml_retry_s: float = 30.0,
+        stats: Callable[[str], DeviceStats | None] = device_stats,
+        control: ControlClient | None = None,
+        shm_dir: str | None = None,
+    ) -> None:
+        self.clock = clock
+        self.reader = SegmentReader(gpu_key, shm_dir)
+        self.status_every_s = status_every_s
+        self.status_timeout_s = status_timeout_s
+        self.nvml_retry_s = nvml_retry_s
+        self._stats = stats
+        self._control = control if control is not None else LocalControl()
+        self._nvml_next: dict[str, float] = {}
+        self._status: dict[int, tuple[EngineInfo, float]] = {}
+        self._lock = threading.Lock()
+
+    def prime(self) -> list[DashboardModel]:
+        return []
+
+    def _device(self, key: str, mono: float) -> DeviceStats | None:
+        if self._nvml_next.get(key, 0.0) > mono:
+            return None
+        dev = self._stats(key)
+        if dev is None:
+            self._nvml_next[key] = mono + self.nvml_retry_s
+        return dev
+
+    def _engine(self, pid: int, mono: float) -> EngineInfo:
+        with self._lock:
+            cached = self._status.get(pid)
+        if cached is not None and cached[1] > mono:
+            return cached[0]
+        t0 = time.monotonic()
+        try:
+            r = StatusReply.from_json(self._control.request(pid, "status", timeout_s=self.status_timeout_s))
+            info = EngineInfo(
+                state=_printable(r.state),
+                tok_s=r.tok_s,
+                model=_printable(r.model),
+                kind=_printable(r.kind),
+                port=r.port,
+            )
+            slow = time.monotonic() - t0 > self.status_timeout_s / 2
+            due = mono + self.status_every_s * (5 if slow else 1)
+        except ControlError as e:
+            info = EngineInfo(error=str(e), state=cached[0].state if cached else None)
+            due = mono + max(5.0, self.status_every_s)
+        with self._lock:
+            self._status[pid] = (info, due)
+        return info
+
+    def forget_status(self, pid: int) -> None:
+        with self._lock:
+            cached = self._status.get(pid)
+            if cached is not None:
+                self._status[pid] = (cached[0], 0.0)
+
+    def collect(self) -> DashboardModel:
+        mono = time.monotonic()
+        now = self.clock()
+        gpus, errors = self.reader.read(now)
+        gpus, errors = [printable_gpu(g) for g in gpus], [printable_problem(e) for e in errors]
+        views = []
+        seen: set[int] = set()
+        sockets = self._control.socket_pids()
+        for g in gpus:
+            dev = self._device(g.gpu_key, mono)
+            vram = dict(dev.pid_mem_mib) if dev is not None else {}
+            rows = []
+            for p in g.peers:
+                managed = p.pid in sockets if sockets is not None else self._control.is_managed(p.pid)
+                engine = None
+                if managed and p.alive:
+                    engine = self._engine(p.pid, mono)
+                    seen.add(p.pid)
+                rows.append(PeerRow(g.gpu_key, p, managed, vram.get(p.pid), engine))
+            rows_t = tuple(rows)
+            views.append(GpuView(g, dev, rows_t, achieved_shares(rows_t)))
+        with self._lock:
+            for pid in [p for p in self._status if p not in seen]:
+                del self._status[pid]
+        return DashboardModel(now, tuple(views), tuple(errors), mono_us())
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _printable(x: str | None) -> str | None:
+    return None if x is None else printable(x)
+
+
+class FixedSource:
+    """Fixed models (snapshot and pilot tests): `prime()` fills the plots' history, `collect()` repeats the last."""
+
+    def __init__(self, models: list[DashboardModel]) -> None:
+        if not models:
+            raise ValueError("FixedSource needs at least one model")
+        self.models = models
+
+    def prime(self) -> list[DashboardModel]:
+        return self.models[:-1]
+
+    def collect(self) -> DashboardModel:
+        return self.models[-1]
+
+    def forget_status(self, pid: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
