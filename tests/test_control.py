@@ -17,17 +17,7 @@ from gpushare_tui.core.segment import Segment
 
 
 def _raw(path: str, payload: bytes) -> dict:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5)
-        s.connect(path)
-        s.sendall(payload)
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return json.loads(data)
+    return json.loads(control.exchange(path, payload, 5))
 
 
 @pytest.fixture

@@ -44,19 +44,7 @@ def _synth(procs, runtime_dir: str, key: str, *extra: str, **kw: object):
 
 
 def _raw(path: str, payload: bytes, timeout: float = 10) -> dict:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        try:
-            s.sendall(payload)
-        except BrokenPipeError:
-            pass  # refused (busy, too large) before all of it was read: the reply is still to be read
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+    data = control.exchange(path, payload, timeout)
     assert data, f"no reply to {payload[:60]!r}"
     return json.loads(data)
 

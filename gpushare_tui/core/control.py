@@ -403,25 +403,32 @@ def _encode(reply: dict) -> bytes:
         return json.dumps({"ok": False, "error": f"internal error: reply not JSON: {e}"}).encode() + b"\n"
 
 
+def exchange(path: str, payload: bytes, timeout_s: float) -> bytes:
+    """Send `payload` on a new connection to the socket at `path` and read the reply line
+    (b"" when the server closed without one). OSError on failure."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(path)
+        try:
+            s.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before the request was read ("busy", too large): the reply is still there to read
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
 def request(engine_pid: int, cmd: str, timeout_s: float = 3.0, **args: object) -> dict:
     """Send one request; ControlError with a user-facing reason on any failure."""
     path = socket_path(engine_pid)
     if not os.path.exists(path):
         raise ControlError(_why_unreachable(engine_pid))
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout_s)
-            s.connect(path)
-            try:
-                s.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # refused before the request was read ("busy"): the reply is still there to read
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+        data = exchange(path, json.dumps({"cmd": cmd, **args}).encode() + b"\n", timeout_s)
     except (ConnectionRefusedError, FileNotFoundError):
         raise ControlError(f"engine {engine_pid}: its supervisor is gone (stale socket)") from None
     except OSError as e:
