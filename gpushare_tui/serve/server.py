@@ -34,6 +34,7 @@ _BUSY += b'{"error": "busy"}\n'
 class Handler(BaseHTTPRequestHandler):
     server: ExporterServer
     protocol_version = "HTTP/1.0"  # one request per connection: no idle keep-alive connections to hold
+    default_request_version = "HTTP/1.0"  # an unparseable request line still gets a status line and headers
     timeout = READ_TIMEOUT_S
     server_version = "gpushare-tui"
 
