@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from conftest import wait_for
+from prometheus_client.parser import text_string_to_metric_families
 from serve_env import get, start_serve, start_writer
 
 from gpushare_tui.cli.serve import LISTEN_DEFAULT
@@ -110,7 +109,7 @@ def test_once_format_prometheus_is_a_scrape(procs, gpu_key, cli) -> None:
         return [ln for ln in text.splitlines() if not ln.startswith("gpushare_peer_heartbeat_age_seconds{")]
 
     assert steady(r.stdout) == steady(scrape)
-    assert 'gpushare_peer_share_ratio{gpu_key="%s",name="a",pid=' % gpu_key in r.stdout
+    assert f'gpushare_peer_share_ratio{{gpu_key="{gpu_key}",name="a",pid=' in r.stdout
 
 
 @pytest.mark.parametrize(
