@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import socketserver
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
 import pytest
+from conftest import cli_argv
 from serve_env import start_serve, start_writer
 
 from gpushare_tui.dashboard.remote import RemoteSource, parse_remote_url
@@ -141,3 +144,52 @@ def test_remote_source_merges_hosts(two_hosts, unreachable) -> None:
         assert [e.segment for e in m2.errors] == [unreachable]
     finally:
         src.close()
+
+
+def test_dashboard_shows_remote_rows_read_only(two_hosts, unreachable) -> None:
+    """The App over a RemoteSource: a remote host's peers are rows whose GPU column names the host,
+    admin actions on them are refused, and an unreachable host is an error, not a failure."""
+    import asyncio
+
+    from gpushare_tui.app import DashboardApp
+    from gpushare_tui.widgets.peers_table import PeersTable, cell_text
+    from gpushare_tui.widgets.weight_modal import WeightModal
+
+    (a, ka), _ = two_hosts
+
+    async def main() -> None:
+        app = DashboardApp(interval_s=0.2, source=RemoteSource(None, [a, unreachable]))
+        async with app.run_test(size=(120, 40)) as pilot:
+            table = app.query_one(PeersTable)
+            deadline = time.monotonic() + 20
+            while table.row_count < 2:
+                assert time.monotonic() < deadline, "remote rows never shown"
+                await pilot.pause(0.05)
+            rows = [table.row(k) for k in table.order]
+            assert [r.peer.name for r in rows] == ["alpha", "beta"]
+            assert all(cell_text(r, "gpu").startswith("http://") for r in rows)
+            assert rows[0].gpu_key == f"{a}/{ka}"
+            assert [e.segment for e in app.model.errors] == [unreachable]
+            await pilot.press("w")
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, WeightModal)
+            assert any("foreign peer" in str(n.message) for n in app._notifications)
+
+    asyncio.run(main())
+
+
+def _imports(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    r = subprocess.run(cli_argv(*args), capture_output=True, text=True, env=env, timeout=60)
+    mods = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    return r, mods
+
+
+def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
+    """The headless snapshot imports neither httpx nor the exporter; --remote imports httpx, and no UI."""
+    r, mods = _imports("--once", "--json", "--gpu-key", gpu_key)
+    assert r.returncode == 0 and "gpushare_tui.core.snapshot" in mods
+    assert not {m.split(".")[0] for m in mods} & {"httpx", "prometheus_client", "textual"}
+    r, mods = _imports("--once", "--json", "--remote", unreachable, "--no-local")
+    assert r.returncode == 0 and json.loads(r.stdout)["errors"][0]["host"] == unreachable
+    assert "httpx" in mods and "textual" not in mods and "gpushare_tui.app" not in mods
