@@ -135,7 +135,7 @@ def test_remote_source_merges_hosts(two_hosts, unreachable) -> None:
     src = RemoteSource(None, [a, b, unreachable])
     try:
         m = src.collect()
-        assert [g.gpu_key for g in m.gpus] == [f"{a}/{ka}", f"{b}/{kb}"]
+        assert [g.gpu_key for g in m.gpus] == [f"{a.removeprefix('http://')}/{ka}", f"{b.removeprefix('http://')}/{kb}"]
         assert [r.peer.name for r in m.rows()] == ["alpha", "beta", "gamma"]
         assert not any(r.managed for r in m.rows())
         assert m.gpus[0].snapshot.period_ms is not None
@@ -167,8 +167,8 @@ def test_dashboard_shows_remote_rows_read_only(two_hosts, unreachable) -> None:
                 await pilot.pause(0.05)
             rows = [table.row(k) for k in table.order]
             assert [r.peer.name for r in rows] == ["alpha", "beta"]
-            assert all(cell_text(r, "gpu").startswith("http://") for r in rows)
-            assert rows[0].gpu_key == f"{a}/{ka}"
+            assert all(cell_text(r, "gpu").startswith("127.0.0.1:") for r in rows)  # the host first
+            assert rows[0].gpu_key == f"{a.removeprefix('http://')}/{ka}"
             assert [e.segment for e in app.model.errors] == [unreachable]
             await pilot.press("w")
             await pilot.pause(0.2)

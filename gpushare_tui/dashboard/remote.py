@@ -181,12 +181,18 @@ def fetch_all(urls: Sequence[str], timeout_s: float = TIMEOUT_S) -> list[RemoteR
             return list(pool.map(lambda u: fetch(u, timeout_s, client), urls))
 
 
+def host_label(url: str) -> str:
+    """How the dashboard names a host: its URL without the scheme (`10.0.0.5:9464`), host first, so a
+    narrow GPU column still tells hosts apart."""
+    return url.split("://", 1)[-1]
+
+
 def host_view(r: RemoteReport) -> tuple[list[GpuView], list[SegmentProblem]]:
-    """Dashboard views of one host: each GPU keyed `HOST/KEY` (its identity and its host column), its
+    """Dashboard views of one host: each GPU keyed `HOST:PORT/KEY` (its identity and its host column), its
     peers unmanaged (no admin action reaches another host); its errors, and the host's own, named by host."""
     views = []
     for g in r.gpus:
-        g = printable_gpu(replace(g, gpu_key=f"{r.host}/{g.gpu_key}"))
+        g = printable_gpu(replace(g, gpu_key=f"{host_label(r.host)}/{g.gpu_key}"))
         views.append(GpuView(g, None, tuple(PeerRow(g.gpu_key, p) for p in g.peers)))
     errors = [SegmentProblem(printable(f"{r.host} {e.segment}"), printable(e.error)) for e in r.errors]
     if r.error is not None:
