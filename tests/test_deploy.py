@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 
+import pytest
 from conftest import REPO
 
 from gpushare_tui.serve.exposition import METRIC_NAMES
@@ -40,6 +43,15 @@ def test_systemd_unit_runs_serve() -> None:
     exec_start = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
     assert exec_start.split()[1:3] == ["serve", "--listen"]
     assert "[Install]" in unit and "NoNewPrivileges=yes" in unit
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_unit_parses() -> None:
+    """systemd-analyze reads every line (a missing ExecStart binary on this host is all it may say)."""
+    unit = str(DEPLOY / "gpushare-tui-serve.service")
+    r = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True, timeout=60)
+    problems = [ln for ln in (r.stdout + r.stderr).splitlines() if "gpushare-tui-serve.service" in ln]
+    assert [ln for ln in problems if "is not executable" not in ln] == []
 
 
 def test_container_notes() -> None:
