@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Sequence
 
 from textual import events, on
 from textual.app import App, ComposeResult
@@ -466,7 +467,17 @@ def _env_history_s() -> float | None:
 
 
 def run_dashboard(
-    gpu_key: str | None = None, interval_s: float = 1.0, readonly: bool = False, history_s: float | None = None
+    gpu_key: str | None = None,
+    interval_s: float = 1.0,
+    readonly: bool = False,
+    history_s: float | None = None,
+    remotes: Sequence[str] = (),
+    local: bool = True,
 ) -> None:
-    """The CLI's default command."""
-    DashboardApp(gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s).run()
+    """The CLI's default command; with `remotes` (serve URLs) their hosts' segments too (read-only rows)."""
+    source = None
+    if remotes:
+        from .dashboard.remote import RemoteSource
+
+        source = RemoteSource(LiveSource(gpu_key) if local else None, remotes)
+    DashboardApp(gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s, source=source).run()

@@ -17,6 +17,11 @@ def dashboard(
     gpu_key: str | None = typer.Option(None, "--gpu-key", help="Show only this segment."),
     interval: float = IntervalOpt,
     readonly: bool = ReadonlyOpt,
+    remote: list[str] = typer.Option(
+        [], "--remote", help="Also show the segments of the host whose `gpushare-tui serve` is at this URL (repeat)."
+    ),
+    no_local: bool = typer.Option(False, "--no-local", help="With --remote: leave out this host's segments."),
+    fmt: str | None = typer.Option(None, "--format", help="With --once: table, json or prometheus."),
 ) -> None:
     """Open the dashboard, or with --once print a snapshot."""
     if ctx.invoked_subcommand is not None:
@@ -24,9 +29,18 @@ def dashboard(
     key = checked_key(gpu_key)
     if as_json and not once:
         raise UsageError("--json needs --once")
+    if fmt is not None and not once:
+        raise UsageError("--format needs --once")
     if once:
-        raise typer.Exit(print_once(key, as_json))
+        raise typer.Exit(print_once(key, as_json, remote, not no_local, fmt))
+    if no_local and not remote:
+        raise UsageError("--no-local needs --remote URL")
+    urls: list[str] = []
+    if remote:
+        from ..dashboard.remote import parse_remote_url
+
+        urls = [parse_remote_url(u) for u in remote]
     interval = checked_interval(interval)
     from ..app import run_dashboard
 
-    run_dashboard(gpu_key=key, interval_s=interval, readonly=readonly)
+    run_dashboard(gpu_key=key, interval_s=interval, readonly=readonly, remotes=urls, local=not no_local)

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..core.errors import UsageError
 from .common import ExitCode, checked_key
 
 _KEY_EQ = "--gpu-key="
@@ -54,6 +55,56 @@ def once_report(gpu_key: str | None) -> dict:
         reader.close()
 
 
+def remote_report(gpu_key: str | None, urls: Sequence[str], local: bool) -> dict:
+    """The `--once --json` document over this host (unless not `local`) and the `serve` endpoints `urls`:
+    every gpu and error carries `host` (this host's name, or the endpoint's URL); a host that cannot be
+    read is one error (`segment` ""), not a failure."""
+    from ..core.clock import wall_us
+    from ..core.snapshot import gpu_to_json, report_to_json
+    from ..dashboard.remote import fetch_all
+
+    report = once_report(gpu_key) if local else report_to_json([], [], wall_us())
+    here = report["hostname"]
+    for g in report["gpus"]:
+        g["host"] = here
+    for e in report["errors"]:
+        e["host"] = here
+    for r in fetch_all(urls):
+        report["gpus"] += [{**gpu_to_json(g), "host": r.host} for g in r.gpus if gpu_key in (None, g.gpu_key)]
+        report["errors"] += [{"segment": e.segment, "error": e.error, "host": r.host} for e in r.errors]
+        if r.error is not None:
+            report["errors"].append({"segment": "", "error": r.error, "host": r.host})
+    return report
+
+
+def prometheus_text(gpu_key: str | None) -> str:
+    """What `GET /metrics` of `gpushare-tui serve` returns for this host now (the same renderer)."""
+    from ..dashboard.source import LiveSource
+    from ..serve.exposition import render_metrics
+
+    source = LiveSource(gpu_key)
+    try:
+        return render_metrics(source.collect).decode()
+    finally:
+        source.close()
+
+
+FORMATS = ("table", "json", "prometheus")
+
+
+def _checked_format(fmt: str | None, as_json: bool, remotes: Sequence[str], local: bool) -> str:
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"invalid --format {fmt!r}: one of {', '.join(FORMATS)}")
+    if as_json and fmt not in (None, "json"):
+        raise UsageError(f"--json contradicts --format {fmt}")
+    fmt = fmt or ("json" if as_json else "table")
+    if fmt == "prometheus" and remotes:
+        raise UsageError("--format prometheus shows this host only (scrape each host's serve instead of --remote)")
+    if not local and not remotes:
+        raise UsageError("--no-local needs --remote URL")
+    return fmt
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
@@ -71,8 +122,9 @@ def render_table(report: dict) -> str:
     for g in report["gpus"]:
         period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
         warn = "  WARNING: group/world-writable" if g["writable_by_others"] else ""
+        host = f"{printable(g['host'])}  " if "host" in g else ""
         lines.append(
-            f"{printable(g['segment'])}  owner {printable(g['owner'])}  mode {g['mode']}  "
+            f"{host}{printable(g['segment'])}  owner {printable(g['owner'])}  mode {g['mode']}  "
             f"period {period}  peers {len(g['peers'])}{warn}"
         )
         lines.append(
@@ -87,17 +139,37 @@ def render_table(report: dict) -> str:
                 f"{'yes' if p['alive'] else 'no':<5} {_age(p['heartbeat_age_ms']):>7}  {win}"
             )
     for e in report["errors"]:
-        lines.append(f"error: {printable(e['segment'])}: {printable(e['error'])}")
+        where = ": ".join(printable(x) for x in (e.get("host", ""), e["segment"]) if x)
+        lines.append(f"error: {where}: {printable(e['error'])}")
     if not report["gpus"] and not report["errors"]:
         lines.append("no /opencoti-gpu-* segments on this host")
     return "\n".join(lines)
 
 
-def print_once(gpu_key: str | None, as_json: bool) -> ExitCode:
-    """Print one snapshot; BadKeyError (usage) for an invalid key. Exit 1 if stdout is closed early."""
-    report = once_report(checked_key(gpu_key))
+def print_once(
+    gpu_key: str | None,
+    as_json: bool,
+    remotes: Sequence[str] = (),
+    local: bool = True,
+    fmt: str | None = None,
+) -> ExitCode:
+    """Print one snapshot (`fmt`: table, json or prometheus; `as_json` is json) of this host and the
+    `remotes` (`serve` URLs; their unreachable hosts are error rows, exit 0). UsageError for an invalid
+    key, URL or combination. Exit 1 if stdout is closed early."""
+    key = checked_key(gpu_key)
+    fmt = _checked_format(fmt, as_json, remotes, local)
+    urls: list[str] = []
+    if remotes:
+        from ..dashboard.remote import parse_remote_url
+
+        urls = [parse_remote_url(u) for u in remotes]
+    if fmt == "prometheus":
+        text = prometheus_text(key)
+    else:
+        report = remote_report(key, urls, local) if remotes else once_report(key)
+        text = json.dumps(report, allow_nan=False) if fmt == "json" else render_table(report)
     try:
-        print(json.dumps(report, allow_nan=False) if as_json else render_table(report))
+        print(text, end="" if fmt == "prometheus" else "\n")
         sys.stdout.flush()
     except BrokenPipeError:
         # the reader went away (`| head`): exit 1 quietly, and don't fail again flushing at exit

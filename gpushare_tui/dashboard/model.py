@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..core.control import SignalLateness
 from ..core.gpu import DeviceStats
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
 
@@ -25,6 +26,7 @@ class EngineInfo:
     kind: str | None = None
     port: int | None = None
     error: str | None = None
+    lateness: SignalLateness | None = None  # a supervisor's SIGCONT/SIGSTOP lateness (llama-server engines)
 
 
 @dataclass(frozen=True)

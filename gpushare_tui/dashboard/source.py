@@ -95,6 +95,7 @@ class LiveSource:
                 model=_printable(r.model),
                 kind=_printable(r.kind),
                 port=r.port,
+                lateness=r.signal_lateness,
             )
             slow = time.monotonic() - t0 > self.status_timeout_s / 2
             due = mono + self.status_every_s * (5 if slow else 1)

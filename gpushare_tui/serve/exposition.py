@@ -1,0 +1,149 @@
+"""Prometheus exposition of a `DashboardModel`: one renderer for `GET /metrics` and
+`--once --format prometheus`.
+
+Base units (seconds, bytes, 0-1 ratios). Peer series carry `gpu_key`, `slot`, `pid`, `name`.
+A dead peer (heartbeat older than abi.ALIVE_US) keeps only `gpushare_peer_alive` (0) and its
+heartbeat age until it is evicted; every other series of it disappears.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from ..dashboard.model import DashboardModel, GpuView, PeerRow
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PEER_LABELS = ["gpu_key", "slot", "pid", "name"]
+GPU_LABELS = ["gpu_key"]
+MIB = 2**20
+
+# name -> help: every metric the exporter can emit (deploy/grafana-dashboard.json is checked against it)
+PEER_METRICS = {
+    "gpushare_peer_weight": "Configured share weight of the peer.",
+    "gpushare_peer_share_ratio": "Configured share of the GPU (weight / sum of the schedule members' weights), 0-1.",
+    "gpushare_peer_busy_ratio": "Fraction of its recent time the peer was busy decoding, 0-1.",
+    "gpushare_peer_active": "1 when the peer is active (a member of the schedule when alive), else 0.",
+    "gpushare_peer_alive": "1 when the peer's heartbeat is fresh, 0 when it is stale (dead, not yet evicted).",
+    "gpushare_peer_heartbeat_age_seconds": "Age of the peer's last heartbeat.",
+    "gpushare_peer_window_seconds": "Length of the peer's window in the schedule period.",
+    "gpushare_peer_achieved_share_ratio": "Achieved share: tokens/s over the sum of the members' tokens/s, 0-1.",
+    "gpushare_peer_gpu_memory_bytes": "GPU memory used by the peer's process (NVML).",
+}
+ENGINE_METRICS = {
+    "gpushare_engine_tokens_per_second": "Decode rate of a managed engine (its control socket's status).",
+    "gpushare_engine_state": "State of a managed engine: 1 for the state it is in.",
+    "gpushare_engine_signal_lateness_p50_seconds": "Median lateness of the supervisor's SIGCONT/SIGSTOP.",
+    "gpushare_engine_signal_lateness_p99_seconds": "99th percentile lateness of the supervisor's SIGCONT/SIGSTOP.",
+    "gpushare_engine_signal_lateness_max_seconds": "Largest lateness of the supervisor's SIGCONT/SIGSTOP.",
+}
+GPU_METRICS = {
+    "gpushare_schedule_period_seconds": "Length of the schedule period (absent when unthrottled).",
+    "gpushare_peers": "Alive peers registered in the segment.",
+    "gpushare_gpu_utilization_ratio": "Device utilisation (NVML), 0-1.",
+    "gpushare_gpu_memory_used_bytes": "Device memory in use (NVML).",
+    "gpushare_gpu_memory_total_bytes": "Device memory in total (NVML).",
+}
+HOST_METRICS = {"gpushare_segment_errors": "Segments that could not be read at this scrape."}
+METRIC_NAMES = frozenset({**PEER_METRICS, **ENGINE_METRICS, **GPU_METRICS, **HOST_METRICS})
+
+
+def _gauge(name: str, helps: dict[str, str], labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, helps[name], labels=labels)
+
+
+def _peer_labels(g: GpuView, r: PeerRow) -> list[str]:
+    p = r.peer
+    return [g.gpu_key, str(p.slot), str(p.pid), p.name]
+
+
+def families(model: DashboardModel) -> list[Metric]:
+    """Every metric family for `model`, in a fixed order (families without samples included)."""
+    peer = {n: _gauge(n, PEER_METRICS, PEER_LABELS) for n in PEER_METRICS}
+    engine = {n: _gauge(n, ENGINE_METRICS, PEER_LABELS) for n in ENGINE_METRICS if n != "gpushare_engine_state"}
+    state = _gauge("gpushare_engine_state", ENGINE_METRICS, [*PEER_LABELS, "state"])
+    gpu = {n: _gauge(n, GPU_METRICS, GPU_LABELS) for n in GPU_METRICS}
+    for g in model.gpus:
+        snap = g.snapshot
+        if snap.period_ms is not None:
+            gpu["gpushare_schedule_period_seconds"].add_metric([g.gpu_key], snap.period_ms / 1000)
+        gpu["gpushare_peers"].add_metric([g.gpu_key], sum(1 for p in snap.peers if p.alive))
+        dev = g.device
+        if dev is not None:
+            for name, value in (
+                ("gpushare_gpu_utilization_ratio", None if dev.util_pct is None else dev.util_pct / 100),
+                ("gpushare_gpu_memory_used_bytes", None if dev.mem_used_mib is None else dev.mem_used_mib * MIB),
+                ("gpushare_gpu_memory_total_bytes", None if dev.mem_total_mib is None else dev.mem_total_mib * MIB),
+            ):
+                if value is not None:
+                    gpu[name].add_metric([g.gpu_key], value)
+        achieved = dict(g.achieved_pct)
+        for r in g.rows:
+            _add_peer(peer, engine, state, _peer_labels(g, r), r, achieved.get(r.peer.slot))
+    errors = GaugeMetricFamily("gpushare_segment_errors", HOST_METRICS["gpushare_segment_errors"])
+    errors.add_metric([], len(model.errors))
+    return [*peer.values(), *engine.values(), state, *gpu.values(), errors]
+
+
+def _add_peer(
+    peer: dict[str, GaugeMetricFamily],
+    engine: dict[str, GaugeMetricFamily],
+    state: GaugeMetricFamily,
+    labels: list[str],
+    r: PeerRow,
+    achieved_pct: float | None,
+) -> None:
+    p = r.peer
+    peer["gpushare_peer_alive"].add_metric(labels, 1 if p.alive else 0)
+    if p.heartbeat_age_ms is not None:
+        peer["gpushare_peer_heartbeat_age_seconds"].add_metric(labels, p.heartbeat_age_ms / 1000)
+    if not p.alive:
+        return
+    if p.weight is not None:
+        peer["gpushare_peer_weight"].add_metric(labels, p.weight)
+    peer["gpushare_peer_share_ratio"].add_metric(labels, p.share_pct / 100)
+    peer["gpushare_peer_busy_ratio"].add_metric(labels, p.busy_pct / 100)
+    peer["gpushare_peer_active"].add_metric(labels, 1 if p.active else 0)
+    if p.window_us is not None:
+        peer["gpushare_peer_window_seconds"].add_metric(labels, (p.window_us[1] - p.window_us[0]) / 1e6)
+    if achieved_pct is not None:
+        peer["gpushare_peer_achieved_share_ratio"].add_metric(labels, achieved_pct / 100)
+    if r.vram_mib is not None:
+        peer["gpushare_peer_gpu_memory_bytes"].add_metric(labels, r.vram_mib * MIB)
+    e = r.engine
+    if e is None or e.error is not None:
+        return
+    if e.tok_s is not None:
+        engine["gpushare_engine_tokens_per_second"].add_metric(labels, e.tok_s)
+    if e.state is not None:
+        state.add_metric([*labels, e.state], 1)
+    late = e.lateness
+    if late is not None:
+        for name, us in (
+            ("gpushare_engine_signal_lateness_p50_seconds", late.p50_us),
+            ("gpushare_engine_signal_lateness_p99_seconds", late.p99_us),
+            ("gpushare_engine_signal_lateness_max_seconds", late.max_us),
+        ):
+            if us is not None:
+                engine[name].add_metric(labels, us / 1e6)
+
+
+class ModelCollector(Collector):
+    """A custom collector: each `collect()` (each scrape) asks `model()` for a fresh model."""
+
+    def __init__(self, model: Callable[[], DashboardModel]) -> None:
+        self._model = model
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self._model())
+
+
+def render_metrics(model: Callable[[], DashboardModel]) -> bytes:
+    """The text exposition of a fresh `model()`: the body of `GET /metrics`, and `--once --format prometheus`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ModelCollector(model))
+    return generate_latest(registry)

@@ -1,0 +1,42 @@
+"""The life of `gpushare-tui serve`: bind, say where, serve until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from ..dashboard.source import LiveSource
+from .exporter import Exporter
+from .listen import bind_error, is_loopback, parse_listen
+from .server import ExporterServer
+
+
+def open_server(listen: str, gpu_key: str | None = None) -> ExporterServer:
+    """A bound server for `--listen` (UsageError / GpushareError: one line) over this host's segments."""
+    host, port = parse_listen(listen)
+    exporter = Exporter(LiveSource(gpu_key))
+    try:
+        return ExporterServer((host, port), exporter)
+    except OSError as e:
+        exporter.close()
+        raise bind_error(host, port, e) from None
+
+
+def serve(listen: str, gpu_key: str | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (then return). The first stderr line names the URL (port 0 resolved)."""
+    server = open_server(listen, gpu_key)
+    host = server.server_address[0]
+    note = "" if is_loopback(host) else "  (not loopback: reachable from other hosts)"
+    print(f"gpushare-tui serve: listening on {server.url}{note}", file=sys.stderr, flush=True)
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        server.exporter.close()

@@ -1,0 +1,59 @@
+"""deploy/: the Grafana dashboard asks only for metrics the exporter has; the systemd unit runs `serve`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from conftest import REPO
+
+from gpushare_tui.serve.exposition import METRIC_NAMES
+
+DEPLOY = REPO / "deploy"
+METRIC = re.compile(r"\bgpushare_[a-z0-9_]+\b")
+
+
+def _exprs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k in ("expr", "query") and isinstance(v, str)] + [
+            e for v in node.values() for e in _exprs(v)
+        ]
+    if isinstance(node, list):
+        return [e for v in node for e in _exprs(v)]
+    return []
+
+
+def test_grafana_dashboard_metrics_exist() -> None:
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs = [e for e in _exprs(dash) if e != "prometheus"]  # the datasource variable's query is a type
+    assert len(exprs) >= 10
+    used = {m for e in exprs for m in METRIC.findall(e)}
+    assert all(METRIC.search(e) for e in exprs), [e for e in exprs if not METRIC.search(e)]
+    assert used - METRIC_NAMES == set()
+    titles = " ".join(p["title"].lower() for p in dash["panels"])
+    for what in ("share", "busy", "achieved", "tokens/s", "period", "peers"):
+        assert what in titles
+
+
+def test_systemd_unit_runs_serve() -> None:
+    unit = (DEPLOY / "gpushare-tui-serve.service").read_text()
+    exec_start = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    assert exec_start.split()[1:3] == ["serve", "--listen"]
+    assert "[Install]" in unit and "NoNewPrivileges=yes" in unit
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_systemd_unit_parses() -> None:
+    """systemd-analyze reads every line (a missing ExecStart binary on this host is all it may say)."""
+    unit = str(DEPLOY / "gpushare-tui-serve.service")
+    r = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True, timeout=60)
+    problems = [ln for ln in (r.stdout + r.stderr).splitlines() if "gpushare-tui-serve.service" in ln]
+    assert [ln for ln in problems if "is not executable" not in ln] == []
+
+
+def test_container_notes() -> None:
+    notes = (DEPLOY / "README.md").read_text()
+    assert "--ipc=host" in notes and "/dev/shm" in notes and "hostIPC: true" in notes and "DaemonSet" in notes
