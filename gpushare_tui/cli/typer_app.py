@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import control_cmds, dashboard, demo, engines, synth
+from . import control_cmds, dashboard, demo, engines, synth, up
 from .common import ExitCode, error_line
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app.command()(control_cmds.status)
 app.command()(control_cmds.weight)
 app.command()(control_cmds.stop)
 app.command()(demo.demo)
+app.command()(up.up)
 
 
 def run_app(argv: list[str]) -> int:

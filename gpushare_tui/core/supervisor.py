@@ -27,6 +27,7 @@ from .activity import EngineActivity
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply
 from .engines import llama_server as ls
+from .ownership import Owner
 from .registry import Membership
 from .snapshot import own_peer
 
@@ -62,8 +63,10 @@ class Supervisor:
         gpu_busy: Callable[[int, int], float | None] | None = None,
         say: Callable[[str], None] = print,
         share_group: str | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.args = args
+        self.owner = owner
         self.share_group = share_group
         self.gpu_key = abi.validate_gpu_key(gpu_key)
         self.weight = abi.parse_weight(weight)
@@ -295,6 +298,7 @@ class Supervisor:
                 gpu_key=self.gpu_key,
                 log=self.log_path,
                 signal_lateness=SignalLateness(**self.lateness_summary()),
+                **(self.owner.status_fields() if self.owner else {}),
             ).to_json()
 
         def set_weight(req: dict) -> dict:
@@ -305,7 +309,8 @@ class Supervisor:
             self.request_stop()
             return {"state": "stopping"}
 
-        return {"status": status, "set_weight": set_weight, "stop": stop}
+        handlers = {"status": status, "set_weight": set_weight, "stop": stop}
+        return self.owner.wrap(handlers) if self.owner else handlers
 
 
 def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:
