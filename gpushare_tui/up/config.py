@@ -85,7 +85,7 @@ class _Where:
         line = key_line(self.text, table, key.split(".")[0] if key else None, index)
         where = f"{self.path}:{line}" if line else self.path
         who = f"engine {engine}: " if engine else ""
-        what = f"{key}: " if key else ""
+        what = f"{table + '.' if table == 'serve' else ''}{key}: " if key else ""
         return ConfigError(f"{where}: {who}{what}{msg}")
 
 
