@@ -68,6 +68,7 @@ class Child:
         self._notify_r: int | None = None
         self._events_r: int | None = None
         self._stop_seen = False
+        self._started_weight: float | None = None
 
     # -- argv ----------------------------------------------------------------
 
@@ -108,6 +109,7 @@ class Child:
         pass_fds: list[int] = []
         notify_w = events_w = -1
         if self.decl is not None:
+            self._started_weight = self.decl.weight
             env.update(dict(self.decl.env))
             self._notify_r, notify_w = os.pipe2(os.O_CLOEXEC)
             self._events_r, events_w = os.pipe2(os.O_CLOEXEC)
@@ -213,12 +215,16 @@ class Child:
         if self.decl is None:
             self.say(f"serve: listening on {self.serve_listen} (pid {engine_pid})")
             return
+        weight: float | None = self.decl.weight
         try:
+            if self._started_weight != self.decl.weight:  # a reload while it was starting
+                control.request(engine_pid, "set_weight", READY_STATUS_TIMEOUT_S, weight=weight, config=True)
             st = control.StatusReply.from_json(control.request(engine_pid, "status", READY_STATUS_TIMEOUT_S))
             slot, weight = st.slot, st.weight
-        except control.ControlError:
-            weight = self.decl.weight
-        self.say(f"{self.name}: ready: engine pid {engine_pid}, slot {slot}, weight {weight:g}, gpu key {self.key}")
+        except control.ControlError as e:
+            self.say(f"{self.name}: control socket: {e}")
+        shown = "?" if weight is None else f"{weight:g}"
+        self.say(f"{self.name}: ready: engine pid {engine_pid}, slot {slot}, weight {shown}, gpu key {self.key}")
 
     def _exited(self, code: int) -> None:
         assert self.proc is not None
