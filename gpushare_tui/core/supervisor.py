@@ -123,11 +123,17 @@ class Supervisor:
         self._quit.set()
 
     def shutdown(self) -> None:
-        """Continue the engine, end it (TERM, then KILL after 10 s), leave, close. Idempotent."""
+        """Continue the engine, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
+
+        The slot is left before the engine is waited for: an engine busy streaming can take the
+        whole 10 s to exit (its HTTP threads wait for their clients), and it holds no share meanwhile."""
         self._quit.set()
         proc = self.proc
         if proc is not None:
             self._resume(force=True)
+        if self.membership is not None:
+            self.membership.leave()
+        if proc is not None:
             if proc.poll() is None:
                 self._terminate(proc)
             code = proc.wait()
@@ -136,8 +142,6 @@ class Supervisor:
         if self._control is not None:
             self._control.close()
             self._control = None
-        if self.membership is not None:
-            self.membership.leave()
 
     # -- signals -----------------------------------------------------------
 
