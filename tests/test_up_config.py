@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from conftest import REPO
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.up import config
@@ -136,3 +137,16 @@ def test_backoff_doubles_to_60_s_and_resets_after_5_min_healthy() -> None:
     assert b.crash_loop
     assert b.on_exit(300.0) == 1 and not b.crash_loop
     assert b.on_exit(299.0) == 2
+
+
+def test_deploy_examples_are_valid(tmp_path, capsys, monkeypatch) -> None:
+    """The README's examples: the synth one as is, the llama one with a llama-server on PATH."""
+    deploy = REPO / "deploy"
+    assert cli_main(["up", "--check", str(deploy / "synth.toml")]) == 0
+    fake = tmp_path / "bin" / "llama-server"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    cfg = config.load(str(deploy / "gpushare.toml"))
+    assert [(e.name, e.weight) for e in cfg.engines] == [("chat", 3.0), ("batch", 1.0)] and cfg.gpu == 0
