@@ -150,3 +150,40 @@ def test_deploy_examples_are_valid(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
     cfg = config.load(str(deploy / "gpushare.toml"))
     assert [(e.name, e.weight) for e in cfg.engines] == [("chat", 3.0), ("batch", 1.0)] and cfg.gpu == 0
+
+
+@pytest.mark.parametrize("raw", ["", "not json", "[]", '{"config": "f"}', '{"config": "f", "pid": 1, "weight": "x"}'])
+def test_owner_env_malformed_is_no_owner_and_is_not_inherited(monkeypatch, raw) -> None:
+    from gpushare_tui.core import ownership
+
+    monkeypatch.setenv(ownership.ENV, raw)
+    assert ownership.Owner.from_env() is None
+    assert ownership.ENV not in __import__("os").environ
+
+
+def test_owner_env_round_trip_and_wrapped_handlers(monkeypatch) -> None:
+    import os
+
+    from gpushare_tui.core import ownership
+
+    r, w = os.pipe()
+    monkeypatch.setenv(ownership.ENV, ownership.Owner("/x/g.toml", 42, 3.0, 2, w).to_env())
+    owner = ownership.Owner.from_env()
+    assert owner == ownership.Owner("/x/g.toml", 42, 3.0, 2, w) and ownership.ENV not in os.environ
+    calls = []
+    h = owner.wrap({"stop": lambda q: calls.append("stop") or {}, "set_weight": lambda q: {"weight": q["weight"]}})
+    h["set_weight"]({"weight": 5.0})
+    assert owner.config_weight == 3.0  # a live edit is not the file's
+    h["set_weight"]({"weight": 4.0, "config": True})
+    assert owner.config_weight == 4.0  # a reload is
+    h["stop"]({})
+    assert calls == ["stop"] and os.read(r, 10) == ownership.STOP_EVENT
+    assert owner.status_fields() == {
+        "owner": "up",
+        "owner_pid": 42,
+        "config": "/x/g.toml",
+        "config_weight": 4.0,
+        "restarts": 2,
+    }
+    os.close(r)
+    os.close(w)

@@ -252,6 +252,7 @@ class Child:
 
     def _failed(self, shown: str | None, healthy_s: float) -> None:
         delay = self.backoff.on_exit(healthy_s)
+        self.ever_resolved = True
         self.restarts += 1
         self.state = "backoff"
         self.next_start_mono = time.monotonic() + delay

@@ -167,6 +167,10 @@ class Up:
                 done.append(f"started {d.name}")
                 continue
             c.cfg = new
+            if c.then == "remove":  # removed by an earlier reload, declared again before it stopped
+                c.decl, c.key, c.then = d, keys[d.name], "restart"
+                done.append(f"restarted {d.name}")
+                continue
             if c.decl is not None and c.decl.same_but_weight(d) and c.key == keys[d.name]:
                 if d.weight != c.decl.weight:
                     c.decl = d
