@@ -23,6 +23,7 @@ from textual.reactive import var
 from textual.widgets import Footer, Static
 from textual.worker import Worker, get_current_worker
 
+from .core.abi import to_f32
 from .core.clock import ClockUs, wall_us
 from .core.control import ControlError
 from .dashboard import MIN_INTERVAL_S
@@ -388,7 +389,13 @@ class DashboardApp(App):
 
     def send_weight(self, row: PeerRow, weight: float) -> None:
         name = row.peer.name or f"pid {row.peer.pid}"
-        self._control_call(row, "set_weight", f"weight of {name} → {{weight:g}}", weight=weight)
+        text = f"weight of {name} → {{weight:g}}"
+        e = row.engine
+        if e is not None and e.owner_config is not None and e.config_weight is not None:
+            if to_f32(weight) != to_f32(e.config_weight):  # owned by `up`: live only, the file is not rewritten
+                config = e.owner_config.replace("{", "{{").replace("}", "}}")
+                text += f", applied live; differs from {config} (weight {e.config_weight:g} there)"
+        self._control_call(row, "set_weight", text, weight=weight)
 
     def action_stop_engine(self) -> None:
         row = self._selected()

@@ -66,6 +66,7 @@ def _start_supervisor(
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
     from ..core.control import check_socket_dir, state_dir
     from ..core.engines import llama_server as ls
+    from ..core.ownership import Owner
     from ..core.supervisor import Supervisor
 
     w = parse_weight(weight)
@@ -91,6 +92,7 @@ def _start_supervisor(
         gpu_busy=_gpu_busy_for(key),
         say=_say,
         share_group=share_group,
+        owner=Owner.from_env(),
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: sup.request_stop())

@@ -38,6 +38,7 @@ def synth(
     if status_file is not None:
         _check_status_file(status_file)
     from ..core.engines.synthetic import serve_synth
+    from ..core.ownership import Owner
 
     pattern = _parse_pattern(busy_idle)
     key = resolve_key(gpu_key, gpu)
@@ -53,6 +54,7 @@ def synth(
         status_file=status_file,
         report=(lambda _line: None) if quiet else None,
         units=work_units or None,
+        owner=Owner.from_env(),
     )
 
 

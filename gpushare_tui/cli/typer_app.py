@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import control_cmds, dashboard, demo, engines, serve, synth
+from . import control_cmds, dashboard, demo, engines, serve, synth, up
 from .common import ExitCode, error_line
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.command()(control_cmds.weight)
 app.command()(control_cmds.stop)
 app.command()(demo.demo)
 app.command()(serve.serve)
+app.command()(up.up)
 
 
 def run_app(argv: list[str]) -> int:

@@ -77,6 +77,12 @@ class StatusReply:
     gpu_key: str | None = None
     log: str | None = None
     signal_lateness: SignalLateness | None = None
+    # set when `gpushare-tui up` owns the engine (core/ownership.py)
+    owner: str | None = None  # "up"
+    owner_pid: int | None = None
+    config: str | None = None  # the file that declares it
+    config_weight: float | None = None  # its weight there (the live weight may differ: a dashboard edit)
+    restarts: int | None = None
 
     def to_json(self) -> dict:
         """Every field, in order; None as null."""

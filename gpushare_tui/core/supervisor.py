@@ -27,6 +27,7 @@ from .activity import EngineActivity
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply
 from .engines import llama_server as ls
+from .ownership import Owner
 from .registry import Membership
 from .snapshot import own_peer
 
@@ -62,8 +63,10 @@ class Supervisor:
         gpu_busy: Callable[[int, int], float | None] | None = None,
         say: Callable[[str], None] = print,
         share_group: str | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.args = args
+        self.owner = owner
         self.share_group = share_group
         self.gpu_key = abi.validate_gpu_key(gpu_key)
         self.weight = abi.parse_weight(weight)
@@ -120,11 +123,17 @@ class Supervisor:
         self._quit.set()
 
     def shutdown(self) -> None:
-        """Continue the engine, end it (TERM, then KILL after 10 s), leave, close. Idempotent."""
+        """Continue the engine, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
+
+        The slot is left before the engine is waited for: an engine busy streaming can take the
+        whole 10 s to exit (its HTTP threads wait for their clients), and it holds no share meanwhile."""
         self._quit.set()
         proc = self.proc
         if proc is not None:
             self._resume(force=True)
+        if self.membership is not None:
+            self.membership.leave()
+        if proc is not None:
             if proc.poll() is None:
                 self._terminate(proc)
             code = proc.wait()
@@ -133,8 +142,6 @@ class Supervisor:
         if self._control is not None:
             self._control.close()
             self._control = None
-        if self.membership is not None:
-            self.membership.leave()
 
     # -- signals -----------------------------------------------------------
 
@@ -295,6 +302,7 @@ class Supervisor:
                 gpu_key=self.gpu_key,
                 log=self.log_path,
                 signal_lateness=SignalLateness(**self.lateness_summary()),
+                **(self.owner.status_fields() if self.owner else {}),
             ).to_json()
 
         def set_weight(req: dict) -> dict:
@@ -305,7 +313,8 @@ class Supervisor:
             self.request_stop()
             return {"state": "stopping"}
 
-        return {"status": status, "set_weight": set_weight, "stop": stop}
+        handlers = {"status": status, "set_weight": set_weight, "stop": stop}
+        return self.owner.wrap(handlers) if self.owner else handlers
 
 
 def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..core.abi import to_f32
 from ..core.control import SignalLateness
 from ..core.gpu import DeviceStats
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
@@ -23,6 +24,8 @@ class EngineInfo:
     state: str | None = None  # running / stopped / loading / exiting ...
     tok_s: float | None = None
     model: str | None = None
+    owner_config: str | None = None  # the `up` config file that owns it (None: not owned by an up)
+    config_weight: float | None = None  # its weight in that file
     kind: str | None = None
     port: int | None = None
     error: str | None = None
@@ -46,6 +49,12 @@ class PeerRow:
     @property
     def tok_s(self) -> float | None:
         return self.engine.tok_s if self.engine is not None else None
+
+    @property
+    def differs_from_config(self) -> bool:
+        """An `up`-owned engine whose live weight is not its file's (a dashboard edit)."""
+        e, w = self.engine, self.peer.weight
+        return e is not None and e.config_weight is not None and w is not None and to_f32(e.config_weight) != w
 
 
 @dataclass(frozen=True)

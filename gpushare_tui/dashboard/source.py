@@ -92,6 +92,8 @@ class LiveSource:
             info = EngineInfo(
                 state=_printable(r.state),
                 tok_s=r.tok_s,
+                owner_config=_printable(r.config) if r.owner == "up" else None,
+                config_weight=r.config_weight if r.owner == "up" else None,
                 model=_printable(r.model),
                 kind=_printable(r.kind),
                 port=r.port,

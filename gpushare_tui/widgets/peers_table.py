@@ -87,7 +87,14 @@ def _engine_text(r: PeerRow) -> Text:
         return Text("no reply", style="red")
     state = e.state or "?"
     style = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}.get(state, "")
+    if e.owner_config is not None:  # owned by `gpushare-tui up`
+        if r.differs_from_config:
+            return Text("up ≠file", style="yellow")
+        return Text("up " + _UP_STATE.get(state, state), style=style)
     return Text(state, style=style)
+
+
+_UP_STATE = {"running": "run", "loading": "load", "stopped": "stop", "exiting": "exit"}
 
 
 def _fmt_age(ms: float | None) -> str:
@@ -149,7 +156,7 @@ def display_key(r: PeerRow) -> tuple:
         None if r.vram_mib is None else round(r.vram_mib),
         None if r.tok_s is None else round(r.tok_s, 1),
         r.managed,
-        None if e is None else (e.state, bool(e.error)),
+        None if e is None else (e.state, bool(e.error), e.owner_config, r.differs_from_config),
     )
 
 

@@ -17,6 +17,7 @@ from ..clock import mono_us, wall_us
 from ..control import ControlServer, StatusReply, socket_path
 from ..errors import GpushareError
 from ..lifecycle import exit_on_termination, termination_deferred
+from ..ownership import Owner
 from ..pacer import Pacer
 from ..registry import Membership
 
@@ -161,7 +162,13 @@ def run_synth(
     return stats
 
 
-def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Event, name: str | None = None) -> dict:
+def synth_handlers(
+    membership: Membership,
+    stats: SynthStats,
+    stop: threading.Event,
+    name: str | None = None,
+    owner: Owner | None = None,
+) -> dict:
     """Control-socket handlers (same protocol as the llama-server supervisor)."""
     from ..snapshot import own_peer
 
@@ -180,6 +187,7 @@ def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Ev
             uptime_s=(mono_us() - stats.started_mono_us) / 1e6,
             slot=membership.slot,
             gpu_key=membership.key,
+            **(owner.status_fields() if owner else {}),
         ).to_json()
 
     def set_weight(req: dict) -> dict:
@@ -190,7 +198,8 @@ def synth_handlers(membership: Membership, stats: SynthStats, stop: threading.Ev
         stop.set()
         return {"state": "exiting"}
 
-    return {"status": status, "set_weight": set_weight, "stop": stop_}
+    handlers = {"status": status, "set_weight": set_weight, "stop": stop_}
+    return owner.wrap(handlers) if owner else handlers
 
 
 def _say(line: str) -> None:
@@ -211,6 +220,7 @@ def serve_synth(
     report: Callable[[str], None] | None = None,
     units: int | None = None,
     say: Callable[[str], None] = _say,
+    owner: Owner | None = None,
 ) -> SynthStats:
     """A synthetic engine's whole life in this process: join `key`, serve the control socket,
     `run_synth` (see there), leave. Returns when the run ends (duration, `stop` request, Ctrl-C).
@@ -231,7 +241,7 @@ def serve_synth(
     server = None
     try:
         with termination_deferred():  # a signal between bind() and the assignment would leave the socket
-            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop, name))
+            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop, name, owner))
         run_synth(
             m,
             step_ms=step_ms,

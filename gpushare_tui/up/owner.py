@@ -1,0 +1,218 @@
+"""The `up` owner loop: start every declared engine, restart the ones that exit (per policy,
+with backoff), reload the file on SIGHUP, stop everything on SIGTERM/SIGINT.
+
+Runs in the main thread: signal handlers only set flags and wake the loop (set_wakeup_fd),
+and every child is forked from this thread (their PR_SET_PDEATHSIG follows it)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+from ..core import control
+from ..core.errors import GpushareError
+from ..core.gpu import GpuKeyError, gpu_key_for_index
+from . import config as cfgmod
+from .child import Child
+from .config import ConfigError, EngineDecl, UpConfig
+from .lock import UpLock
+
+TICK_S = 0.2
+
+
+def _say_default(line: str) -> None:
+    print(f"gpushare-tui up: {line}", file=sys.stderr, flush=True)
+
+
+def engine_key(cfg: UpConfig, decl: EngineDecl) -> str:
+    """The registry key of `decl`: its own gpu_key / gpu, else the file's, else GPU 0's UUID.
+    ConfigError naming the file and engine when a GPU index has no key here."""
+    if decl.gpu_key is not None:
+        return decl.gpu_key
+    index = decl.gpu if decl.gpu is not None else None
+    if index is None and cfg.gpu_key is not None:
+        return cfg.gpu_key
+    index = index if index is not None else (cfg.gpu or 0)
+    try:
+        return gpu_key_for_index(index)
+    except GpuKeyError as e:
+        raise ConfigError(f"{cfg.path}: engine {decl.name!r}: gpu {index}: {e}") from None
+
+
+def check(path: str) -> tuple[UpConfig, dict[str, str]]:
+    """Load `path` and check what depends on this host too (keys, the share group): the
+    config and each engine's key; ConfigError (one line) otherwise."""
+    cfg = cfgmod.load(path)
+    if cfg.share_group is not None:
+        from ..core.segment import resolve_group
+
+        try:
+            resolve_group(cfg.share_group)
+        except GpushareError as e:
+            raise ConfigError(f"{path}: share_group: {e}") from None
+    return cfg, {d.name: engine_key(cfg, d) for d in cfg.engines}
+
+
+class Up:
+    def __init__(self, path: str, say: Callable[[str], None] = _say_default) -> None:
+        self.path = path
+        self.say = say
+        self.cfg, keys = check(path)
+        control.check_socket_dir()
+        self.log_dir = control.state_dir()
+        self.lock = UpLock(path)  # last: nothing after it may fail
+        self.children: dict[str, Child] = {
+            d.name: Child(d, keys[d.name], self.cfg, self.log_dir, say) for d in self.cfg.engines
+        }
+        self.serve: Child | None = self._serve_child(self.cfg)
+        self._retiring: list[Child] = []  # a replaced serve, until it has stopped
+        self._quit = self._reload = False
+        self._notified_ready = False
+
+    def _serve_child(self, cfg: UpConfig) -> Child | None:
+        if cfg.serve is None:
+            return None
+        return Child(None, None, cfg, self.log_dir, self.say, serve_listen=cfg.serve.listen)
+
+    def _all(self) -> list[Child]:
+        return [*self.children.values(), *([self.serve] if self.serve else []), *self._retiring]
+
+    # -- signals ---------------------------------------------------------------
+
+    def _on_quit(self, *_: object) -> None:
+        self._quit = True
+
+    def _on_hup(self, *_: object) -> None:
+        self._reload = True
+
+    def run(self) -> int:
+        """Until SIGTERM/SIGINT; 0 once every engine is stopped and its slot left."""
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        old_fd = signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGTERM, self._on_quit)
+        signal.signal(signal.SIGINT, self._on_quit)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        try:
+            self.say(
+                f"{self.path}: {len(self.children)} engine(s){', serve' if self.serve else ''} (pid {os.getpid()})"
+            )
+            for c in self._all():
+                c.start()
+            while not self._quit:
+                fds = [wake_r] + [fd for c in self._all() for fd in c.wait_fds()]
+                select.select(fds, [], [], TICK_S)
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+                if self._quit:
+                    break
+                if self._reload:
+                    self._reload = False
+                    self.reload()
+                now = time.monotonic()
+                for c in self._all():
+                    c.tick(now)
+                self.children = {n: c for n, c in self.children.items() if c.state != "removed"}
+                self._retiring = [c for c in self._retiring if c.state == "stopping"]
+                if not self._notified_ready and all(c.ever_resolved for c in self._all()):
+                    self._notified_ready = True
+                    sd_notify("READY=1")
+            self._stop_all()
+        finally:
+            signal.set_wakeup_fd(old_fd)
+            os.close(wake_r)
+            os.close(wake_w)
+            self.lock.release()
+        self.say("all engines stopped")
+        return 0
+
+    def _stop_all(self) -> None:
+        sd_notify("STOPPING=1")
+        self.say("stopping every engine")
+        for c in self._all():
+            c.stop()
+        while any(c.state == "stopping" for c in self._all()):
+            time.sleep(0.05)
+            now = time.monotonic()
+            for c in self._all():
+                c.tick(now)
+
+    # -- reload ------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Apply the file again: re-weight in place, start added engines, stop removed ones,
+        restart those whose declaration changed otherwise. An invalid file changes nothing."""
+        try:
+            new, keys = check(self.path)
+        except GpushareError as e:
+            self.say(f"reload failed, nothing changed: {e}")
+            return
+        sd_notify("RELOADING=1")
+        done: list[str] = []
+        for name, c in list(self.children.items()):
+            if new.engine(name) is None:
+                c.stop(then="remove")
+                done.append(f"stopped {name}")
+        for d in new.engines:
+            c = self.children.get(d.name)
+            if c is None:
+                c = self.children[d.name] = Child(d, keys[d.name], new, self.log_dir, self.say)
+                c.start()
+                done.append(f"started {d.name}")
+                continue
+            c.cfg = new
+            if c.then == "remove":  # removed by an earlier reload, declared again before it stopped
+                c.decl, c.key, c.then = d, keys[d.name], "restart"
+                done.append(f"restarted {d.name}")
+                continue
+            if c.decl is not None and c.decl.same_but_weight(d) and c.key == keys[d.name]:
+                if d.weight != c.decl.weight:
+                    c.decl = d
+                    self._reweight(c, d.weight)
+                    done.append(f"{d.name} weight {d.weight:g}")
+                if c.state == "stopped":
+                    c.start()
+                    done.append(f"started {d.name} again")
+                continue
+            c.decl, c.key = d, keys[d.name]
+            c.stop(then="restart")
+            done.append(f"restarted {d.name}")
+        if new.serve != self.cfg.serve:
+            if self.serve is not None:
+                self.serve.stop(then="remove")
+                self._retiring.append(self.serve)
+            self.serve = self._serve_child(new)
+            if self.serve is not None:
+                self.serve.start()
+            done.append("serve")
+        self.cfg = new
+        self.say(f"reloaded {self.path}: {', '.join(done) if done else 'no change'}")
+        sd_notify("READY=1")
+
+    def _reweight(self, c: Child, weight: float) -> None:
+        if c.state != "running" or c.engine_pid is None:
+            return  # it starts with the file's weight
+        try:
+            control.request(c.engine_pid, "set_weight", weight=weight, config=True)
+        except control.ControlError as e:
+            self.say(f"{c.name}: weight {weight:g} not applied: {e}")
+
+
+def sd_notify(state: str) -> None:
+    """systemd's readiness protocol (Type=notify), when NOTIFY_SOCKET is set; else nothing."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.sendto(state.encode(), addr)
+    except OSError:
+        pass
