@@ -29,7 +29,11 @@ class Pacer:
         clock_us: ClockUs = wall_us,
         mono_us: ClockUs = mono_us,
         sleep_s: Callable[[float], None] = time.sleep,
+        reread_us: int = 0,
     ) -> None:
+        """`reread_us`: reuse the schedule built from the registry for this long (mono µs) instead
+        of re-reading all slots at every step (0: every step). Reading the slots is most of a
+        step_done's cost; membership and weights change on a scale of heartbeats (500 ms)."""
         self._m = membership
         self._clock = clock_us
         self._mono = mono_us
@@ -38,6 +42,9 @@ class Pacer:
         self._last_return_us = self._window_start_us
         self._busy_us = 0
         self.total_slept_us = 0
+        self._reread_us = reread_us
+        self._sched: schedule.Schedule | None = None
+        self._sched_mono_us: int | None = None
 
     def step_done(self, step_us: int | None = None) -> int:
         """Returns the µs slept (0 when we may keep running).
@@ -49,8 +56,11 @@ class Pacer:
         self._busy_us += (mono - self._last_return_us) if step_us is None else step_us
         self._m.mark_active(mono)
         slot = self._m.slot
-        slots = self._m.segment.read_slots()
-        sched = schedule.build_schedule(schedule.member_weights(slots, now))
+        if self._sched_mono_us is None or mono - self._sched_mono_us >= self._reread_us:
+            slots = self._m.segment.read_slots()
+            self._sched = schedule.build_schedule(schedule.member_weights(slots, now))
+            self._sched_mono_us = mono
+        sched = self._sched
         slept = 0
         if slot is not None and not schedule.may_run(sched, slot, now):
             target = schedule.next_window_start_us(sched, slot, now)
