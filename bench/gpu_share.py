@@ -232,7 +232,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=("torch", "numpy"), default="numpy")
     ap.add_argument("--seconds", type=float, default=10.0, help="measurement window per scenario (after 1 s warm-up)")
-    ap.add_argument("--release-s", type=float, default=5.0, help="2:1: how long to watch after the peer goes idle")
+    ap.add_argument("--release-s", type=float, default=6.0, help="2:1: how long to watch after the peer goes idle")
     ap.add_argument("--only", default="", help=f"comma list of scenarios besides solo ({','.join(SCENARIOS[1:])})")
     ap.add_argument("--size-mib", type=float, default=None, help="weights per engine (torch 4096, numpy 32)")
     ap.add_argument("--dim", type=int, default=None, help="matrix side (torch 8192, numpy 1024)")
