@@ -77,6 +77,14 @@ def test_joins_and_leaves_the_registry(gpu_key: str, runtime_dir: str) -> None:
     assert not os.path.exists(path)
 
 
+def test_open_is_idempotent_one_slot(gpu_key: str, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    with GpuShare(gpu_key=gpu_key).open() as share:
+        assert share.open() is share
+        assert [r.index for r in _slots(gpu_key) if r.pid == os.getpid()] == [share.slot]
+
+
 def test_pace_marks_active_then_idle_two_seconds_after_the_last(gpu_key: str, runtime_dir: str) -> None:
     from gpushare_tui import GpuShare
 

@@ -81,7 +81,10 @@ class GpuShare:
     # -- lifecycle ---------------------------------------------------------
 
     def open(self) -> GpuShare:
-        """Join the registry and start serving the control socket. Returns self."""
+        """Join the registry and start serving the control socket. Returns self; a no-op when open
+        (so `with GpuShare(...).open() as share:` holds one slot)."""
+        if self.state == "running":
+            return self
         if self._control:
             socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
         self._membership.join()
