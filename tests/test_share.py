@@ -67,7 +67,9 @@ def test_public_import_is_lazy_and_cheap() -> None:
 def test_joins_and_leaves_the_registry(gpu_key: str, runtime_dir: str) -> None:
     from gpushare_tui import GpuShare
 
-    with GpuShare(weight=2, name="trainer", gpu_key=gpu_key) as share:
+    share = GpuShare(weight=2, name="trainer", gpu_key=gpu_key)
+    assert share.pace() == 0  # not open yet: a no-op
+    with share:
         rec = slot_of(gpu_key, share.slot)
         assert rec.pid == os.getpid() and rec.weight == 2.0 and rec.name == "trainer"
         assert rec.is_alive(wall_us()) and not rec.active
@@ -75,6 +77,7 @@ def test_joins_and_leaves_the_registry(gpu_key: str, runtime_dir: str) -> None:
         slot, path = share.slot, share.control_path
     assert slot_of(gpu_key, slot).pid == 0
     assert not os.path.exists(path)
+    assert share.pace() == 0 and share.steps == 0  # closed: a no-op, no error
 
 
 def test_open_is_idempotent_one_slot(gpu_key: str, runtime_dir: str) -> None:

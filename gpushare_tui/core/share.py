@@ -120,7 +120,10 @@ class GpuShare:
     def pace(self, step_us: int | None = None) -> int:
         """Call after each step (once its GPU work is synchronised). Marks us active and, when
         the step ended outside our window, sleeps until our next window opens. Returns the µs
-        slept. `step_us`: the step's busy time, by default the time since `pace()` last returned."""
+        slept. `step_us`: the step's busy time, by default the time since `pace()` last returned.
+        Before `open()` and after `close()` it returns 0 at once."""
+        if self.state not in ("running", "exiting"):
+            return 0
         with self._lock:
             slept = self._pacer.step_done(step_us)
             self._steps += 1
