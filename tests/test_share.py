@@ -251,3 +251,15 @@ def test_pacer_schedule_cache_sees_changes_only_after_reread_us(gpu_key: str) ->
     finally:
         m.leave()
         other.close()
+
+
+def test_a_share_never_closed_leaves_nothing_at_exit(gpu_key: str, runtime_dir: str) -> None:
+    code = (
+        "import os, sys; from gpushare_tui import GpuShare;"
+        "s = GpuShare(gpu_key=sys.argv[1]).open(); s.pace(); print(s.control_path, s.slot, flush=True)"
+    )
+    r = subprocess.run([sys.executable, "-c", code, gpu_key], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    path, slot = r.stdout.split()
+    assert not os.path.exists(path)
+    assert slot_of(gpu_key, int(slot)).pid == 0

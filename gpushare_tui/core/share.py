@@ -14,6 +14,7 @@ and `gpushare-tui weight/stop` can re-weight or stop it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -97,6 +98,7 @@ class GpuShare:
             raise
         self._started_mono_us = mono_us()
         self.state = "running"
+        atexit.register(self.close)  # a loop that never calls close() leaves no socket file behind
         return self
 
     def close(self) -> None:
@@ -106,6 +108,7 @@ class GpuShare:
                 self._server.close()
                 self._server = None
             self._membership.leave()
+        atexit.unregister(self.close)
         if self.state != "new":
             self.state = "exited"
 
