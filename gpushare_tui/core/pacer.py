@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from . import schedule
+from .abi import SlotRecord
 from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 
@@ -45,6 +46,8 @@ class Pacer:
         self._reread_us = reread_us
         self._sched: schedule.Schedule | None = None
         self._sched_mono_us: int | None = None
+        self._raw = b""
+        self._slots: tuple[SlotRecord, ...] = ()
 
     def step_done(self, step_us: int | None = None) -> int:
         """Returns the µs slept (0 when we may keep running).
@@ -57,8 +60,11 @@ class Pacer:
         self._m.mark_active(mono)
         slot = self._m.slot
         if self._sched_mono_us is None or mono - self._sched_mono_us >= self._reread_us:
-            slots = self._m.segment.read_slots()
-            self._sched = schedule.build_schedule(schedule.member_weights(slots, now))
+            seg = self._m.segment
+            raw = seg.slots_raw()
+            if raw != self._raw:  # parsing 16 slots is most of the cost; unchanged bytes, same slots
+                self._slots, self._raw = seg.read_slots(), raw
+            self._sched = schedule.build_schedule(schedule.member_weights(self._slots, now))
             self._sched_mono_us = mono
         sched = self._sched
         slept = 0
