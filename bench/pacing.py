@@ -4,7 +4,9 @@ Scenarios (one run): solo, 1:1, 2:1, 2/1/1 under the gpushare supervisor;
 unpaced (plain llama-servers side by side) and nice-weighted 2:1.
 Prints a table and writes bench/results/pacing.json.
 
-    python -m bench.pacing [--seconds 15] [--embd 768 --layers 8]
+    python -m bench.pacing [--seconds 15] [--embd 768 --layers 8] [--ngl 99] [--json PATH]
+
+--ngl N offloads N layers (a CUDA llama-server: 99 puts the whole model on the GPU).
 """
 
 from __future__ import annotations
@@ -60,8 +62,11 @@ class Engine:
         return self.load.tokens if self.load else []
 
 
+NGL: list[str] = []  # ["-ngl", N] when --ngl is given
+
+
 def engine_argv(server: str, model: str, threads: int, ctx: int, port: int) -> list[str]:
-    return [server, "-m", model, "-t", str(threads), "-c", str(ctx), "-np", "1", "--port", str(port)]
+    return [server, "-m", model, "-t", str(threads), "-c", str(ctx), "-np", "1", "--port", str(port), *NGL]
 
 
 def start_supervised(server: str, model: str, key: str, weight: float, threads: int, ctx: int) -> Engine:
@@ -232,7 +237,11 @@ def main() -> None:
         "(attention), and engines at different positions would skew the ratio",
     )
     ap.add_argument("--rounds", type=int, default=1, help="repeat every scenario; the table shows the median round")
+    ap.add_argument("--ngl", type=int, default=None, help="layers to offload to the GPU (-ngl); default: none")
+    ap.add_argument("--json", default=str(RESULTS / "pacing.json"), help="result file")
     a = ap.parse_args()
+    if a.ngl is not None:
+        NGL[:] = ["-ngl", str(a.ngl)]
     server = llama_server_path()
     RESULTS.mkdir(parents=True, exist_ok=True)
     model = RESULTS / f"model-{a.embd}x{a.layers}.gguf"
@@ -281,10 +290,12 @@ def main() -> None:
     summary = [
         median_row([r for r in rows if r["scenario"] == name]) for name in dict.fromkeys(r["scenario"] for r in rows)
     ]
-    (RESULTS / "pacing.json").write_text(
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(
         json.dumps(
             {
                 "model": model.name,
+                "ngl": a.ngl,
                 "threads": a.threads,
                 "seconds": a.seconds,
                 "rounds": a.rounds,

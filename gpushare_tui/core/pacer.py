@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from . import schedule
+from .abi import SlotRecord
 from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 
@@ -29,7 +30,11 @@ class Pacer:
         clock_us: ClockUs = wall_us,
         mono_us: ClockUs = mono_us,
         sleep_s: Callable[[float], None] = time.sleep,
+        reread_us: int = 0,
     ) -> None:
+        """`reread_us`: reuse the schedule built from the registry for this long (mono µs) instead
+        of re-reading all slots at every step (0: every step). Reading the slots is most of a
+        step_done's cost; membership and weights change on a scale of heartbeats (500 ms)."""
         self._m = membership
         self._clock = clock_us
         self._mono = mono_us
@@ -38,6 +43,11 @@ class Pacer:
         self._last_return_us = self._window_start_us
         self._busy_us = 0
         self.total_slept_us = 0
+        self._reread_us = reread_us
+        self._sched: schedule.Schedule | None = None
+        self._sched_mono_us: int | None = None
+        self._raw = b""
+        self._slots: tuple[SlotRecord, ...] = ()
 
     def step_done(self, step_us: int | None = None) -> int:
         """Returns the µs slept (0 when we may keep running).
@@ -49,8 +59,14 @@ class Pacer:
         self._busy_us += (mono - self._last_return_us) if step_us is None else step_us
         self._m.mark_active(mono)
         slot = self._m.slot
-        slots = self._m.segment.read_slots()
-        sched = schedule.build_schedule(schedule.member_weights(slots, now))
+        if self._sched_mono_us is None or mono - self._sched_mono_us >= self._reread_us:
+            seg = self._m.segment
+            raw = seg.slots_raw()
+            if raw != self._raw:  # parsing 16 slots is most of the cost; unchanged bytes, same slots
+                self._slots, self._raw = seg.read_slots(), raw
+            self._sched = schedule.build_schedule(schedule.member_weights(self._slots, now))
+            self._sched_mono_us = mono
+        sched = self._sched
         slept = 0
         if slot is not None and not schedule.may_run(sched, slot, now):
             target = schedule.next_window_start_us(sched, slot, now)

@@ -296,6 +296,12 @@ class Segment:
             raise SegmentError(self.name, f"shrunk under the reader: wrong size {size} (expected {abi.SEGMENT_SIZE})")
         return buf
 
+    def slots_raw(self) -> bytes:
+        """Every slot's bytes in one copy, not checked for consistency: a cheap "did anything
+        change?" probe (equal bytes, an even seq in each: the same slots as a read_slots() of them)."""
+        h = self.header
+        return self._read(h.header_size, h.slot_count * h.slot_size)
+
     def read_slots(self) -> tuple[abi.SlotRecord, ...]:
         """All slots, each seqlock-consistent (retry ≤ 8 times per slot).
 

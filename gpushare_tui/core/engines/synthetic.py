@@ -13,13 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import abi
-from ..clock import mono_us, wall_us
-from ..control import ControlServer, StatusReply, socket_path
+from ..clock import mono_us
 from ..errors import GpushareError
 from ..lifecycle import exit_on_termination, termination_deferred
 from ..ownership import Owner
-from ..pacer import Pacer
-from ..registry import Membership
+from ..share import GpuShare
 
 _BLOCK = b"\x5a" * 4096
 
@@ -88,7 +86,7 @@ def _write_status(path: str, data: dict) -> None:
 
 
 def run_synth(
-    membership: Membership,
+    share: GpuShare,
     *,
     step_ms: float = 5.0,
     duration_s: float = 0.0,
@@ -108,7 +106,7 @@ def run_synth(
     cannot be written.
     """
     units = units or calibrate_units(step_ms)
-    pacer = Pacer(membership)
+    membership = share.membership
     stats = stats or SynthStats()
     stats.started_us, stats.started_mono_us, stats.slot = time.time_ns() // 1000, mono_us(), membership.slot
     stop = stop or threading.Event()
@@ -124,15 +122,15 @@ def run_synth(
                 work(units)
                 stats.steps_total += 1
                 if pace:
-                    pacer.step_done((time.perf_counter_ns() - s0) // 1000)
+                    share.pace((time.perf_counter_ns() - s0) // 1000)
                 else:
-                    membership.mark_active()
+                    share.active()
             else:
                 time.sleep(0.05)
             now = time.monotonic()
             if now - last_t >= 1.0:
                 stats.steps_per_s = (stats.steps_total - last_steps) / (now - last_t)
-                stats.slept_us = pacer.total_slept_us
+                stats.slept_us = share.slept_us
                 stats.slot = membership.slot
                 last_t, last_steps = now, stats.steps_total
                 report(
@@ -162,44 +160,9 @@ def run_synth(
     return stats
 
 
-def synth_handlers(
-    membership: Membership,
-    stats: SynthStats,
-    stop: threading.Event,
-    name: str | None = None,
-    owner: Owner | None = None,
-) -> dict:
-    """Control-socket handlers (same protocol as the llama-server supervisor)."""
-    from ..snapshot import own_peer
-
-    def status(_req: dict) -> dict:
-        me = own_peer(membership.segment, membership.slot, wall_us())
-        return StatusReply(
-            engine_pid=os.getpid(),
-            model="synthetic",
-            name=name,
-            kind="synth",
-            state=stats.state,
-            tok_s=stats.steps_per_s,
-            weight=membership.weight,
-            share_pct=me.share_pct if me else 0.0,
-            busy_pct=me.busy_pct if me else 0.0,
-            uptime_s=(mono_us() - stats.started_mono_us) / 1e6,
-            slot=membership.slot,
-            gpu_key=membership.key,
-            **(owner.status_fields() if owner else {}),
-        ).to_json()
-
-    def set_weight(req: dict) -> dict:
-        return {"weight": membership.set_weight(abi.parse_weight(req.get("weight")))}  # type: ignore[arg-type]
-
-    def stop_(_req: dict) -> dict:
-        stats.state = "exiting"
-        stop.set()
-        return {"state": "exiting"}
-
-    handlers = {"status": status, "set_weight": set_weight, "stop": stop_}
-    return owner.wrap(handlers) if owner else handlers
+def synth_status(stats: SynthStats) -> dict:
+    """The StatusReply fields a synthetic engine reports itself (the rest come from GpuShare)."""
+    return {"state": stats.state, "tok_s": stats.steps_per_s, "uptime_s": (mono_us() - stats.started_mono_us) / 1e6}
 
 
 def _say(line: str) -> None:
@@ -230,20 +193,32 @@ def serve_synth(
     is raised after leaving. SIGTERM/SIGHUP become SystemExit(128 + signum), and however it
     ends, neither the slot nor the socket file is left behind.
     """
-    socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
     exit_on_termination()
-    m = Membership(key, weight, name, share_group=share_group)
-    slot = m.join()
-    say(
-        f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {slot} (weight {m.weight:g}, {m.peers_alive()} peers alive)"
-    )
     stats, stop = SynthStats(), threading.Event()
-    server = None
+
+    def on_stop() -> None:
+        stats.state = "exiting"
+        stop.set()
+
+    share = GpuShare(
+        weight,
+        name,
+        gpu_key=key,
+        share_group=share_group,
+        kind="synth",
+        model="synthetic",
+        on_stop=on_stop,
+        status=lambda: {**synth_status(stats), **(owner.status_fields() if owner else {})},
+        wrap_handlers=owner.wrap if owner else None,
+    )
     try:
-        with termination_deferred():  # a signal between bind() and the assignment would leave the socket
-            server = ControlServer(os.getpid(), synth_handlers(m, stats, stop, name, owner))
+        share.open()  # binds the control socket too: a ControlError here leaves nothing behind
+        say(
+            f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {share.slot} "
+            f"(weight {share.weight:g}, {share.membership.peers_alive()} peers alive)"
+        )
         run_synth(
-            m,
+            share,
             step_ms=step_ms,
             duration_s=duration_s,
             pace=pace,
@@ -258,7 +233,5 @@ def serve_synth(
         pass
     finally:
         with termination_deferred():
-            if server is not None:
-                server.close()
-            m.leave()
+            share.close()
     return stats

@@ -1,0 +1,218 @@
+"""`GpuShare` (public as `gpushare_tui.GpuShare`): the pacer for Python engines (a PyTorch inference or training loop).
+
+    from gpushare_tui import GpuShare
+    with GpuShare(weight=2, name="trainer", gpu=0) as share:   # or gpu_key="..."
+        for batch in loader:
+            step(batch); torch.cuda.synchronize()
+            share.pace()          # sleeps until this engine's next window when outside it
+
+It joins the GPU's registry (heartbeats, leaves on exit), marks the engine active at each
+`pace()` (idle again 2 s after the last one), sleeps outside its windows, publishes its busy
+fraction, and serves the same control socket as a supervised llama-server, so the dashboard
+and `gpushare-tui weight/stop` can re-weight or stop it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from . import abi
+from .clock import mono_us, wall_us
+from .control import ControlServer, StatusReply, socket_path
+from .lifecycle import termination_deferred
+from .pacer import Pacer
+from .registry import Membership
+
+RATE_WINDOW_S = 1.0  # pace() calls are counted over windows this long for `steps_per_s`
+SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms)
+
+
+class GpuShare:
+    """One engine's share of one GPU. Thread-safe: `pace()`, `set_weight()` and `close()` may be
+    called from any thread; concurrent `pace()` calls outside the window all sleep until it opens.
+
+    Busy: the time between a `pace()` returning and the next `pace()` call is work; the time
+    `pace()` spends asleep (outside our windows) is not. The fraction over each ~1 s is published
+    in the registry (the dashboard's "busy"). With `control=True` a control socket answers
+    `status`, `set_weight` and `stop`; `stop` sets `stop_requested` (and calls `on_stop`): the
+    loop should check it and end. GpushareError (one clear line) if the key is bad, no slot is
+    free, or the socket cannot be bound; nothing is left behind then.
+    """
+
+    def __init__(
+        self,
+        weight: float = 1.0,
+        name: str = "python",
+        *,
+        gpu: int | None = None,
+        gpu_key: str | None = None,
+        share_group: str | None = None,
+        control: bool = True,
+        kind: str = "python",
+        model: str | None = None,
+        on_stop: Callable[[], None] | None = None,
+        status: Callable[[], dict] | None = None,
+        wrap_handlers: Callable[[dict], dict] | None = None,
+    ) -> None:
+        if gpu_key is None:
+            from .gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
+
+            gpu_key = gpu_key_for_index(gpu or 0)
+        self.name = name
+        self.kind = kind
+        self.model = model
+        self.stop_requested = threading.Event()
+        self._on_stop = on_stop
+        self._status_extra = status
+        self._wrap_handlers = wrap_handlers  # e.g. an owner (`up`) that must hear of a stop first
+        self._control = control
+        self._membership = Membership(gpu_key, weight, name, share_group=share_group)
+        self._pacer = Pacer(self._membership, reread_us=SCHEDULE_REREAD_US)
+        self._lock = threading.Lock()  # the pacer's accounting, and its sleep (one sleeper wakes the rest in-window)
+        self._server: ControlServer | None = None
+        self._started_mono_us = mono_us()
+        self._steps = 0
+        self._rate_t0 = time.monotonic()
+        self._rate_steps = 0
+        self.steps_per_s = 0.0
+        self.state = "new"
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def open(self) -> GpuShare:
+        """Join the registry and start serving the control socket. Returns self; a no-op when open
+        (so `with GpuShare(...).open() as share:` holds one slot)."""
+        if self.state == "running":
+            return self
+        if self._control:
+            socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
+        self._membership.join()
+        try:
+            if self._control:
+                with termination_deferred():  # a signal between bind() and the assignment would leave the socket
+                    self._server = ControlServer(os.getpid(), self._handlers())
+        except BaseException:
+            self._membership.leave()
+            raise
+        self._started_mono_us = mono_us()
+        self.state = "running"
+        atexit.register(self.close)  # a loop that never calls close() leaves no socket file behind
+        return self
+
+    def close(self) -> None:
+        """Stop serving, leave the registry. Idempotent."""
+        with termination_deferred():
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+            self._membership.leave()
+        atexit.unregister(self.close)
+        if self.state != "new":
+            self.state = "exited"
+
+    def __enter__(self) -> GpuShare:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop ----------------------------------------------------------
+
+    def pace(self, step_us: int | None = None) -> int:
+        """Call after each step (once its GPU work is synchronised). Marks us active and, when
+        the step ended outside our window, sleeps until our next window opens. Returns the µs
+        slept. `step_us`: the step's busy time, by default the time since `pace()` last returned.
+        Before `open()` and after `close()` it returns 0 at once."""
+        if self.state not in ("running", "exiting"):
+            return 0
+        with self._lock:
+            slept = self._pacer.step_done(step_us)
+            self._steps += 1
+            now = time.monotonic()
+            if now - self._rate_t0 >= RATE_WINDOW_S:
+                self.steps_per_s = (self._steps - self._rate_steps) / (now - self._rate_t0)
+                self._rate_t0, self._rate_steps = now, self._steps
+        return slept
+
+    def active(self) -> None:
+        """Mark us active without pacing (a step run unpaced)."""
+        self._membership.mark_active()
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def membership(self) -> Membership:
+        return self._membership
+
+    @property
+    def gpu_key(self) -> str:
+        return self._membership.key
+
+    @property
+    def slot(self) -> int | None:
+        return self._membership.slot
+
+    @property
+    def weight(self) -> float:
+        return self._membership.weight
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @property
+    def slept_us(self) -> int:
+        return self._pacer.total_slept_us
+
+    @property
+    def control_path(self) -> str | None:
+        return self._server.path if self._server else None
+
+    def set_weight(self, weight: float) -> float:
+        """Validate (finite, > 0) and publish; returns the stored (f32) value."""
+        return self._membership.set_weight(weight)
+
+    def status(self) -> StatusReply:
+        """What the control socket's `status` answers."""
+        from .snapshot import own_peer
+
+        m = self._membership
+        me = own_peer(m.segment, m.slot, wall_us()) if m.slot is not None else None
+        fields = dict(
+            engine_pid=os.getpid(),
+            model=self.model,
+            name=self.name,
+            kind=self.kind,
+            state=self.state,
+            tok_s=self.steps_per_s,
+            weight=m.weight,
+            share_pct=me.share_pct if me else 0.0,
+            busy_pct=me.busy_pct if me else 0.0,
+            uptime_s=(mono_us() - self._started_mono_us) / 1e6,
+            slot=m.slot,
+            gpu_key=m.key,
+        )
+        if self._status_extra is not None:
+            fields.update(self._status_extra())
+        return StatusReply(**fields)
+
+    def _handlers(self) -> dict:
+        def status(_req: dict) -> dict:
+            return self.status().to_json()
+
+        def set_weight(req: dict) -> dict:
+            return {"weight": self.set_weight(abi.parse_weight(req.get("weight")))}  # type: ignore[arg-type]
+
+        def stop(_req: dict) -> dict:
+            self.state = "exiting"
+            self.stop_requested.set()
+            if self._on_stop is not None:
+                self._on_stop()
+            return {"state": "exiting"}
+
+        handlers = {"status": status, "set_weight": set_weight, "stop": stop}
+        return self._wrap_handlers(handlers) if self._wrap_handlers is not None else handlers

@@ -1,0 +1,265 @@
+"""GpuShare, the public pacer for Python engines: registry life, activity, pacing, busy,
+control socket, threads, bad input; and the Pacer's schedule cache it relies on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import REPO, shm_file, wait_for
+
+from gpushare_tui.core import abi, schedule
+from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.control import request
+from gpushare_tui.core.errors import GpushareError
+from gpushare_tui.core.pacer import Pacer
+from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.segment import Segment
+
+
+def slot_of(key: str, slot: int) -> abi.SlotRecord:
+    ro = Segment.attach_readonly(shm_file(key))
+    try:
+        return ro.read_slot(slot)
+    finally:
+        ro.close()
+
+
+@pytest.fixture
+def peer(gpu_key: str) -> Iterator[Membership]:
+    """An always-active peer of weight 1 (its own heartbeat thread keeps it alive)."""
+    m = Membership(gpu_key, 1, "peer")
+    m.join()
+    stop = threading.Event()
+
+    def keep_active() -> None:
+        while not stop.wait(0.2):
+            m.mark_active()
+
+    m.mark_active()
+    t = threading.Thread(target=keep_active, daemon=True)
+    t.start()
+    yield m
+    stop.set()
+    t.join()
+    m.leave()
+
+
+def test_public_import_is_lazy_and_cheap() -> None:
+    code = (
+        "import sys, json, gpushare_tui; before = sorted(sys.modules);"
+        "from gpushare_tui import GpuShare; print(json.dumps([before, GpuShare.__module__]))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    before, module = json.loads(r.stdout)
+    assert module == "gpushare_tui.core.share"
+    heavy = ("gpushare_tui.core", "psutil", "typer", "textual", "click")
+    assert [m for m in before if m.split(".")[0] in heavy or m.startswith("gpushare_tui.core")] == []
+
+
+def test_joins_and_leaves_the_registry(gpu_key: str, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    share = GpuShare(weight=2, name="trainer", gpu_key=gpu_key)
+    assert share.pace() == 0  # not open yet: a no-op
+    with share:
+        rec = slot_of(gpu_key, share.slot)
+        assert rec.pid == os.getpid() and rec.weight == 2.0 and rec.name == "trainer"
+        assert rec.is_alive(wall_us()) and not rec.active
+        assert os.path.exists(share.control_path)
+        slot, path = share.slot, share.control_path
+    assert slot_of(gpu_key, slot).pid == 0
+    assert not os.path.exists(path)
+    assert share.pace() == 0 and share.steps == 0  # closed: a no-op, no error
+
+
+def test_open_is_idempotent_one_slot(gpu_key: str, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    with GpuShare(gpu_key=gpu_key).open() as share:
+        assert share.open() is share
+        assert [r.index for r in _slots(gpu_key) if r.pid == os.getpid()] == [share.slot]
+
+
+def test_pace_marks_active_then_idle_two_seconds_after_the_last(gpu_key: str, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    with GpuShare(gpu_key=gpu_key, control=False) as share:
+        assert share.pace() == 0  # alone: never sleeps
+        assert slot_of(gpu_key, share.slot).active == 1
+        t_last = time.monotonic()
+        wait_for(lambda: slot_of(gpu_key, share.slot).active == 0, 6, what="active to drop")
+        assert time.monotonic() - t_last >= abi.ACTIVITY_WINDOW_US / 1e6 - 0.1
+
+
+def _run_loop(share, seconds: float, work_s: float = 0.002) -> tuple[float, list[int]]:
+    """Busy-wait `work_s` per step, pace; returns (elapsed, phases (µs in period) right after each pace)."""
+    phases = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        end = time.perf_counter() + work_s
+        while time.perf_counter() < end:
+            pass
+        share.pace()
+        phases.append(wall_us())
+    return time.monotonic() - t0, phases
+
+
+def test_pace_sleeps_outside_its_window_and_publishes_busy(gpu_key: str, peer: Membership, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    with GpuShare(weight=1, name="paced", gpu_key=gpu_key, control=False) as share:
+        elapsed, returns = _run_loop(share, 2.5)
+        slots = Segment.attach_readonly(shm_file(gpu_key))
+        try:
+            sched = schedule.build_schedule(schedule.member_weights(slots.read_slots(), wall_us()))
+        finally:
+            slots.close()
+        assert sched is not None and share.slot in sched.slots
+        in_window = sum(schedule.may_run(sched, share.slot, t) for t in returns) / len(returns)
+        assert in_window > 0.8  # it returns inside its window (a loaded box delays some wake-ups)
+        # equal weights: about half the time asleep (wide margins: a loaded 2-core box)
+        assert 0.25 < share.slept_us / 1e6 / elapsed < 0.75
+        busy = slot_of(gpu_key, share.slot).busy_ppm / 1e4
+        assert 20 < busy < 80, busy
+
+
+def test_busy_is_near_full_alone(gpu_key: str, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    with GpuShare(gpu_key=gpu_key, control=False) as share:
+        _run_loop(share, 1.5)
+        assert share.slept_us == 0
+        assert slot_of(gpu_key, share.slot).busy_ppm > 900_000
+
+
+def test_control_socket_status_reweight_and_stop(gpu_key: str, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    stopped = []
+    with GpuShare(weight=1, name="ctl", gpu_key=gpu_key, model="m.pt", on_stop=lambda: stopped.append(1)) as share:
+        for _ in range(3):
+            share.pace()
+        st = request(os.getpid(), "status")
+        assert (st["kind"], st["name"], st["model"], st["slot"], st["gpu_key"]) == (
+            "python",
+            "ctl",
+            "m.pt",
+            share.slot,
+            gpu_key,
+        )
+        assert st["engine_pid"] == os.getpid() and st["weight"] == 1.0 and st["state"] == "running"
+        assert request(os.getpid(), "set_weight", weight=3)["weight"] == 3.0
+        assert slot_of(gpu_key, share.slot).weight == 3.0 and share.weight == 3.0
+        with pytest.raises(GpushareError, match="invalid weight"):
+            request(os.getpid(), "set_weight", weight=0)
+        assert not share.stop_requested.is_set()
+        assert request(os.getpid(), "stop")["state"] == "exiting"
+        assert share.stop_requested.is_set() and stopped == [1]
+
+
+def test_pace_is_thread_safe(gpu_key: str, peer: Membership, runtime_dir: str) -> None:
+    from gpushare_tui import GpuShare
+
+    errors: list[BaseException] = []
+    counts = [0] * 4
+    with GpuShare(gpu_key=gpu_key, control=False) as share:
+
+        def loop(i: int) -> None:
+            try:
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 1.0:
+                    share.pace()
+                    counts[i] += 1
+                    share.set_weight(1 + i % 2)
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=loop, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert share.steps == sum(counts) > 0
+        assert share.slept_us > 0  # the peer is active: some calls slept
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"weight": 0}, "invalid weight"),
+        ({"weight": float("nan")}, "invalid weight"),
+        ({"gpu_key": "../x"}, "key"),
+    ],
+)
+def test_bad_input_is_one_clear_error(kw: dict, msg: str, gpu_key: str) -> None:
+    from gpushare_tui import GpuShare
+
+    kw = {"gpu_key": gpu_key, **kw}
+    with pytest.raises(GpushareError, match=msg):
+        GpuShare(**kw)
+
+
+def test_unusable_runtime_dir_fails_before_joining(gpu_key: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from gpushare_tui import GpuShare
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(blocker))
+    share = GpuShare(gpu_key=gpu_key)
+    with pytest.raises(GpushareError, match="runtime directory"):
+        share.open()
+    assert share.slot is None
+    assert not os.path.exists(shm_file(gpu_key)) or all(r.pid == 0 for r in _slots(gpu_key))
+
+
+def _slots(key: str) -> tuple[abi.SlotRecord, ...]:
+    ro = Segment.attach_readonly(shm_file(key))
+    try:
+        return ro.read_slots()
+    finally:
+        ro.close()
+
+
+def test_pacer_schedule_cache_sees_changes_only_after_reread_us(gpu_key: str) -> None:
+    """reread_us > 0: a peer that turns active is obeyed once the cache expires, not before."""
+    t = [wall_us() // 120_000 * 120_000 + 100_000]  # weights 2:1 -> the peer's window is [80000, 120000)
+    m = Membership(gpu_key, 2.0, "me", clock_us=lambda: t[0], mono_us=lambda: t[0], heartbeat_s=3600)
+    m.join()
+    other = Segment.create_or_attach(gpu_key)
+    sleeps: list[float] = []
+    try:
+        pacer = Pacer(m, clock_us=lambda: t[0], mono_us=lambda: t[0], sleep_s=sleeps.append, reread_us=10_000)
+        assert pacer.step_done() == 0  # alone: no schedule, now cached
+        other.cas_pid(1, 0, 3_999_501)
+        other.write_slot_fields(
+            1, boot_us=1, weight=1.0, active=1, heartbeat_us=t[0], busy_ppm=0, name_raw=abi.encode_name("o")
+        )
+        t[0] += 5_000  # in the peer's window, cache still fresh
+        assert pacer.step_done() == 0 and sleeps == []
+        t[0] += 5_000  # cache expired (10 ms): now the peer's window is obeyed
+        pacer.step_done()
+        assert len(sleeps) == 1 and sleeps[0] == pytest.approx(0.01)
+    finally:
+        m.leave()
+        other.close()
+
+
+def test_a_share_never_closed_leaves_nothing_at_exit(gpu_key: str, runtime_dir: str) -> None:
+    code = (
+        "import os, sys; from gpushare_tui import GpuShare;"
+        "s = GpuShare(gpu_key=sys.argv[1]).open(); s.pace(); print(s.control_path, s.slot, flush=True)"
+    )
+    r = subprocess.run([sys.executable, "-c", code, gpu_key], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    path, slot = r.stdout.split()
+    assert not os.path.exists(path)
+    assert slot_of(gpu_key, int(slot)).pid == 0
