@@ -12,6 +12,7 @@ import time
 import psutil
 from conftest import cli_argv, wait_for
 
+from gpushare_tui.core import control
 from gpushare_tui.core.segment import Segment, SegmentError, shm_path
 
 
@@ -69,6 +70,8 @@ class UpProc:
             return s if s is not None and s[0] != not_pid else None
 
         pid, w = wait_for(got, timeout, 0.05, f"slot {name!r} (not pid {not_pid}); up said:\n{self.text()}")  # type: ignore[misc]
+        # an engine joins, then binds its control socket: ready for requests once both are there
+        wait_for(lambda: control.is_managed(pid), timeout, 0.05, f"{name!r}'s control socket (pid {pid})")
         self.seen_pids.add(pid)
         self.seen_pids |= set(self.descendants())
         return pid, w
