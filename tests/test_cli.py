@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import typer
+import typer.main
 
 from gpushare_tui.cli import main
+from gpushare_tui.cli.engines import NO_ENGINE
 from gpushare_tui.cli.once import headless_args
 
 
@@ -36,7 +41,7 @@ def test_headless_args(argv: list[str], expected: tuple | None) -> None:
     [
         (["weight", "1"], "missing argument 'value'", "weight "),
         (["synth", "--gpu-key", "k"], "missing option '--weight'", "synth "),
-        (["weight", "1", "-1"], "no such option", "weight "),
+        (["status", "1", "--bogus"], "no such option", "status "),
         (["no-such-command"], "no such command 'no-such-command'", ""),
         (["--once", "--gpu-key"], "'--gpu-key' requires an argument", ""),
     ],
@@ -62,6 +67,8 @@ BAD_KEY = "invalid gpu key '../x': use 1..64 characters of [A-Za-z0-9._-]"
         (["--interval", "0.1"], "invalid --interval 0.1: at least 0.2 seconds"),
         (["demo", "--interval", "nan"], "invalid --interval nan: at least 0.2 seconds"),
         (["synth", "--weight", "0", "--gpu-key", "k"], "invalid weight '0': must be a finite number > 0"),
+        (["weight", "1", "-1"], "invalid weight '-1': must be a finite number > 0"),  # a value, not an option
+        (["weight", "1", "-inf"], "invalid weight '-inf': must be a finite number > 0"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], line: str, capsys) -> None:
@@ -72,6 +79,53 @@ def test_usage_errors_are_one_line_and_exit_2(argv: list[str], line: str, capsys
 def test_runtime_error_exits_1(capsys, runtime_dir: str) -> None:
     assert main(["status", "4000999"]) == 1
     assert capsys.readouterr().err.splitlines() == ["gpushare-tui: no process 4000999"]
+
+
+def test_version(capsys) -> None:
+    from gpushare_tui import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr() == (f"gpushare-tui {__version__}\n", "")
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_once_filter_matching_nothing_is_an_error(extra: list[str], gpu_key: str, capsys) -> None:
+    """A typo in --gpu-key must not look like success (an empty table, exit 0)."""
+    assert main(["--once", "--gpu-key", gpu_key, *extra]) == 1
+    assert capsys.readouterr() == ("", f"gpushare-tui: no segment /opencoti-gpu-{gpu_key} on this host\n")
+
+
+def test_status_of_a_process_that_is_no_peer(capsys, runtime_dir: str) -> None:
+    """PID 1 exists but holds no registry slot: not "a foreign peer"."""
+    assert main(["status", "1"]) == 1
+    assert capsys.readouterr().err == (
+        "gpushare-tui: process 1 is not a gpushare-tui engine (no registry slot, no control socket)\n"
+    )
+
+
+def test_json_commands_print_json_on_failure(capsys, runtime_dir: str) -> None:
+    assert main(["status", "4000999", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"ok": False, "error": "no process 4000999"}
+    assert err == "gpushare-tui: no process 4000999\n"
+    assert main(["launch", "--json", "--gpu-key", "k"]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"ok": False, "error": NO_ENGINE} and err == f"gpushare-tui: {NO_ENGINE}\n"
+    assert main(["launch", "--json", "--weight", "0", "--gpu-key", "k", "--", "x"]) == 2
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+def test_every_option_has_help() -> None:
+    from gpushare_tui.cli.typer_app import app
+
+    top = typer.main.get_command(app)
+    missing = [
+        f"{cmd.name} {p.opts[0] if p.opts else p.name}"
+        for cmd in [top, *top.commands.values()]
+        for p in cmd.params
+        if not getattr(p, "hidden", False) and not getattr(p, "help", None) and p.name != "help"
+    ]
+    assert missing == []
 
 
 def test_help_comes_from_typer(capsys) -> None:

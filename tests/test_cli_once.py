@@ -163,13 +163,11 @@ def test_once_json_filtered_by_key(procs, gpu_key: str, cli) -> None:
 
 
 def test_once_without_segments(cli, gpu_key: str) -> None:
-    r = cli("--once", "--json", "--gpu-key", gpu_key)  # nothing with this key exists
-    assert r.returncode == 0 and r.stderr == ""
-    doc = json.loads(r.stdout)
-    assert doc["gpus"] == [] and doc["errors"] == []
-    r = cli("--once", "--gpu-key", gpu_key)
-    assert r.returncode == 0
-    assert r.stdout.strip() == "no /opencoti-gpu-* segments on this host"
+    """A --gpu-key that matches nothing is a runtime error (a typo must not look like success)."""
+    for extra in (["--json"], []):
+        r = cli("--once", *extra, "--gpu-key", gpu_key)  # nothing with this key exists
+        assert (r.returncode, r.stdout) == (1, "")
+        assert r.stderr == f"gpushare-tui: no segment /opencoti-gpu-{gpu_key} on this host\n"
     assert not os.path.exists(shm_file(gpu_key))  # observing creates nothing
 
 

@@ -13,6 +13,7 @@ from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import control
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
+from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 
 
@@ -124,9 +125,18 @@ def test_unknown_pid(runtime_dir: str) -> None:
     assert not control.is_managed(pid)
 
 
-def test_unmanaged_pid(runtime_dir: str) -> None:
-    with pytest.raises(ControlError, match=f"engine {os.getpid()} is not managed by gpushare-tui"):
-        control.request(os.getpid(), "status")
+def test_unmanaged_pid(runtime_dir: str, gpu_key: str) -> None:
+    """A process with no slot anywhere is no engine; one with a slot but no socket is a foreign peer."""
+    pid = os.getpid()
+    with pytest.raises(ControlError, match=f"^process {pid} is not a gpushare-tui engine "):
+        control.request(pid, "status")
+    foreign = Membership(gpu_key, 1.0, "foreign", pid=pid, log=lambda _m: None)
+    foreign.join()
+    try:
+        with pytest.raises(ControlError, match=f"engine {pid} is not managed by gpushare-tui .a foreign peer"):
+            control.request(pid, "status")
+    finally:
+        foreign.leave()
 
 
 def test_stale_socket(runtime_dir: str) -> None:
@@ -170,3 +180,12 @@ def test_runtime_dir_must_be_private(runtime_dir: str) -> None:
             control.runtime_dir()
     finally:
         os.chmod(d, 0o700)
+
+
+def test_status_command_leaves_out_unknown_fields(engine, cli) -> None:
+    """A synth engine has no port, model or log: `status` does not print `port: None`."""
+    r = cli("status", str(engine.pid))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "None" not in r.stdout and not any(line.split(":")[0].strip() in ("port", "log") for line in lines)
+    assert any(line.split(":")[0].strip() == "name" and line.endswith(": ctl") for line in lines)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from gpushare_tui.core.segment import Segment
+
 UI_MODULES = ("textual", "textual_plotext", "plotext", "gpushare_tui.app", "gpushare_tui.widgets")
 
 CLIRUNNER = r"""
@@ -42,11 +44,12 @@ def _ui_loaded(mods: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("script", [CLIRUNNER, AS_MODULE], ids=["clirunner", "python-m"])
 def test_once_json_does_not_import_textual(script: str, gpu_key: str) -> None:
+    Segment.create_or_attach(gpu_key).close()  # a filter that matches nothing is an error (exit 1)
     r = subprocess.run([sys.executable, "-c", script, gpu_key], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["exit"] in (0, None)
-    assert json.loads(res["out"])["gpus"] == []  # it really ran the --once path
+    assert [g["gpu_key"] for g in json.loads(res["out"])["gpus"]] == [gpu_key]  # it really ran the --once path
     assert "gpushare_tui.cli" in res["mods"] and "gpushare_tui.core.snapshot" in res["mods"]
     assert "textual" not in res["mods"]
     assert _ui_loaded(res["mods"]) == []
@@ -71,9 +74,10 @@ def test_entry_point_once_json_imports_no_typer(how: str, gpu_key: str) -> None:
         pytest.skip(f"{script} is not installed (pip install -e .)")
     argv = [str(script)] if how == "console-script" else [sys.executable, "-m", "gpushare_tui"]
     env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    Segment.create_or_attach(gpu_key).close()
     r = subprocess.run([*argv, "--once", "--json", "--gpu-key", gpu_key], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["gpus"] == []
+    assert [g["gpu_key"] for g in json.loads(r.stdout)["gpus"]] == [gpu_key]
     mods = _imported(r.stderr)
     assert "gpushare_tui.cli" in mods and "gpushare_tui.core.snapshot" in mods  # the report was really made
     loaded = sorted(m for m in mods if m.split(".")[0] in HEADLESS_ONLY or m.startswith("gpushare_tui.cli.typer_app"))

@@ -79,7 +79,7 @@ def start_load(port: int, n_predict: int = 256) -> StreamLoad:
 
 def test_run_joins_with_engine_pid_and_defaults(engines):
     sup, pid, line = engines.run(1.5)
-    assert line.startswith(f"gpu-share: joined /opencoti-gpu-{engines.key} slot 0 (weight 1.5, 1 peers alive)")
+    assert line.startswith(f"gpushare-tui: joined /opencoti-gpu-{engines.key} slot 0 (weight 1.5, 1 peers alive)")
     rec = engines.slot_of(pid)
     assert rec is not None and rec.pid == pid != sup.pid
     assert rec.name == "tiny-llama"  # model file stem
@@ -214,9 +214,9 @@ def test_control_cli_errors(runtime_dir):
     r = run_cli("status", "999999")
     assert r.returncode == 1 and "no process 999999" in r.stderr
     r = run_cli("weight", str(os.getpid()), "2")
-    assert r.returncode == 1 and "not managed" in r.stderr
+    assert r.returncode == 1 and f"process {os.getpid()} is not a gpushare-tui engine" in r.stderr
     r = run_cli("stop", "1")
-    assert r.returncode == 1 and ("not managed" in r.stderr or "another user" in r.stderr)
+    assert r.returncode == 1 and ("process 1 is not a gpushare-tui engine" in r.stderr or "another user" in r.stderr)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")

@@ -113,7 +113,7 @@ def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> 
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    assert said == [f"gpu-share: joined /opencoti-gpu-{gpu_key} slot 0 (weight 2, 1 peers alive)"]
+    assert said == [f"gpushare-tui: joined /opencoti-gpu-{gpu_key} slot 0 (weight 2, 1 peers alive)"]
     assert stats.state == "exited" and stats.steps_total > 0
     assert replies and replies[0]["kind"] == "synth" and replies[0]["name"] == "inproc" and replies[0]["weight"] == 2.0
     assert not os.path.exists(control.socket_path(os.getpid()))

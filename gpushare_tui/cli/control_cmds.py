@@ -10,18 +10,29 @@ from ..core.abi import parse_weight
 from ..core.errors import GpushareError
 
 PidArg = typer.Argument(..., help="Engine pid.")
+# a negative weight ("weight PID -1") is a value to reject, not an unknown option
+VALUE_CONTEXT = {"ignore_unknown_options": True}
 
 
-def status(pid: int = PidArg, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Show a managed engine's status."""
+def status(
+    pid: int = PidArg,
+    as_json: bool = typer.Option(False, "--json", help='Print one JSON object (on failure {"ok": false, ...}).'),
+) -> None:
+    """Show a managed engine's status (fields it does not know are left out)."""
     from ..core.control import StatusReply, request
 
-    reply = StatusReply.from_json(request(pid, "status")).to_json()
+    try:
+        reply = StatusReply.from_json(request(pid, "status")).to_json()
+    except GpushareError as e:
+        if as_json:
+            print(json.dumps({"ok": False, "error": str(e)}))
+        raise
     if as_json:
         print(json.dumps(reply))
     else:
         for k, v in reply.items():
-            print(f"{k:>10}: {v:.2f}" if isinstance(v, float) else f"{k:>10}: {v}")
+            if v is not None:
+                print(f"{k:>10}: {v:.2f}" if isinstance(v, float) else f"{k:>10}: {v}")
 
 
 def weight(pid: int = PidArg, value: str = typer.Argument(..., help="New weight (finite, > 0).")) -> None:

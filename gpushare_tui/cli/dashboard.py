@@ -10,6 +10,14 @@ from .once import print_once
 from .options import IntervalOpt, ReadonlyOpt
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"gpushare-tui {__version__}")
+        raise typer.Exit(0)
+
+
 def dashboard(
     ctx: typer.Context,
     once: bool = typer.Option(False, "--once", help="Print one snapshot of every segment and exit."),
@@ -22,6 +30,9 @@ def dashboard(
     ),
     no_local: bool = typer.Option(False, "--no-local", help="With --remote: leave out this host's segments."),
     fmt: str | None = typer.Option(None, "--format", help="With --once: table, json or prometheus."),
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", is_eager=True, callback=_show_version
+    ),
 ) -> None:
     """Open the dashboard, or with --once print a snapshot."""
     if ctx.invoked_subcommand is not None:

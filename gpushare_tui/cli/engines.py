@@ -50,7 +50,7 @@ def run(
         slot=sup.membership.slot,
     )
     code = sup.run()
-    _say(f"gpu-share: engine {sup.proc.pid} exited with code {code}")
+    _say(f"gpushare-tui: engine {sup.proc.pid} exited with code {code}")
     raise typer.Exit(code)
 
 
@@ -81,7 +81,7 @@ def _start_supervisor(
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:64]
     log_path = os.path.join(state_dir(), f"{safe}-{args.port}.log")
     if args.port_chosen:
-        _say(f"gpu-share: engine port {args.port} on {args.host} (free port picked)")
+        _say(f"gpushare-tui: engine port {args.port} on {args.host} (free port picked)")
     sup = Supervisor(
         args,
         gpu_key=key,
@@ -96,7 +96,7 @@ def _start_supervisor(
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: sup.request_stop())
-    _say(f"gpu-share: starting {args.argv[0]} (log {log_path})")
+    _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
     return sup
 
@@ -113,22 +113,29 @@ def _gpu_busy_for(key: str):
 def launch(
     ctx: typer.Context,
     weight: str = WeightOpt,
-    name: str | None = typer.Option(None, "--name"),
+    name: str | None = typer.Option(None, "--name", help="Display name (default: the model file's stem)."),
     gpu_key: str | None = GpuKeyOpt,
     gpu: int | None = GpuIndexOpt,
-    load_timeout: float = typer.Option(600.0, "--load-timeout"),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    load_timeout: float = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200."),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print the result as one JSON object (on failure {"ok": false, "error": ...}).'
+    ),
     share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
     from ..core.launcher import LaunchSpec, launch_detached
 
-    w = parse_weight(weight)
-    share_group = checked_group(share_group)
-    key = resolve_key(gpu_key, gpu)
-    if not ctx.args:
-        raise UsageError(NO_ENGINE)
-    reply = launch_detached(
-        LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-    )
+    try:
+        w = parse_weight(weight)
+        share_group = checked_group(share_group)
+        key = resolve_key(gpu_key, gpu)
+        if not ctx.args:
+            raise UsageError(NO_ENGINE)
+        reply = launch_detached(
+            LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
+        )
+    except GpushareError as e:
+        if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
+            print(json.dumps({"ok": False, "error": str(e)}))
+        raise
     print(json.dumps(reply.to_json()) if as_json else reply.summary())

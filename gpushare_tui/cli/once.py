@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..core.errors import UsageError
+from ..core.errors import GpushareError, UsageError
 from .common import ExitCode, checked_key
 
 _KEY_EQ = "--gpu-key="
@@ -167,6 +167,10 @@ def print_once(
         text = prometheus_text(key)
     else:
         report = remote_report(key, urls, local) if remotes else once_report(key)
+        if key is not None and not report["gpus"] and not report["errors"]:
+            from ..core.abi import segment_name
+
+            raise GpushareError(f"no segment {segment_name(key)} on this host")  # a typo must not look like success
         text = json.dumps(report, allow_nan=False) if fmt == "json" else render_table(report)
     try:
         print(text, end="" if fmt == "prometheus" else "\n")

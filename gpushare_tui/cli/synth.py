@@ -15,7 +15,7 @@ from .options import GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
 
 def synth(
     weight: str = typer.Option(..., "--weight", help="Share weight (finite, > 0)."),
-    name: str = typer.Option("synth", "--name"),
+    name: str = typer.Option("synth", "--name", help="Display name in the registry."),
     gpu_key: str | None = GpuKeyOpt,
     gpu: int | None = GpuIndexOpt,
     step_ms: float = typer.Option(5.0, "--step-ms", help="CPU work per decode step, in ms (unpaced)."),

@@ -465,4 +465,19 @@ def _why_unreachable(pid: int) -> str:
         return f"process {pid} cannot be inspected"
     if uid != os.getuid():
         return f"engine {pid} belongs to another user (uid {uid}); only its owner can manage it"
+    if not _is_registry_peer(pid):
+        return f"process {pid} is not a gpushare-tui engine (no registry slot, no control socket)"
     return f"engine {pid} is not managed by gpushare-tui (a foreign peer: read-only)"
+
+
+def _is_registry_peer(pid: int) -> bool:
+    """Whether `pid` holds a slot in any segment on this host (alive or not)."""
+    from .clock import wall_us
+    from .snapshot import SegmentReader
+
+    reader = SegmentReader()
+    try:
+        gpus, _ = reader.read(wall_us())
+    finally:
+        reader.close()
+    return any(p.pid == pid for g in gpus for p in g.peers)

@@ -228,14 +228,16 @@ class Membership:
                 new = self._claim()
             except RegistryFullError as e:
                 if old is not None:
-                    self._log(f"gpu-share: evicted from {self.segment.name} slot {old}; re-join failed: {e}; retrying")
+                    self._log(
+                        f"gpushare-tui: evicted from {self.segment.name} slot {old}; re-join failed: {e}; retrying"
+                    )
                 return
             lost = f"slot {old}" if old is not None else "no slot"
-            self._log(f"gpu-share: evicted from {self.segment.name} {lost}; re-joined slot {new}")
+            self._log(f"gpushare-tui: evicted from {self.segment.name} {lost}; re-joined slot {new}")
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self._heartbeat_s):
             try:
                 self.heartbeat()
             except Exception as e:  # keep heartbeating through transient errors
-                self._log(f"gpu-share: heartbeat error: {e}")
+                self._log(f"gpushare-tui: heartbeat error: {e}")

@@ -104,7 +104,7 @@ class Supervisor:
             raise
         self.status.state = "running"
         self._say(
-            f"gpu-share: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
+            f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
             f"(weight {self.weight:g}, {self.membership.peers_alive()} peers alive)"
         )
 

@@ -214,7 +214,7 @@ def serve_synth(
     try:
         share.open()  # binds the control socket too: a ControlError here leaves nothing behind
         say(
-            f"gpu-share: joined /{abi.SEGMENT_PREFIX}{key} slot {share.slot} "
+            f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{key} slot {share.slot} "
             f"(weight {share.weight:g}, {share.membership.peers_alive()} peers alive)"
         )
         run_synth(
