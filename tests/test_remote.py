@@ -17,6 +17,7 @@ import pytest
 from conftest import cli_argv
 from serve_env import start_serve, start_writer
 
+from gpushare_tui.core.segment import Segment
 from gpushare_tui.dashboard.remote import RemoteSource, parse_remote_url
 
 
@@ -187,6 +188,7 @@ def _imports(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
 
 def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
     """The headless snapshot imports neither httpx nor the exporter; --remote imports httpx, and no UI."""
+    Segment.create_or_attach(gpu_key).close()  # a --gpu-key that matches nothing exits 1
     r, mods = _imports("--once", "--json", "--gpu-key", gpu_key)
     assert r.returncode == 0 and "gpushare_tui.core.snapshot" in mods
     assert not {m.split(".")[0] for m in mods} & {"httpx", "prometheus_client", "textual"}
