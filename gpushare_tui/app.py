@@ -163,7 +163,7 @@ class DashboardApp(App):
                 yield SharePlot("share %", id="plot-share").data_bind(span_s=span)
                 yield SharePlot("busy %", id="plot-busy").data_bind(span_s=span)
                 yield SharePlot(
-                    "achieved vs configured share %", id="plot-achieved", empty="no tok/s: needs managed engines"
+                    "achieved vs configured share %", id="plot-achieved", empty="no busy time reported yet"
                 ).data_bind(span_s=span)
         yield Footer()
 

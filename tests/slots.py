@@ -36,9 +36,10 @@ def snap(slots: list[abi.SlotRecord], now: int = NOW, key: str = "k") -> GpuSnap
     return build_gpu_snapshot(key, f"/opencoti-gpu-{key}", slots, now)
 
 
-def model_at(t_s: float, share_weights=(2, 1), tok=(None, None), key: str = "k") -> DashboardModel:
-    """One GPU `key` at NOW + t_s, managed peers with these weights and tok/s."""
+def model_at(t_s: float, share_weights=(2, 1), tok=(None, None), key: str = "k", busy=None) -> DashboardModel:
+    """One GPU `key` at NOW + t_s, managed peers with these weights, tok/s and busy fractions (0.5 each)."""
     now = NOW + int(t_s * 1e6)
-    s = snap([slot(i, w, now=now) for i, w in enumerate(share_weights)], now=now, key=key)
+    busy = busy or (0.5,) * len(share_weights)
+    s = snap([slot(i, w, now=now, busy=b) for i, (w, b) in enumerate(zip(share_weights, busy))], now=now, key=key)
     rows = tuple(PeerRow(key, p, True, None, EngineInfo(tok_s=tok[p.slot])) for p in s.peers)
     return DashboardModel(now, (GpuView(s, None, rows, achieved_shares(rows)),))

@@ -80,6 +80,7 @@ def test_row_cells():
         "weight": "2",
         "share": "100.0",
         "busy": "42",
+        "ach": "100",
         "status": "active",
         "toks": "55.5",
         "engine": "running",
@@ -89,6 +90,7 @@ def test_row_cells():
     }
     foreign = PeerRow("k", rows[1])
     assert [cell_text(foreign, k) for k in ("status", "engine", "vram", "toks")] == ["idle", "read-only", "-", "-"]
+    assert cell_text(foreign, "ach") == "-"  # idle: no member of the schedule
     dead = PeerRow("k", rows[2], True)
     assert [cell_text(dead, k) for k in ("status", "hb", "engine")] == ["dead", "12s", "-"]
 

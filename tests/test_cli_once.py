@@ -39,6 +39,8 @@ PEER_TYPES = {
     "alive": bool,
     "heartbeat_age_ms": (float, type(None)),
     "boot_us": int,
+    "achieved_pct": (float, type(None)),
+    "managed": bool,
 }
 BAD_PID = 4_000_123
 
@@ -84,7 +86,7 @@ def _corrupt(shm_files, key: str) -> dict[str, tuple[bytes, str]]:
     return cases
 
 
-def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli) -> None:
+def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir: str) -> None:
     a, b = _start_pair(procs, gpu_key)
     corrupt = _corrupt(shm_files, gpu_key)
     # a third owner, written directly: idle, with a name that is not valid UTF-8
@@ -135,31 +137,48 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli) -> None:
         assert 0 <= p["heartbeat_age_ms"] < 3000
         assert 0.0 <= p["busy_pct"] <= 100.0
         assert abs(p["boot_us"] - t0 * 1e6) < 120e6
+        assert p["managed"] is True  # synth engines answer on their control sockets
     assert pc == {
         "slot": 2, "pid": BAD_PID, "name": "bad\ufffd\ufffdname", "weight": 0.5, "share_pct": 0.0, "window_us": None,
         "busy_pct": 0.0, "active": False, "alive": True, "heartbeat_age_ms": pc["heartbeat_age_ms"], "boot_us": 7,
+        "achieved_pct": None, "managed": False,
     }  # fmt: skip
+
+
+def _busy(key: str) -> bool:
+    reader = SegmentReader(key)
+    try:
+        gpus, _ = reader.read(wall_us())
+        return bool(gpus) and all(p.busy_pct > 0 for p in gpus[0].peers)
+    finally:
+        reader.close()
 
 
 def test_once_json_filtered_by_key(procs, gpu_key: str, cli) -> None:
     a, b = _start_pair(procs, gpu_key)
+    wait_for(lambda: _busy(gpu_key), 15, what="both peers report busy time")
     r = cli("--once", "--json", "--gpu-key", gpu_key)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [g["gpu_key"] for g in doc["gpus"]] == [gpu_key]
     assert doc["errors"] == []
     assert {p["pid"] for p in doc["gpus"][0]["peers"]} == {a.pid, b.pid}
+    pa, pb = doc["gpus"][0]["peers"]
+    busy = pa["busy_pct"] + pb["busy_pct"]  # the achieved share is busy time among the members
+    assert pa["achieved_pct"] == pytest.approx(100 * pa["busy_pct"] / busy)
+    assert pb["achieved_pct"] == pytest.approx(100 * pb["busy_pct"] / busy)
 
     # the human table shows the same peers
     r = cli("--once", "--gpu-key", gpu_key)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"/opencoti-gpu-{gpu_key}") and "period 120 ms" in lines[0] and "peers 2" in lines[0]
-    assert "SLOT" in lines[1] and "SHARE%" in lines[1]
+    assert "SLOT" in lines[1] and "SHARE%" in lines[1] and lines[1].split()[6] == "ACH%"
     rows = {int(line.split()[1]): line for line in lines[2:]}
     assert set(rows) == {a.pid, b.pid}
     assert "peer-a" in rows[a.pid] and "66.7" in rows[a.pid] and "[0, 80000)" in rows[a.pid]
     assert "peer-b" in rows[b.pid] and "33.3" in rows[b.pid] and "[80000, 120000)" in rows[b.pid]
+    assert all(0 <= float(row.split()[6]) <= 100 for row in rows.values())  # ACH%: both busy, both members
 
 
 def test_once_without_segments(cli, gpu_key: str) -> None:

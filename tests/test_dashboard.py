@@ -37,13 +37,16 @@ def test_history_series_follows_a_weight_change():
     assert ys[0] == 50.0 and ys[-1] == 75.0
 
 
-def test_achieved_share_needs_every_members_tok_s():
-    assert achieved_shares(model_at(0, tok=(None, 10.0)).gpus[0].rows) == ()
-    got = dict(achieved_shares(model_at(0, tok=(30.0, 10.0)).gpus[0].rows))
+def test_achieved_share_is_busy_time_not_tok_s():
+    """Busy time among the members, whatever the tok/s (different models) and without any."""
+    got = dict(achieved_shares(model_at(0, tok=(None, 10.0), busy=(0.6, 0.2)).gpus[0].rows))
     assert got == {0: 75.0, 1: 25.0}
+    got = dict(achieved_shares(model_at(0, tok=(10.0, 90.0), busy=(0.6, 0.2)).gpus[0].rows))
+    assert got == {0: 75.0, 1: 25.0}
+    assert achieved_shares(model_at(0, busy=(0.0, 0.0)).gpus[0].rows) == ()  # nobody ran: unknown
     h = History()
     for t in range(10):
-        h.add(model_at(t, tok=(30.0, 10.0)))
+        h.add(model_at(t, tok=(30.0, 10.0), busy=(0.6, 0.2)))
     a = h.series("k", "achieved", NOW / 1e6 + 9, 120, 60)
     c = h.series("k", "configured", NOW / 1e6 + 9, 120, 60)
     assert a[0].ys[-1] == 75.0 and c[0].ys[-1] == 66.7

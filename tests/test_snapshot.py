@@ -28,7 +28,7 @@ from gpushare_tui.core.snapshot import (
 NOW = 1_764_000_000_123_456
 PEER_KEYS = {
     "slot", "pid", "name", "weight", "share_pct", "window_us", "busy_pct", "active", "alive", "heartbeat_age_ms",
-    "boot_us",
+    "boot_us", "achieved_pct",
 }  # fmt: skip
 
 
@@ -63,6 +63,24 @@ def test_snapshot_rows() -> None:
     assert snap.running_slot() == (0 if NOW % 120_000 < 80_000 else 2)
     with pytest.raises(AttributeError):
         snap.period_ms = 1  # type: ignore[misc]  # immutable
+
+
+def test_achieved_share_is_busy_time_among_members() -> None:
+    """busy_i ÷ Σ busy over the schedule's members (model-independent), null for non-members."""
+    slots = [
+        rec(0, weight=2.0, busy_ppm=300_000),
+        rec(1, weight=1.0, busy_ppm=100_000),
+        rec(2, active=0, busy_ppm=500_000),  # idle: no member, its busy time not counted
+        rec(3, heartbeat_us=NOW - 3_500_000, busy_ppm=900_000),  # dead: likewise
+        rec(4, weight=1.0, busy_ppm=0),  # a member that did not run
+    ]
+    peers = {p.slot: p for p in build_gpu_snapshot("k", "/s", slots, NOW).peers}
+    got = {i: p.achieved_pct for i, p in peers.items()}
+    assert got == {0: pytest.approx(75.0), 1: pytest.approx(25.0), 2: None, 3: None, 4: 0.0}
+    idle = build_gpu_snapshot("k", "/s", [rec(0, busy_ppm=0), rec(1, busy_ppm=0)], NOW)
+    assert [p.achieved_pct for p in idle.peers] == [None, None]  # unknown, not 0/0
+    doc = gpu_to_json(build_gpu_snapshot("k", "/s", slots, NOW))
+    assert [p["achieved_pct"] for p in doc["peers"]] == [pytest.approx(75.0), pytest.approx(25.0), None, None, 0.0]
 
 
 def test_heartbeat_age_never_negative() -> None:

@@ -44,15 +44,20 @@ def headless_args(argv: Sequence[str]) -> tuple[str | None, bool] | None:
 def once_report(gpu_key: str | None) -> dict:
     """The JSON document of one snapshot (all segments, or only `gpu_key`'s)."""
     from ..core.clock import wall_us
+    from ..core.control import is_managed
     from ..core.snapshot import SegmentReader, report_to_json
 
     reader = SegmentReader(gpu_key)
     try:
         now = wall_us()
         gpus, errors = reader.read(now)
-        return report_to_json(gpus, errors, now)
+        report = report_to_json(gpus, errors, now)
     finally:
         reader.close()
+    for g in report["gpus"]:
+        for p in g["peers"]:
+            p["managed"] = is_managed(p["pid"])  # has our control socket (this user's engines only)
+    return report
 
 
 def remote_report(gpu_key: str | None, urls: Sequence[str], local: bool) -> dict:
@@ -128,14 +133,15 @@ def render_table(report: dict) -> str:
             f"period {period}  peers {len(g['peers'])}{warn}"
         )
         lines.append(
-            f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} "
+            f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} {'ACH%':>5} "
             f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US"
         )
         for p in g["peers"]:
             win = f"[{p['window_us'][0]}, {p['window_us'][1]})" if p["window_us"] else "-"
             lines.append(
                 f"  {p['slot']:>4} {p['pid']:>8} {printable(p['name'])[:20]:<20} {_fmt(p['weight'], '.3g'):>7} "
-                f"{p['share_pct']:>7.1f} {p['busy_pct']:>6.1f} {'yes' if p['active'] else 'no':<6} "
+                f"{p['share_pct']:>7.1f} {p['busy_pct']:>6.1f} {_fmt(p.get('achieved_pct'), '.1f'):>5} "
+                f"{'yes' if p['active'] else 'no':<6} "
                 f"{'yes' if p['alive'] else 'no':<5} {_age(p['heartbeat_age_ms']):>7}  {win}"
             )
     for e in report["errors"]:

@@ -28,6 +28,9 @@ class PeerSnapshot:
     alive: bool
     heartbeat_age_ms: float | None  # None: no heartbeat, or one > 3 s in the future (invalid)
     boot_us: int
+    # busy time ÷ Σ busy time over the schedule's members (time on the device, whatever the model);
+    # None when not a member, or no member was busy
+    achieved_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ def build_gpu_snapshot(
     members = schedule.member_weights(slots, now_us)
     sched = schedule.build_schedule(members)
     shares = dict(zip((s for s, _ in members), schedule.share_pct([w for _, w in members]))) if members else {}
+    achieved = achieved_pcts(slots, [s for s, _ in members])
     peers = []
     for rec in slots:
         if rec.pid == 0:
@@ -95,10 +99,19 @@ def build_gpu_snapshot(
                 alive=rec.is_alive(now_us),
                 heartbeat_age_ms=heartbeat_age_ms(rec.heartbeat_us, now_us),
                 boot_us=rec.boot_us,
+                achieved_pct=achieved.get(rec.index),
             )
         )
     period = sched.period_ms if sched else None
     return GpuSnapshot(gpu_key, segment, period, tuple(peers), now_us, owner, owner_uid, mode)
+
+
+def achieved_pcts(slots: Iterable[SlotRecord], member_slots: Iterable[int]) -> dict[int, float]:
+    """Per member slot: busy_ppm ÷ Σ busy_ppm over the members, in %; {} when their sum is 0."""
+    members = set(member_slots)
+    busy = {r.index: min(max(r.busy_ppm, 0), 1_000_000) for r in slots if r.index in members}
+    total = sum(busy.values())
+    return {i: 100.0 * b / total for i, b in busy.items()} if total > 0 else {}
 
 
 def heartbeat_age_ms(heartbeat_us: int, now_us: int) -> float | None:
@@ -188,6 +201,7 @@ def peer_to_json(p: PeerSnapshot) -> dict:
     d = asdict(p)
     d["weight"] = _json_number(p.weight)
     d["window_us"] = list(p.window_us) if p.window_us else None
+    d["achieved_pct"] = _json_number(p.achieved_pct)
     return d
 
 

@@ -62,7 +62,7 @@ class GpuView:
     snapshot: GpuSnapshot
     device: DeviceStats | None = None
     rows: tuple[PeerRow, ...] = ()
-    achieved_pct: tuple[tuple[int, float], ...] = ()  # (slot, achieved share %) when every member's tok/s is known
+    achieved_pct: tuple[tuple[int, float], ...] = ()  # (slot, achieved share %) of each member (busy-based)
 
     @property
     def gpu_key(self) -> str:
@@ -89,18 +89,10 @@ class DashboardModel:
 
 
 def achieved_shares(rows: tuple[PeerRow, ...]) -> tuple[tuple[int, float], ...]:
-    """Achieved share % = tok/s ÷ Σ tok/s over the schedule's members.
-
-    Only when every member reports tok/s (a partial sum would mislead); it is
-    comparable with the configured share when the engines are alike.
-    """
-    members = [r for r in rows if r.peer.alive and r.peer.active and r.peer.weight is not None]
-    if not members or any(r.tok_s is None for r in members):
-        return ()
-    total = sum(r.tok_s or 0.0 for r in members)
-    if total <= 0:
-        return ()
-    return tuple((r.peer.slot, 100.0 * (r.tok_s or 0.0) / total) for r in members)
+    """(slot, achieved share %) of every member: its busy time ÷ Σ busy time over the schedule's
+    members (core.snapshot's `achieved_pct`: time on the device, comparable across models and
+    known for foreign peers too, unlike tok/s)."""
+    return tuple((r.peer.slot, r.peer.achieved_pct) for r in rows if r.peer.achieved_pct is not None)
 
 
 @dataclass(frozen=True)

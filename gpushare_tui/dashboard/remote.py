@@ -148,6 +148,7 @@ def peer_from_json(d: object) -> PeerSnapshot:
         alive=_bool(d, "alive"),
         heartbeat_age_ms=_num(d, "heartbeat_age_ms", optional=True),
         boot_us=int(_num(d, "boot_us", int, optional=True) or 0),
+        achieved_pct=_num(d, "achieved_pct", optional=True),
     )
 
 

@@ -31,7 +31,7 @@ PEER_METRICS = {
     "gpushare_peer_alive": "1 when the peer's heartbeat is fresh, 0 when it is stale (dead, not yet evicted).",
     "gpushare_peer_heartbeat_age_seconds": "Age of the peer's last heartbeat.",
     "gpushare_peer_window_seconds": "Length of the peer's window in the schedule period.",
-    "gpushare_peer_achieved_share_ratio": "Achieved share: tokens/s over the sum of the members' tokens/s, 0-1.",
+    "gpushare_peer_achieved_share_ratio": "Achieved share: busy time over the sum of the members' busy time, 0-1.",
     "gpushare_peer_gpu_memory_bytes": "GPU memory used by the peer's process (NVML).",
 }
 ENGINE_METRICS = {

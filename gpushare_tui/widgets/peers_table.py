@@ -56,6 +56,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("weight", "WEIGHT", 6, lambda r: _num_or(r.peer.weight), True, True),
     Column("share", "SHARE%", 6, lambda r: r.peer.share_pct, True, True),
     Column("busy", "BUSY%", 5, lambda r: r.peer.busy_pct, True, True),
+    Column("ach", "ACH%", 4, lambda r: _num_or(r.peer.achieved_pct), True, True),
     Column("status", "STATUS", 6, _state_order),
     Column("toks", "TOK/S", 6, lambda r: _num_or(r.tok_s), True, True),
     Column("engine", "ENGINE", 9, lambda r: (not r.managed, _engine_text(r).plain)),
@@ -129,6 +130,7 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         "weight": Text(_fmt_weight(p.weight), justify="right", style=base if p.weight is not None else "red"),
         "share": Text(f"{p.share_pct:.1f}", justify="right", style=f"bold {base}".strip()),
         "busy": Text(f"{p.busy_pct:.0f}", justify="right", style=base),
+        "ach": Text(_fmt_pct(p.achieved_pct), justify="right", style=base),
         "status": status,
         "hb": Text(_fmt_age(p.heartbeat_age_ms), justify="right", style="red" if dead else base),
         "vram": Text(vram, justify="right", style=base),
@@ -137,6 +139,10 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         "gpu": Text(r.gpu_key, style="dim", overflow="ellipsis", no_wrap=True),
     }
     return tuple(cells[c.key] for c in COLUMNS)
+
+
+def _fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 def display_key(r: PeerRow) -> tuple:
@@ -150,6 +156,7 @@ def display_key(r: PeerRow) -> tuple:
         p.weight,
         round(p.share_pct, 1),
         round(p.busy_pct),
+        None if p.achieved_pct is None else round(p.achieved_pct),
         p.alive,
         p.active,
         _fmt_age(p.heartbeat_age_ms),
