@@ -28,7 +28,7 @@ from .core.clock import ClockUs, wall_us
 from .core.control import ControlError
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.control import ControlClient, LocalControl
-from .dashboard.model import DashboardModel, History, PeerRow
+from .dashboard.model import DashboardModel, History, PeerRow, without_idle_segments
 from .dashboard.source import DataSource, LiveSource
 from .widgets.confirm_stop import ConfirmStop
 from .widgets.gpu_panel import GpuPanel
@@ -102,6 +102,13 @@ class DashboardApp(App):
             "Plots",
             tooltip=f"show / hide the plots (hidden by default below {PLOTS_MIN_HEIGHT} lines)",
         ),
+        Binding(
+            "e",
+            "toggle_idle_segments",
+            "Idle segs",
+            show=False,
+            tooltip="show / hide segments with no live peers (hidden by default; never removed)",
+        ),
         Binding("question_mark", "help", "Help", key_display="?", tooltip="show / hide this help"),
         Binding("q", "quit", "Quit", tooltip="quit"),
         Binding("ctrl+c", "quit", "Quit", key_display="Ctrl+C", show=False, priority=True, tooltip="quit"),
@@ -111,6 +118,8 @@ class DashboardApp(App):
     """The plots' time span (s); `h` cycles HISTORY_SPANS_S."""
     selected_gpu: var[str | None] = var(None, init=False)
     """The GPU of the selected row (else the first): its panel is marked and the plots show it."""
+    show_idle_segments: var[bool] = var(False, init=False)
+    """`e`: also show segments with no live peer (always shown when --gpu-key names one)."""
     plots_wanted: var[bool | None] = var(None, init=False)
     """`p`'s choice; None: plots shown when the terminal has PLOTS_MIN_HEIGHT lines."""
 
@@ -138,7 +147,9 @@ class DashboardApp(App):
         self.source: DataSource = source if source is not None else LiveSource(gpu_key, clock, control=self.control)
         self.set_reactive(DashboardApp.history_s, float(history_s or _env_history_s() or DEFAULT_HISTORY_S))
         self.history = History(max(max(HISTORY_SPANS_S), self.history_s))
-        self.model: DashboardModel | None = None
+        self.model: DashboardModel | None = None  # what is shown (idle segments left out unless `e`)
+        self.collected: DashboardModel | None = None  # what the source last collected
+        self._hidden_segments = 0
         self.models_seen = 0
         self.collector: Worker[None] | None = None
         self._wake = threading.Event()
@@ -167,8 +178,10 @@ class DashboardApp(App):
                 ).data_bind(span_s=span)
         yield Footer()
 
-    def _empty_text(self) -> str:
+    def _empty_text(self, hidden: int = 0) -> str:
         which = f"/opencoti-gpu-{self.gpu_key}" if self.gpu_key else "/opencoti-gpu-* segments"
+        if hidden:
+            return f"{hidden} segment(s) with no live peers hidden: `e` shows them."
         return (
             f"Waiting for {which} … none on this host yet.\n"
             "Start engines with `gpushare-tui launch --weight W -- llama-server -m MODEL`, "
@@ -260,13 +273,31 @@ class DashboardApp(App):
         """Render one model; everything is updated in place."""
         if not self._table.is_attached:
             return  # a late model while the app shuts down
-        self.model = model
+        self.collected = model
         self.models_seen += 1
         self.history.add(model)
+        self._render_model()
+
+    def watch_show_idle_segments(self) -> None:
+        if self.collected is not None and self._table.is_attached:
+            self._render_model()
+
+    def action_toggle_idle_segments(self) -> None:
+        self.show_idle_segments = not self.show_idle_segments
+
+    def _render_model(self) -> None:
+        model, hidden = self.collected, 0
+        assert model is not None
+        if not self.show_idle_segments and self.gpu_key is None:
+            model, hidden = without_idle_segments(model)
+        self.model = model
+        if hidden != self._hidden_segments:
+            self._hidden_segments = hidden
+            self._empty.update(self._empty_text(hidden))
         self._top.show(model.now_us, len(model.gpus), sum(len(g.rows) for g in model.gpus))
         self._show_panels(model)
         self._errors.show(model.errors)
-        self._empty.set_class(bool(model.gpus or model.errors), "-hidden")
+        self._empty.set_class(bool(model.gpus) or not (hidden or not model.errors), "-hidden")
         self._table.show(model.rows())
         self._select_gpu()
         self._show_plots()

@@ -13,10 +13,11 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from conftest import cli_argv, shm_file, wait_for
-from slots import model_at
+from slots import NOW, model_at, slot, snap
 from textual.geometry import Region
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
@@ -27,7 +28,7 @@ from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.dashboard.control import LocalControl
-from gpushare_tui.dashboard.model import DashboardModel
+from gpushare_tui.dashboard.model import DashboardModel, GpuView, PeerRow
 from gpushare_tui.dashboard.source import FixedSource, LiveSource
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.gpu_panel import GpuPanel
@@ -591,5 +592,46 @@ def test_the_selected_gpus_panel_is_marked_when_there_are_several():
             source.model = b  # gpu-a goes: one panel again
             app.refresh_now()
             await until(pilot, lambda: marked() == {"gpu-b": False}, what="one panel, not marked")
+
+    asyncio.run(main())
+
+
+def _two_segments(live_key: str = "live", idle_key: str = "idle") -> DashboardModel:
+    """`live_key` with a live peer; `idle_key` whose only peer died long ago (its segment stays)."""
+    live = snap([slot(0, 1)], key=live_key)
+    idle = snap([slot(0, 1, age_s=600)], key=idle_key)
+    views = tuple(GpuView(s, None, tuple(PeerRow(s.gpu_key, p) for p in s.peers)) for s in (live, idle))
+    return DashboardModel(NOW, views)
+
+
+def test_segments_without_live_peers_are_hidden_until_e():
+    async def main():
+        app = DashboardApp(FixedSource([_two_segments()]), interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.models_seen, what="first model")
+            assert [g.gpu_key for g in app.model.gpus] == ["live"] and set(app._panels) == {"live"}
+            assert [r.gpu_key for r in app._table._rows.values()] == ["live"]
+            await pilot.press("e")
+            await until(pilot, lambda: set(app._panels) == {"live", "idle"}, 2, what="the idle segment shown")
+            assert {r.gpu_key for r in app._table._rows.values()} == {"live", "idle"}
+            await pilot.press("e")
+            await until(pilot, lambda: set(app._panels) == {"live"}, 2, what="the idle segment hidden again")
+
+    asyncio.run(main())
+
+
+def test_only_idle_segments_say_so():
+    async def main():
+        idle_only = replace(_two_segments(), gpus=_two_segments().gpus[1:])
+        app = DashboardApp(FixedSource([idle_only]), interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.models_seen, what="first model")
+            empty = app.query_one("#empty")
+            assert not empty.has_class("-hidden")
+            assert "1 segment(s) with no live peers hidden: `e` shows them." in str(empty.render())
+        shown = DashboardApp(FixedSource([idle_only]), interval_s=3600, gpu_key="idle")  # named: always shown
+        async with shown.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: shown.models_seen, what="first model")
+            assert set(shown._panels) == {"idle"}
 
     asyncio.run(main())

@@ -230,3 +230,21 @@ def test_segment_file_name_not_utf8_is_tolerated(shm_files, gpu_key: str, cli) -
     r = cli("--once", env=env)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert f"error: {shown}: wrong size 4 (expected 4096)" in r.stdout.splitlines()
+
+
+def test_table_hides_segments_without_live_peers(gpu_key: str, cli) -> None:
+    """Left-over segments (no live peer) are hidden from the table unless --all or --gpu-key names them;
+    the JSON lists them all; nothing is unlinked."""
+    Segment.create_or_attach(gpu_key).close()  # no peer at all
+    ours = f"/opencoti-gpu-{gpu_key}  "
+    r = cli("--once")
+    assert r.returncode == 0, r.stderr
+    assert not any(line.startswith(ours) for line in r.stdout.splitlines())
+    assert "with no live peers hidden (--all shows them)" in r.stdout.splitlines()[-1]
+    r = cli("--once", "--all")
+    assert r.returncode == 0 and any(line.startswith(ours) for line in r.stdout.splitlines()), r.stderr
+    r = cli("--once", "--gpu-key", gpu_key)
+    assert r.returncode == 0 and r.stdout.startswith(ours), r.stderr
+    r = cli("--once", "--json")
+    assert gpu_key in [g["gpu_key"] for g in json.loads(r.stdout)["gpus"]]
+    assert os.path.exists(shm_file(gpu_key))

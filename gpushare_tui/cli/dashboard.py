@@ -30,6 +30,9 @@ def dashboard(
     ),
     no_local: bool = typer.Option(False, "--no-local", help="With --remote: leave out this host's segments."),
     fmt: str | None = typer.Option(None, "--format", help="With --once: table, json or prometheus."),
+    show_idle: bool = typer.Option(
+        False, "--all", help="With --once: also list segments with no live peers (hidden by default, never removed)."
+    ),
     version: bool = typer.Option(
         False, "--version", help="Print the version and exit.", is_eager=True, callback=_show_version
     ),
@@ -43,7 +46,7 @@ def dashboard(
     if fmt is not None and not once:
         raise UsageError("--format needs --once")
     if once:
-        raise typer.Exit(print_once(key, as_json, remote, not no_local, fmt))
+        raise typer.Exit(print_once(key, as_json, remote, not no_local, fmt, show_idle))
     if no_local and not remote:
         raise UsageError("--no-local needs --remote URL")
     urls: list[str] = []

@@ -118,13 +118,16 @@ def _age(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.0f}"
 
 
-def render_table(report: dict) -> str:
-    """The human-readable `--once` table. Names, keys and errors are untrusted: control characters never
-    reach the terminal (the JSON form keeps them, escaped)."""
+def render_table(report: dict, show_idle: bool = True) -> str:
+    """The human-readable `--once` table; unless `show_idle`, segments with no live peer are left out
+    (counted in a last line). Names, keys and errors are untrusted: control characters never reach the
+    terminal (the JSON form keeps them, escaped)."""
     from ..core.text import printable
 
     lines = []
-    for g in report["gpus"]:
+    gpus = report["gpus"] if show_idle else [g for g in report["gpus"] if any(p["alive"] for p in g["peers"])]
+    hidden = len(report["gpus"]) - len(gpus)
+    for g in gpus:
         period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
         warn = "  WARNING: group/world-writable" if g["writable_by_others"] else ""
         host = f"{printable(g['host'])}  " if "host" in g else ""
@@ -147,7 +150,9 @@ def render_table(report: dict) -> str:
     for e in report["errors"]:
         where = ": ".join(printable(x) for x in (e.get("host", ""), e["segment"]) if x)
         lines.append(f"error: {where}: {printable(e['error'])}")
-    if not report["gpus"] and not report["errors"]:
+    if hidden:
+        lines.append(f"{hidden} segment(s) with no live peers hidden (--all shows them)")
+    elif not report["gpus"] and not report["errors"]:
         lines.append("no /opencoti-gpu-* segments on this host")
     return "\n".join(lines)
 
@@ -158,10 +163,12 @@ def print_once(
     remotes: Sequence[str] = (),
     local: bool = True,
     fmt: str | None = None,
+    show_idle: bool = False,
 ) -> ExitCode:
     """Print one snapshot (`fmt`: table, json or prometheus; `as_json` is json) of this host and the
-    `remotes` (`serve` URLs; their unreachable hosts are error rows, exit 0). UsageError for an invalid
-    key, URL or combination. Exit 1 if stdout is closed early."""
+    `remotes` (`serve` URLs; their unreachable hosts are error rows, exit 0). The table leaves out
+    segments with no live peer unless `show_idle` or the key names one; the JSON lists every one.
+    UsageError for an invalid key, URL or combination. Exit 1 if stdout is closed early."""
     key = checked_key(gpu_key)
     fmt = _checked_format(fmt, as_json, remotes, local)
     urls: list[str] = []
@@ -177,7 +184,8 @@ def print_once(
             from ..core.abi import segment_name
 
             raise GpushareError(f"no segment {segment_name(key)} on this host")  # a typo must not look like success
-        text = json.dumps(report, allow_nan=False) if fmt == "json" else render_table(report)
+        show_idle = show_idle or key is not None
+        text = json.dumps(report, allow_nan=False) if fmt == "json" else render_table(report, show_idle)
     try:
         print(text, end="" if fmt == "prometheus" else "\n")
         sys.stdout.flush()

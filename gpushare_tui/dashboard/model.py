@@ -9,7 +9,7 @@ does I/O or imports Textual.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.abi import to_f32
 from ..core.control import SignalLateness
@@ -86,6 +86,13 @@ class DashboardModel:
 
     def gpu(self, key: str | None) -> GpuView | None:
         return next((g for g in self.gpus if g.gpu_key == key), None)
+
+
+def without_idle_segments(model: DashboardModel) -> tuple[DashboardModel, int]:
+    """`model` less its segments with no live peer (left over by engines long gone: shown, never
+    unlinked, on request), and how many were left out."""
+    live = tuple(g for g in model.gpus if any(r.peer.alive for r in g.rows))
+    return replace(model, gpus=live), len(model.gpus) - len(live)
 
 
 def achieved_shares(rows: tuple[PeerRow, ...]) -> tuple[tuple[int, float], ...]:

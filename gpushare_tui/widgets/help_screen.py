@@ -82,8 +82,8 @@ class HelpScreen(Dialog[None]):
             yield Static(
                 "Timeline: each active peer's window in one TDM period, in its colour; ▼ marks now "
                 "(who may run this instant). SHARE% = weight ÷ Σ weights of active peers; BUSY% = "
-                "measured. Achieved share = tok/s ÷ Σ tok/s of the active peers (5 s average), shown "
-                "when every active peer reports tok/s, against the configured share (dashed). "
+                "measured. ACH% (achieved share) = busy ÷ Σ busy of the active peers: time on the device, "
+                "whatever the model (plotted as a 5 s average against the configured share, dashed). "
                 "ENGINE: running / stopped (paused outside its window) / loading. Foreign peers (no "
                 "gpushare-tui control socket) are read-only. Esc / ? closes.",
                 classes="foot",
