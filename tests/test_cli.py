@@ -128,6 +128,12 @@ def test_every_option_has_help() -> None:
     assert missing == []
 
 
+@pytest.mark.parametrize("command", ["run", "launch"])
+def test_engine_commands_usage_shows_the_engine_command_line(command: str, capsys) -> None:
+    assert main([command, "--help"]) == 0
+    assert f" {command} [OPTIONS] -- COMMAND [ARGS]..." in capsys.readouterr().out
+
+
 def test_help_comes_from_typer(capsys) -> None:
     assert main(["--once", "--help"]) == 0
     out = capsys.readouterr().out

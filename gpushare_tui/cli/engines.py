@@ -15,6 +15,7 @@ from .common import checked_group, resolve_key
 from .options import GpuIndexOpt, GpuKeyOpt, ShareGroupOpt, WeightOpt
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
+USAGE = "[OPTIONS] -- COMMAND [ARGS]..."  # the usage line: the engine's command line follows `--`
 NO_ENGINE = "no engine command given (use: -- llama-server ARGS...)"
 
 
