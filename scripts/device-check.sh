@@ -51,7 +51,7 @@ if [ "${1:-}" = "--stage" ]; then
   case "$stage" in
     a)
       "$PY" - <<'EOF'
-import importlib, importlib.metadata, json, os, platform, shutil, subprocess, sys, uuid
+import importlib, importlib.metadata, json, os, platform, shutil, subprocess, sys
 def run(*cmd):
     if not shutil.which(cmd[0]):
         return None
@@ -81,8 +81,8 @@ try:
                     "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 except Exception as e:
     env["torch"] = None
-key = f"dc-{uuid.uuid4().hex[:8]}"
-once = subprocess.run([sys.executable, "-m", "gpushare_tui", "--once", "--json", "--gpu-key", key], capture_output=True, text=True, timeout=60)
+# every segment on the host (a --gpu-key that matches none exits 1)
+once = subprocess.run([sys.executable, "-m", "gpushare_tui", "--once", "--json"], capture_output=True, text=True, timeout=60)
 env["once_json_ok"] = once.returncode == 0
 json.dump(env, open(os.path.join(os.environ["DC_OUT"], "env.json"), "w"), indent=1)
 print(json.dumps(env, indent=1))

@@ -572,7 +572,7 @@ def test_once_and_dashboard_show_owner_and_flag_writable_segments(other_user, pr
     assert (g[ours]["owner"], g[ours]["owner_uid"], g[ours]["mode"]) == ("root", 0, "0600")
     assert g[ours]["writable_by_others"] is False
 
-    p = procs.start(cli_argv("--once"))
+    p = procs.start(cli_argv("--once", "--all"))  # ours has no live peer: hidden without --all
     out, err = _communicate(p, 30, "--once")
     assert p.returncode == 0, err
     head = {line.split()[0]: line for line in out.splitlines() if line.startswith("/opencoti-gpu-")}
