@@ -12,7 +12,7 @@ import typer
 from ..core.abi import parse_weight
 from ..core.errors import GpushareError, UsageError
 from .common import checked_group, resolve_key
-from .options import GpuIndexOpt, GpuKeyOpt, ShareGroupOpt, WeightOpt
+from .options import EngineNameOpt, GpuIndexOpt, GpuKeyOpt, LoadTimeoutOpt, ShareGroupOpt, WeightOpt
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
 USAGE = "[OPTIONS] -- COMMAND [ARGS]..."  # the usage line: the engine's command line follows `--`
@@ -26,10 +26,10 @@ def _say(line: str) -> None:
 def run(
     ctx: typer.Context,
     weight: str = WeightOpt,
-    name: str | None = typer.Option(None, "--name", help="Display name (default: the model file's stem)."),
+    name: str | None = EngineNameOpt,
     gpu_key: str | None = GpuKeyOpt,
     gpu: int | None = GpuIndexOpt,
-    load_timeout: float = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200."),
+    load_timeout: float = LoadTimeoutOpt,
     notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
     share_group: str | None = ShareGroupOpt,
 ) -> None:
@@ -114,10 +114,10 @@ def _gpu_busy_for(key: str):
 def launch(
     ctx: typer.Context,
     weight: str = WeightOpt,
-    name: str | None = typer.Option(None, "--name", help="Display name (default: the model file's stem)."),
+    name: str | None = EngineNameOpt,
     gpu_key: str | None = GpuKeyOpt,
     gpu: int | None = GpuIndexOpt,
-    load_timeout: float = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200."),
+    load_timeout: float = LoadTimeoutOpt,
     as_json: bool = typer.Option(
         False, "--json", help='Print the result as one JSON object (on failure {"ok": false, "error": ...}).'
     ),

@@ -15,3 +15,5 @@ ShareGroupOpt = typer.Option(
 IntervalOpt = typer.Option(1.0, "--interval", help="Dashboard refresh in seconds (min 0.2).")
 ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every admin action.")
 WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")
+EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
+LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
