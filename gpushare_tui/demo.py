@@ -4,9 +4,12 @@ Works on any machine (no GPU, no model). The engines are real processes
 (`gpushare-tui synth`) that join the registry, pace themselves and serve the
 control socket, so every admin key works on them. On exit — `q`, Ctrl-C,
 SIGTERM/SIGINT/SIGHUP, or an error — they are ended (by pid) and the demo
-segment is removed, unless live peers other than the demo's engines use it
-(a --gpu-key shared with other engines). If the demo itself is killed
-outright, the engines get SIGTERM from the kernel (PR_SET_PDEATHSIG).
+segment and engine logs are removed, unless live peers other than the demo's
+engines use the segment (a --gpu-key shared with other engines). Engines that
+end while the demo runs (`s` in the dashboard) are reaped at once. If the demo
+itself is killed outright, the engines get SIGTERM from the kernel
+(PR_SET_PDEATHSIG) and a janitor process, which notices the demo's end by the
+close of a pipe, removes the segment and logs.
 
 `start_demo` / `stop_demo` import no Textual; `run_demo` adds the dashboard.
 """
@@ -19,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -46,6 +50,8 @@ class Demo:
     key: str
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
+    janitor: subprocess.Popen | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
     def pids(self) -> list[int]:
@@ -96,7 +102,7 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
     units = calibrate_units(step_ms)
     try:
         for name, weight, busy_idle in engines:
-            log = tempfile.NamedTemporaryFile(prefix=f"gpushare-demo-{name}-", suffix=".log", delete=False)
+            log = tempfile.NamedTemporaryFile(prefix=f"gpushare-demo-{demo.key}-{name}-", suffix=".log", delete=False)
             demo.logs.append(log.name)
             with log:
                 demo.procs.append(
@@ -109,6 +115,7 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
                         preexec_fn=_die_with_parent,
                     )
                 )
+        demo.janitor = _start_janitor(demo)
         deadline = time.monotonic() + timeout_s
         # registered and serving their control sockets (the dashboard manages them at once)
         while not set(demo.pids) <= set(alive_peers(demo.key)) or not all(is_managed(p.pid) for p in demo.procs):
@@ -121,7 +128,89 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
     except BaseException:
         stop_demo(demo)
         raise
+    threading.Thread(target=_reap, args=(demo,), name="gpushare-demo-reap", daemon=True).start()
     return demo
+
+
+REAP_EVERY_S = 0.5
+
+
+def _reap(demo: Demo) -> None:
+    """Wait for engines that end while the demo runs (stopped from the dashboard), so none stays <defunct>."""
+    while not demo.stopped.wait(REAP_EVERY_S):
+        for p in demo.procs:
+            p.poll()
+
+
+def _start_janitor(demo: Demo) -> subprocess.Popen:
+    """A process that removes the segment and logs once this one is gone, even by SIGKILL: it
+    reads a pipe whose only writer is this process, so the read ends when this process does."""
+    argv = [sys.executable, "-c", "from gpushare_tui.demo import janitor_main; janitor_main()", demo.key]
+    argv += [str(p) for p in demo.pids] + ["--", *demo.logs]
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # not ended with the demo's terminal or process group
+    )
+
+
+def janitor_main() -> None:
+    """`KEY PID... -- LOG...`: wait for EOF on stdin, then for the engines to end (SIGKILL after
+    JANITOR_GRACE_S), then remove what they left."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    args = sys.argv[1:]
+    sep = args.index("--")
+    key, pids, logs = args[0], [int(a) for a in args[1:sep]], args[sep + 1 :]
+    sys.stdin.buffer.read()
+    deadline = time.monotonic() + JANITOR_GRACE_S
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pids:
+        if _running(pid):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+    _remove_leftovers(key, pids, logs)
+
+
+JANITOR_GRACE_S = 5.0
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _remove_leftovers(key: str, pids: list[int], logs: list[str]) -> None:
+    """Remove the segment (unless live peers other than `pids` use it) and the logs."""
+    if not set(alive_peers(key)) - set(pids):
+        try:
+            os.unlink(shm_path(key))
+        except FileNotFoundError:
+            pass
+    for path in logs:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _tail(path: str) -> str:
@@ -138,6 +227,7 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
 
     The segment stays if live peers other than the demo's engines use it (a --gpu-key shared
     with real engines): unlinking it would put later joiners in a second registry."""
+    demo.stopped.set()
     for p in demo.procs:
         if p.poll() is None:
             try:
@@ -156,17 +246,13 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
             except ProcessLookupError:
                 pass
             p.wait()
-    if not set(alive_peers(demo.key)) - set(demo.pids):
-        try:
-            os.unlink(demo.segment_path)
-        except FileNotFoundError:
-            pass
-    for path in demo.logs:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    _remove_leftovers(demo.key, demo.pids, demo.logs)
     demo.logs.clear()
+    if demo.janitor is not None:
+        demo.janitor.kill()  # nothing left for it to do
+        demo.janitor.wait()
+        demo.janitor.stdin.close()
+        demo.janitor = None
 
 
 def run_demo(

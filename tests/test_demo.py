@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import pty
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import threading
 import time
@@ -44,14 +46,21 @@ def _kill(pids: list[int]) -> None:
                 break
 
 
+def _demo_logs(key: str) -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"gpushare-demo-{key}-*"))
+
+
 def test_start_and_stop_leave_nothing_behind(runtime_dir):
     key = unique_key("demo")
     demo = start_demo(key)
     pids = demo.pids
+    assert demo.janitor is not None
+    pids.append(demo.janitor.pid)
     try:
+        assert len(_demo_logs(key)) == 3
         got = sorted((r.name, r.weight) for r in peers(key))
         assert got == sorted((n, w) for n, w, _ in DEMO_ENGINES)
-        assert all(os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{p}.sock")) for p in pids)
+        assert all(os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{p}.sock")) for p in demo.pids)
     finally:
         stop_demo(demo)
         _kill(pids)
@@ -59,7 +68,23 @@ def test_start_and_stop_leave_nothing_behind(runtime_dir):
     assert _gone(pids)
     assert not os.path.exists(shm_file(key))
     assert not any(os.path.exists(p) for p in demo.logs)
+    assert _demo_logs(key) == []
     stop_demo(demo)  # idempotent
+
+
+def test_an_engine_that_ends_while_the_demo_runs_is_reaped(runtime_dir):
+    key = unique_key("demo")
+    demo = start_demo(key)
+    pids = demo.pids + [demo.janitor.pid]
+    try:
+        victim = demo.procs[1]
+        victim.terminate()  # as `s` in the dashboard does, through the control socket
+        # no one calls poll()/wait() here: the demo's reaper must, or it stays <defunct>
+        wait_for(lambda: not psutil.pid_exists(victim.pid), 10, what="the ended engine reaped")
+        assert all(p.poll() is None for p in demo.procs if p is not victim)
+    finally:
+        stop_demo(demo)
+        _kill(pids)
 
 
 class PtyDemo:
@@ -96,18 +121,22 @@ class PtyDemo:
             self.output += data
 
     def children(self) -> list[int]:
+        """The demo's child processes: its engines and its janitor."""
         try:
             return [c.pid for c in psutil.Process(self.proc.pid).children()]
         except psutil.NoSuchProcess:
             return []
 
+    def engines(self) -> list[int]:
+        return [p for p in self.children() if "synth" in _cmdline(p)]
+
     def wait_ready(self) -> list[int]:
         wait_for(lambda: len(peers(self.key)) == 3 or self.proc.poll() is not None, 30, what="3 demo engines")
         assert self.proc.poll() is None, bytes(self.output[-2000:]).decode(errors="replace")
         wait_for(lambda: b"chat" in self.output, 20, what="the dashboard drawing the demo engines")
-        kids = self.children()
-        assert len(kids) == 3
-        return kids
+        wait_for(lambda: len(self.children()) == 4, 10, what="3 engines and the janitor")
+        assert len(self.engines()) == 3
+        return self.children()
 
     def close(self) -> None:
         pids = self.children()
@@ -143,6 +172,13 @@ def test_demo_command_cleans_up(runtime_dir, how):
         d.close()
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_demo_engines_die_with_a_killed_demo(runtime_dir):
     key = unique_key("demo")
     d = PtyDemo(key)
@@ -154,6 +190,9 @@ def test_demo_engines_die_with_a_killed_demo(runtime_dir):
         wait_for(lambda: _gone(kids), 10, what="orphaned demo engines to exit")
         time.sleep(0.1)
         assert peers(key) == []  # they left their slots on the way out
+        # the janitor (one of `kids`, now gone too) removed the segment and the logs
+        assert not os.path.exists(shm_file(key))
+        assert _demo_logs(key) == []
     finally:
         _kill(kids)
         d.close()
