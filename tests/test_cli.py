@@ -138,3 +138,11 @@ def test_help_comes_from_typer(capsys) -> None:
     assert main(["--once", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--once" in out and "synth" in out and "Exit codes: 0 ok, 1 runtime error, 2 usage error." in out
+
+
+@pytest.mark.parametrize("command", [[], ["synth"], ["run"], ["launch"], ["weight"], ["demo"], ["serve"], ["up"]])
+def test_help_shows_no_type_beside_flags(command: list[str], capsys) -> None:
+    """A flag takes no value: its help line names no type (typer's rich panels drew `<bool>`)."""
+    assert main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "-h, --help" in out and "<bool>" not in out and "list[" not in out

@@ -26,7 +26,10 @@ def dashboard(
     interval: float = IntervalOpt,
     readonly: bool = ReadonlyOpt,
     remote: list[str] = typer.Option(
-        [], "--remote", help="Also show the segments of the host whose `gpushare-tui serve` is at this URL (repeat)."
+        [],
+        "--remote",
+        metavar="URL",
+        help="Also show the segments of the host whose `gpushare-tui serve` is at this URL (repeat).",
     ),
     no_local: bool = typer.Option(False, "--no-local", help="With --remote: leave out this host's segments."),
     fmt: str | None = typer.Option(None, "--format", help="With --once: table, json or prometheus."),

@@ -10,6 +10,8 @@ from .common import ExitCode, error_line
 
 app = typer.Typer(
     add_completion=False,
+    # plain help: typer's rich panels draw a `<bool>` type beside every flag
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Share one GPU fairly between LLM servers, and watch it.\n\nExit codes: 0 ok, 1 runtime error, 2 usage error.",
 )
