@@ -1,15 +1,17 @@
 """Screenshots of a real demo run, for the README: SVG (Textual) and PNG where a renderer exists.
 
-Starts the three demo engines (real `gpushare-tui synth` processes, weights
-2/1/1), opens the dashboard on them headless at 120x40, lets the plots fill,
-raises `chat`'s weight from 2 to 3 through the weight modal halfway (so the
-share plot shows the step and the achieved share follows it), and saves:
+Starts the three demo engines (real `gpushare-tui synth` processes, their
+default weights 2/1/1), opens the dashboard on them headless at 120x40, lets
+the plots fill, and saves:
 
-  dashboard.svg         main view, 120x40
-  weight-modal.svg      the weight modal, with the new weight typed
+  dashboard.svg         main view, 120x40, default weights
+  weight-modal.svg      the weight modal, `chat` 2 -> 3 typed
   help.svg              the help overlay
   launch-form.svg       the launch form
   dashboard-80x24.svg   main view at 80x24 (plots hidden there; `p` shows them)
+  llama-pair.svg        two real llama-servers (tiny random model, this machine's
+                        CPU) launched at 2:1 under load, paced by the supervisor
+                        (skipped with a note when no llama-server is found)
 
 then converts each to PNG with rsvg-convert (librsvg2-bin) or cairosvg if
 either is present. Braille (the plots) is missing from most monospace fonts
@@ -17,7 +19,7 @@ and SVG renderers ignore `textLength`, so a fallback face would draw those
 runs too wide: for the PNGs each braille run is split into one glyph per
 cell, drawn with DejaVu Sans squeezed to the cell width.
 
-    .venv/bin/python scripts/make_screenshots.py [--seconds 50] [--out screenshots]
+    .venv/bin/python scripts/make_screenshots.py [--seconds 50] [--out screenshots] [--no-llama]
 """
 
 from __future__ import annotations
@@ -65,18 +67,15 @@ async def shoot(out: str, seconds: float) -> list[str]:
             )
             chat = next(k for k in table.order if table.row(k).peer.name == "chat")
             table.select_key(chat)
-            await pilot.pause(seconds / 2)
+            await pilot.pause(seconds)
+            saved.append(app.save_screenshot("dashboard.svg", out))
 
             await pilot.press("w")
             await pilot.pause(0.3)
             await pilot.press("backspace", "backspace", "3")
             await pilot.pause(0.3)
             saved.append(app.save_screenshot("weight-modal.svg", out))
-            await pilot.press("enter")
-            await pilot.pause(seconds / 2)
-
-            await pilot.pause(0.5)
-            saved.append(app.save_screenshot("dashboard.svg", out))
+            await pilot.press("escape")
             await pilot.press("question_mark")
             await pilot.pause(0.5)
             saved.append(app.save_screenshot("help.svg", out))
@@ -98,6 +97,40 @@ async def shoot(out: str, seconds: float) -> list[str]:
     finally:
         stop_demo(demo)
     return saved
+
+
+async def shoot_llama_pair(out: str, seconds: float) -> list[str]:
+    """Two supervised llama-servers (weights 2 and 1, `gpushare-tui launch`), each under a streaming
+    load, on one key: the dashboard after `seconds`. Both engines are stopped afterwards."""
+    import uuid
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/, testkit/
+    from bench.pacing import end, llama_server_path, start_supervised
+    from testkit.load import StreamLoad
+    from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
+
+    server = llama_server_path()
+    model = write_tiny_llama(os.path.join(out, ".tiny-llama.gguf"), 512, 6)
+    key = f"llama-pair-{uuid.uuid4().hex[:6]}"
+    engines = []
+    try:
+        for weight in (2.0, 1.0):
+            engines.append(start_supervised(server, model, key, weight, threads=1, ctx=512))
+        for e in engines:
+            e.load = StreamLoad(e.port, 256, banned_tokens=NON_TEXT_TOKEN_IDS).start()
+        app = DashboardApp(gpu_key=key, interval_s=1.0, history_s=60)
+        async with app.run_test(size=(120, 40)) as pilot:
+            table = app.query_one(PeersTable)
+            await _until(pilot, lambda: table.row_count == 2)
+            await pilot.pause(seconds)
+            return [app.save_screenshot("llama-pair.svg", out)]
+    finally:
+        end(engines)
+        os.unlink(model)
+        try:
+            os.unlink(f"/dev/shm/opencoti-gpu-{key}")
+        except FileNotFoundError:
+            pass
 
 
 def _split_braille_run(m: re.Match) -> str:
@@ -147,11 +180,14 @@ def to_png(svg_path: str) -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=50.0, help="demo run time before the main screenshot")
+    ap.add_argument("--no-llama", action="store_true", help="skip the llama-server pair screenshot")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "screenshots"))
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     saved = asyncio.run(shoot(out, args.seconds))
+    if not args.no_llama:
+        saved += asyncio.run(shoot_llama_pair(out, args.seconds))
     for svg in saved:
         png = to_png(svg)
         print(svg + (f"\n{png}" if png else "  (no PNG: install librsvg2-bin or cairosvg)"))

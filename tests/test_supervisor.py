@@ -299,3 +299,17 @@ def test_cpu_time_alone_never_raises_active(procs, gpu_key, runtime_dir):
         finally:
             end_pid(pid)
     assert seen and not any(seen)
+
+
+def test_paced_engines_report_running_not_stopped(engines):
+    """A SIGSTOP outside its window is pacing, not a stopped engine: `status` keeps saying running."""
+    _, a, _ = engines.run(1)
+    _, b, _ = engines.run(1)
+    loads = [start_load(port_of(p)) for p in (a, b)]
+    try:
+        wait_for(lambda: proc_state(a) == "T" or proc_state(b) == "T", 20, 0.002, "an engine paused by pacing")
+        states = {json.loads(run_cli("status", str(p), "--json").stdout)["state"] for _ in range(15) for p in (a, b)}
+        assert states == {"running"}
+    finally:
+        for lo in loads:
+            lo.stop()

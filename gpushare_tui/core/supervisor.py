@@ -44,7 +44,7 @@ STOP_GRACE_S = 10.0
 
 @dataclass
 class EngineStatus:
-    state: str = "loading"  # loading / running / stopped / exited
+    state: str = "loading"  # loading / running / exited (paced pauses are not a state: see _suspend)
     tok_s: float = 0.0
     busy_pct: float = 0.0
     exit_code: int | None = None
@@ -155,17 +155,15 @@ class Supervisor:
         with self._sig_lock:
             if not self._stopped:
                 self._stopped = True  # before the signal: the monitor must not probe now
-                self.status.state = "stopped"
+                # status.state stays "running": a pause outside its TDM window is pacing, many
+                # times a second, not a stopped engine (the dashboard's timeline shows who runs)
                 self._signal(signal.SIGSTOP)
 
     def _resume(self, force: bool = False) -> None:
         with self._sig_lock:
             if self._stopped or force:
                 self._signal(signal.SIGCONT)
-            if self._stopped:
-                self._stopped = False
-                if self.status.state == "stopped":
-                    self.status.state = "running"
+            self._stopped = False
 
     def _terminate(self, proc: subprocess.Popen) -> None:
         self._signal(signal.SIGTERM)
