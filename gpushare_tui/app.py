@@ -96,9 +96,7 @@ class DashboardApp(App):
         Binding("l", "launch", "Launch", tooltip="launch a supervised engine (llama-server) on the selected GPU"),
         Binding("s", "stop_engine", "Stop", tooltip="stop the selected managed engine (asks first)"),
         Binding("w,plus,minus,l,s", "readonly_refused", show=False),
-        Binding(
-            "L", "show_log", "Log", show=False, tooltip="the selected managed engine's log, following (Esc / L closes)"
-        ),
+        Binding("L", "show_log", "Log", show=False, tooltip="show the selected managed engine's log, live"),
         Binding("o", "sort", "Sort", tooltip="cycle the sort column (slot, share, busy, weight, tok/s, name, pid)"),
         Binding("h", "span", "Span", tooltip=f"cycle the plots' time span ({_SPANS_HELP} minutes)"),
         Binding(
@@ -478,7 +476,7 @@ class DashboardApp(App):
                 self.call_from_thread(self.notify, str(e), title="log", severity="warning", timeout=8, markup=False)
                 return
             try:
-                self.call_from_thread(self.push_screen, LogPane(row, log))
+                self.call_from_thread(lambda: self.push_screen(LogPane(row, log)))
             except RuntimeError:  # the app is gone
                 log.close()
 

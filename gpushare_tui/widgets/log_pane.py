@@ -36,7 +36,7 @@ def open_engine_log(control: ControlClient, pid: int) -> LogFollower:
 
 
 class LogPane(Dialog[None]):
-    """Shows `log` (already open: the caller opens it off the UI thread) until closed."""
+    """Shows `follower`'s log (opened by the caller, off the UI thread: `open_engine_log`) until closed."""
 
     DEFAULT_CSS = """
     LogPane > Vertical { width: 100%; height: 100%; padding: 0 1; }
@@ -48,22 +48,22 @@ class LogPane(Dialog[None]):
 
     BINDINGS = [Binding("escape,q,L", "close", "Close")]
 
-    def __init__(self, row: PeerRow, log: LogFollower) -> None:
+    def __init__(self, row: PeerRow, follower: LogFollower) -> None:
         super().__init__()
         self.row = row
-        self.log = log
+        self.follower = follower
 
     def compose(self) -> ComposeResult:
         p = self.row.peer
         with Vertical():
             yield Label(f"log of {p.name or 'engine'} (pid {p.pid})", classes="title", markup=False)
-            yield Static(printable(self.log.path), id="log-path", markup=False)
+            yield Static(printable(self.follower.path), id="log-path", markup=False)
             yield Log(max_lines=MAX_LINES, id="log-lines")
-            yield Static(f"following (every {POLL_S:g} s) · Esc / L / q closes", id="log-hint")
+            yield Static(f"following (every {POLL_S:g} s) · ← → scroll · Esc / L / q closes", id="log-hint")
 
     def on_mount(self) -> None:
         lines = self.query_one(Log)
-        lines.write_lines([display_line(s) for s in self.log.first])
+        lines.write_lines([display_line(s) for s in self.follower.first])
         lines.focus()
         self._timer = self.set_interval(POLL_S, self.poll)
 
@@ -71,11 +71,11 @@ class LogPane(Dialog[None]):
         """Show what was appended since the last poll (bounded: see the module)."""
         out = self.query_one(Log)
         try:
-            up = self.log.poll()
+            up = self.follower.poll()
         except GpushareError as e:
             out.write_line(f"── {printable(str(e))}: no longer followed ──")
             self._timer.stop()
-            self.log.close()
+            self.follower.close()
             return
         if up.truncated:
             out.write_line("── log truncated: following it from its start ──")
@@ -87,7 +87,7 @@ class LogPane(Dialog[None]):
             out.write_lines([display_line(s) for s in up.lines])
 
     def on_unmount(self) -> None:
-        self.log.close()
+        self.follower.close()
 
     def action_close(self) -> None:
         self.dismiss(None)
