@@ -12,12 +12,14 @@ import subprocess
 import threading
 
 import pytest
-from conftest import cli_argv, run_cli, wait_for
+from conftest import cli_argv, run_cli, unique_key, wait_for
 from llama_env import end_pid, llama_server, tiny_model  # noqa: F401
+from up_env import UpProc, write
 
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment, shm_path
+from gpushare_tui.demo import start_demo, stop_demo
 
 NO_LOG = "reports no log file (its output goes to a terminal or a pipe)"
 
@@ -231,3 +233,50 @@ def test_logs_of_a_real_llama_server_and_a_log_that_is_no_longer_readable(
         fails_with(f"cannot read log file {log}: Not a directory")
     finally:
         end_pid(pid)
+
+
+ONE_SYNTH = """\
+gpu_key = "{key}"
+
+[[engine]]
+name = "a"
+weight = 1
+synth = {{ step_ms = 2 }}
+"""
+
+
+def test_engines_under_up_and_demo_report_their_log_files(procs, gpu_key, runtime_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # up's engines' logs
+    up = UpProc(procs, write(tmp_path / "gpushare.toml", ONE_SYNTH.format(key=gpu_key)), gpu_key)
+    try:
+        pid, _w = up.slot("a")
+        log = tmp_path / "state" / "gpushare-tui" / "up-a.log"
+        assert json.loads(run_cli("status", str(pid), "--json").stdout)["log"] == str(log)
+        r = run_cli("logs", str(pid), "-n", "1000")
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines() == log.read_text().splitlines() and "joined" in r.stdout
+    finally:
+        up.end()
+    demo = start_demo(unique_key("demo"))
+    try:
+        for p, path in zip(demo.procs, demo.logs):
+            assert json.loads(run_cli("status", str(p.pid), "--json").stdout)["log"] == path
+            r = run_cli("logs", str(p.pid), "-n", "1")
+            assert (r.returncode, r.stderr) == (0, "") and "joined" in r.stdout
+    finally:
+        stop_demo(demo)
+
+
+def test_a_reader_that_stops_reading_is_no_error(engine):
+    """`logs PID | head -1`: the pipe closes early; no traceback, exit 0."""
+    pid, log = engine
+    append(log, "".join(f"line {i}\n" for i in range(50_000)))  # more than a pipe holds
+    cmd = " ".join(cli_argv("logs", str(pid), "-n", "50000"))
+    for extra in ("", " -f"):
+        r = subprocess.run(
+            ["bash", "-c", f"{cmd}{extra} | head -1; exit ${{PIPESTATUS[0]}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (r.returncode, r.stdout, r.stderr) == (0, "line 0\n", ""), extra

@@ -4,6 +4,7 @@ names), its last lines and, with -f, what is appended (core/logtail.py)."""
 from __future__ import annotations
 
 import os
+import select
 import sys
 import time
 
@@ -39,7 +40,20 @@ def logs(
     except GpushareError as e:
         raise GpushareError(f"engine {pid}: {e}") from None
     except BrokenPipeError:  # `logs PID | head`: the reader is gone, which is no error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_output()
+
+
+def _drop_output() -> None:
+    """Send what is left of stdout (its buffer, flushed at exit) nowhere."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (GNU `tail -f` checks so too: a
+    follower with nothing new to write would otherwise never notice `| head` has ended)."""
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), 0)  # POLLERR and POLLHUP are reported anyway
+    return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
 
 
 def parse_lines(text: str) -> int:
@@ -95,6 +109,9 @@ def _follow(pid: int, path: str, n: int) -> None:
                 if not alive:
                     _print(log.flush())
                     error_line(f"engine {pid} exited")
+                    return
+                if _reader_gone():
+                    _drop_output()
                     return
                 time.sleep(FOLLOW_POLL_S)
     except KeyboardInterrupt:
