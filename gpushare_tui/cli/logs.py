@@ -7,6 +7,7 @@ import os
 import select
 import sys
 import time
+from collections.abc import Iterable
 
 import typer
 
@@ -34,9 +35,9 @@ def logs(
         if follow:
             _follow(pid, path, n)
         else:
-            from ..core.logtail import last_lines
+            from ..core.logtail import tail_lines
 
-            _print(last_lines(path, n))
+            _print(tail_lines(path, n))
     except GpushareError as e:
         raise GpushareError(f"engine {pid}: {e}") from None
     except BrokenPipeError:  # `logs PID | head`: the reader is gone, which is no error
@@ -76,12 +77,12 @@ def engine_log(pid: int) -> str:
     return reported_log(pid, request(pid, "status"))
 
 
-def _print(lines: list[str]) -> None:
+def _print(lines: Iterable[str]) -> None:
     from ..core.logtail import display_line
 
-    if lines:
-        sys.stdout.write("".join(display_line(line) + "\n" for line in lines))
-        sys.stdout.flush()
+    for line in lines:
+        sys.stdout.write(display_line(line) + "\n")
+    sys.stdout.flush()
 
 
 def _follow(pid: int, path: str, n: int) -> None:
@@ -97,7 +98,7 @@ def _follow(pid: int, path: str, n: int) -> None:
         engine = None
     try:
         with LogFollower(path, n) as log:
-            _print(log.first)
+            _print(log.first_lines())
             while True:
                 alive = _alive(engine)
                 up = log.poll()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .errors import GpushareError
@@ -105,19 +106,42 @@ def _tail_start(fd: int, size: int, n: int, max_bytes: int | None) -> int:
     return size if cut < 0 else floor + cut + 1
 
 
-def last_lines(path: str, n: int, max_bytes: int | None = None) -> list[str]:
+def _lines_between(fd: int, start: int, end: int, *, final: bool) -> Iterator[str]:
+    """The lines of bytes [start, end), read a chunk at a time (never all at once); a last line
+    without its newline only when `final` (a line longer than MAX_LINE_BYTES comes in pieces)."""
+    pending = b""
+    pos = start
+    while pos < end:
+        chunk = os.pread(fd, min(CHUNK_BYTES, end - pos), pos)
+        if not chunk:
+            break
+        pos += len(chunk)
+        *done, pending = (pending + chunk).split(b"\n")
+        yield from (_decode(b) for b in done)
+        while len(pending) >= MAX_LINE_BYTES:
+            yield _decode(pending[:MAX_LINE_BYTES])
+            pending = pending[MAX_LINE_BYTES:]
+    if final and pending:
+        yield _decode(pending)
+
+
+def tail_lines(path: str, n: int, max_bytes: int | None = None) -> Iterator[str]:
     """The last `n` lines of the log at `path`, a final line without a newline included
-    (`tail -n N`); with `max_bytes`, only lines within its last `max_bytes`. LogError if unreadable."""
+    (`tail -n N`), read as they are consumed; with `max_bytes`, only lines within its last
+    `max_bytes`. LogError if the log cannot be opened or read."""
     fd = open_log(path)
     try:
         size = os.fstat(fd).st_size
-        data = _pread_all(fd, _tail_start(fd, size, n, max_bytes), size)
+        yield from _lines_between(fd, _tail_start(fd, size, n, max_bytes), size, final=True)
     except OSError as e:
         raise LogError(f"cannot read log file {path}: {e.strerror or e}") from None
     finally:
         os.close(fd)
-    *complete, last = data.split(b"\n")
-    return [_decode(b) for b in complete] + ([_decode(last)] if last else [])
+
+
+def last_lines(path: str, n: int, max_bytes: int | None = None) -> list[str]:
+    """`tail_lines` as a list."""
+    return list(tail_lines(path, n, max_bytes))
 
 
 @dataclass
@@ -132,11 +156,11 @@ class Update:
 
 
 class LogFollower:
-    """Follows the log at `path` by name (`tail -F`): `first` holds its last `n` complete lines
-    when opened; each `poll()` returns the complete lines appended since. A final line without
+    """Follows the log at `path` by name (`tail -F`): `first_lines()` are its last `n` complete
+    lines when opened; each `poll()` returns the complete lines appended since. A final line without
     its newline is held back until it ends (or `flush()`). Truncation restarts from the file's
     start; a new file at the path (rotation) is followed once the old one is read to its end.
-    `max_read_bytes` bounds the reading of one poll (and of `first`): when more was appended,
+    `max_read_bytes` bounds the reading of one poll (and of `first_lines`): when more was appended,
     only the last `max_read_bytes` are read. LogError if the log cannot be opened."""
 
     def __init__(self, path: str, n: int, *, max_read_bytes: int | None = None) -> None:
@@ -147,13 +171,20 @@ class LogFollower:
             st = os.fstat(self._fd)
             self._id = (st.st_dev, st.st_ino)
             end = self._complete_end(st.st_size)
-            start = _tail_start(self._fd, end, n, max_read_bytes)
-            self.first = [_decode(b) for b in _pread_all(self._fd, start, end).split(b"\n")[:-1]]
+            self._first = (_tail_start(self._fd, end, n, max_read_bytes), end)
         except OSError as e:
             os.close(self._fd)
             raise LogError(f"cannot read log file {path}: {e.strerror or e}") from None
         self._offset = end
         self._pending = b""
+
+    def first_lines(self) -> Iterator[str]:
+        """The last `n` complete lines there were when the log was opened, read as they are
+        consumed (once, before the first `poll`)."""
+        try:
+            yield from _lines_between(self._fd, *self._first, final=False)
+        except OSError as e:
+            raise LogError(f"cannot read log file {self.path}: {e.strerror or e}") from None
 
     def _complete_end(self, size: int) -> int:
         """The end of the last complete line within the first `size` bytes (bounded scan)."""

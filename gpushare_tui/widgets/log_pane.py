@@ -63,7 +63,10 @@ class LogPane(Dialog[None]):
 
     def on_mount(self) -> None:
         lines = self.query_one(Log)
-        lines.write_lines([display_line(s) for s in self.follower.first])
+        try:
+            lines.write_lines([display_line(s) for s in self.follower.first_lines()])  # bounded: MAX_READ_BYTES
+        except GpushareError as e:
+            lines.write_line(f"── {printable(str(e))} ──")
         lines.focus()
         self._timer = self.set_interval(POLL_S, self.poll)
 
