@@ -11,6 +11,7 @@ from gpushare_tui.core.errors import GpushareError
 from gpushare_tui.core.logtail import (
     CHUNK_BYTES,
     MAX_LINE_BYTES,
+    POLL_READ_BYTES,
     LogError,
     LogFollower,
     display_line,
@@ -120,6 +121,23 @@ def test_a_burst_beyond_the_read_bound_skips_ahead(log):
         write(log, "calm\n")
         up = f.poll()
         assert up.lines == ["calm"] and up.skipped_bytes == 0
+
+
+def test_a_big_append_is_read_over_several_polls_without_loss(log):
+    write(log, "", "w")
+    with LogFollower(log, 10) as f:
+        lines = [f"append {i:06d}" for i in range(300_000)]  # ~4 MB: several polls' worth
+        write(log, "".join(s + "\n" for s in lines))
+        got: list[str] = []
+        polls = 0
+        while True:
+            up = f.poll()
+            got += up.lines
+            polls += 1
+            assert sum(len(s) + 1 for s in up.lines) <= POLL_READ_BYTES + 15  # + the line a read cut
+            if not up.more:
+                break
+        assert got == lines and polls >= 4
 
 
 def test_first_lines_are_bounded_too(log):

@@ -107,14 +107,15 @@ def _follow(pid: int, path: str, n: int) -> None:
                 if up.rotated:
                     error_line(f"log {path} replaced: following the new file")
                 _print(up.lines)
-                if not alive:
+                if not alive and not up.more:
                     _print(log.flush())
                     error_line(f"engine {pid} exited")
                     return
                 if _reader_gone():
                     _drop_output()
                     return
-                time.sleep(FOLLOW_POLL_S)
+                if not up.more:
+                    time.sleep(FOLLOW_POLL_S)
     except KeyboardInterrupt:
         return
 

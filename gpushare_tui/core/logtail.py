@@ -20,6 +20,7 @@ from .text import printable
 
 CHUNK_BYTES = 64 * 1024
 MAX_LINE_BYTES = 64 * 1024  # a longer line (no newline yet) is returned in pieces of this size
+POLL_READ_BYTES = 1024 * 1024  # one poll reads at most this much (without max_read_bytes: the rest next poll)
 
 
 class LogError(GpushareError):
@@ -153,6 +154,7 @@ class Update:
     truncated: bool = False
     rotated: bool = False
     skipped_bytes: int = 0  # appended bytes not read (more than max_read_bytes at once)
+    more: bool = False  # more was appended than one poll reads (POLL_READ_BYTES): poll again now
 
 
 class LogFollower:
@@ -201,20 +203,24 @@ class LogFollower:
         return 0
 
     def poll(self) -> Update:
-        """Complete lines appended since the last poll. LogError if the file cannot be read
+        """Complete lines appended since the last poll (at most POLL_READ_BYTES of them: `more`
+        says when to poll again at once). LogError if the file cannot be read
         any more (an unreadable replacement is waited for instead)."""
         up = Update()
         try:
             self._read_new(up)
-            replaced = self._replacement()
+            replaced = None if up.more else self._replacement()
             if replaced is not None:
                 self._read_new(up)  # the old file's last lines first
-                up.lines += self._split(final=True)
-                os.close(self._fd)
-                self._fd, self._id = replaced
-                self._offset = 0
-                up.rotated = True
-                self._read_new(up)
+                if up.more:
+                    os.close(replaced[0])  # switched to at a later poll
+                else:
+                    up.lines += self._split(final=True)
+                    os.close(self._fd)
+                    self._fd, self._id = replaced
+                    self._offset = 0
+                    up.rotated = True
+                    self._read_new(up)
         except OSError as e:
             raise LogError(f"cannot read log file {self.path}: {e.strerror or e}") from None
         return up
@@ -232,8 +238,9 @@ class LogFollower:
             cut = data.find(b"\n")  # the line cut at `start` is dropped (with what was held back)
             self._pending, data = b"", data[cut + 1 :] if cut >= 0 else data
         else:
-            data = _pread_all(self._fd, self._offset, size)
+            data = _pread_all(self._fd, self._offset, min(size, self._offset + POLL_READ_BYTES))
             self._offset += len(data)
+        up.more = self._offset < size
         self._pending += data
         up.lines += self._split()
 
