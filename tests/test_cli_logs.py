@@ -146,6 +146,18 @@ def test_follow_ends_when_the_engine_exits(engine, procs):
     assert f.stderr.read() == f"gpushare-tui: engine {pid} exited\n"
 
 
+def test_a_deleted_log_is_said_to_be_missing(engine):
+    pid, log = engine
+    os.unlink(log)  # the engine still writes to it
+    for args in ([], ["-f"]):
+        r = run_cli("logs", str(pid), *args)
+        assert (r.returncode, r.stdout, r.stderr) == (
+            1,
+            "",
+            f"gpushare-tui: engine {pid}: log file {log} does not exist\n",
+        )
+
+
 def test_an_engine_whose_output_is_no_file_has_no_log(procs, gpu_key, runtime_dir):
     p = start_synth(procs, gpu_key, subprocess.PIPE)
     for args in ([], ["-f"]):

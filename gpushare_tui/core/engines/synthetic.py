@@ -167,19 +167,18 @@ def synth_status(stats: SynthStats) -> dict:
 
 
 def output_log() -> str | None:
-    """The file this process's stderr (else stdout) goes to, when that is a regular file still at
-    its path (the demo's and `up`'s engine logs); None for a terminal, a pipe or /dev/null."""
+    """The path of the file this process's stderr (else stdout) goes to, when that is a regular
+    file (the demo's and `up`'s engine logs; its path still when it has been deleted, so a
+    reader can say so); None for a terminal, a pipe or /dev/null."""
     for fd in (2, 1):
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 continue
             path = os.readlink(f"/proc/self/fd/{fd}")
-            now = os.stat(path)
         except OSError:
             continue
-        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-            return path
+        return path.removesuffix(" (deleted)") if st.st_nlink == 0 else path
     return None
 
 
