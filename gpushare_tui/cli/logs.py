@@ -38,8 +38,10 @@ def logs(
             from ..core.logtail import tail_lines
 
             _print(tail_lines(path, n))
-    except GpushareError as e:
-        raise GpushareError(f"engine {pid}: {e}") from None
+    except GpushareError as e:  # the path in it came from the engine
+        from ..core.text import printable
+
+        raise GpushareError(f"engine {pid}: {printable(str(e))}") from None
     except BrokenPipeError:  # `logs PID | head`: the reader is gone, which is no error
         _drop_output()
 
@@ -90,6 +92,7 @@ def _follow(pid: int, path: str, n: int) -> None:
     import psutil
 
     from ..core.logtail import LogFollower
+    from ..core.text import printable
     from .common import error_line
 
     try:
@@ -103,9 +106,9 @@ def _follow(pid: int, path: str, n: int) -> None:
                 alive = _alive(engine)
                 up = log.poll()
                 if up.truncated:
-                    error_line(f"log {path} truncated: following it from its start")
+                    error_line(f"log {printable(path)} truncated: following it from its start")
                 if up.rotated:
-                    error_line(f"log {path} replaced: following the new file")
+                    error_line(f"log {printable(path)} replaced: following the new file")
                 _print(up.lines)
                 if not alive and not up.more:
                     _print(log.flush())
