@@ -292,3 +292,18 @@ def test_a_reader_that_stops_reading_is_no_error(engine):
             timeout=60,
         )
         assert (r.returncode, r.stdout, r.stderr) == (0, "line 0\n", ""), extra
+
+
+def test_a_log_path_is_shown_printable(procs, gpu_key, runtime_dir, tmp_path):
+    log = tmp_path / "evil\x1b]2;OWNED\x07.log"
+    with open(log, "ab") as out:
+        p = start_synth(procs, gpu_key, out)
+    wait_for(lambda: "joined" in log.read_text(), 10, what="the engine's join line in its log")
+    os.unlink(log)
+    r = run_cli("logs", str(p.pid))
+    shown = str(tmp_path / "evil\ufffd]2;OWNED\ufffd.log")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1,
+        "",
+        f"gpushare-tui: engine {p.pid}: log file {shown} does not exist\n",
+    )
