@@ -26,6 +26,7 @@ from textual.worker import Worker, get_current_worker
 from .core.abi import to_f32
 from .core.clock import ClockUs, wall_us
 from .core.control import ControlError
+from .core.errors import GpushareError
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.control import ControlClient, LocalControl
 from .dashboard.model import DashboardModel, History, PeerRow, without_idle_segments
@@ -34,6 +35,7 @@ from .widgets.confirm_stop import ConfirmStop
 from .widgets.gpu_panel import GpuPanel
 from .widgets.help_screen import HelpScreen, help_rows
 from .widgets.launch_form import LaunchForm, LaunchResult, Runner
+from .widgets.log_pane import LogPane, open_engine_log
 from .widgets.peers_table import PeersTable
 from .widgets.segment_errors import SegmentErrors
 from .widgets.share_plot import SharePlot
@@ -94,6 +96,7 @@ class DashboardApp(App):
         Binding("l", "launch", "Launch", tooltip="launch a supervised engine (llama-server) on the selected GPU"),
         Binding("s", "stop_engine", "Stop", tooltip="stop the selected managed engine (asks first)"),
         Binding("w,plus,minus,l,s", "readonly_refused", show=False),
+        Binding("L", "show_log", "Log", show=False, tooltip="show the selected managed engine's log, live"),
         Binding("o", "sort", "Sort", tooltip="cycle the sort column (slot, share, busy, weight, tok/s, name, pid)"),
         Binding("h", "span", "Span", tooltip=f"cycle the plots' time span ({_SPANS_HELP} minutes)"),
         Binding(
@@ -452,6 +455,30 @@ class DashboardApp(App):
             self.source.forget_status(pid)
             self.refresh_now()
             self.call_from_thread(self.notify, ok_text.format(**{**args, **reply}), title=cmd)
+
+        self.run_worker(work, thread=True, group="control", exit_on_error=False)
+
+    def action_show_log(self) -> None:
+        row = self._selected()
+        if row is None:
+            return
+        p = row.peer
+        if not row.managed:
+            self.notify(
+                f"{p.name or 'pid'} (pid {p.pid}) is a foreign peer: no log to show", severity="warning", markup=False
+            )
+            return
+
+        def work() -> None:  # a control request and file reads: off the UI thread
+            try:
+                log = open_engine_log(self.control, p.pid)
+            except GpushareError as e:
+                self.call_from_thread(self.notify, str(e), title="log", severity="warning", timeout=8, markup=False)
+                return
+            try:
+                self.call_from_thread(lambda: self.push_screen(LogPane(row, log)))
+            except RuntimeError:  # the app is gone
+                log.close()
 
         self.run_worker(work, thread=True, group="control", exit_on_error=False)
 

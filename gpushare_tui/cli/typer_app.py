@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import control_cmds, dashboard, demo, engines, serve, synth, up
+from . import control_cmds, dashboard, demo, engines, logs, serve, synth, up
 from .common import ExitCode, error_line
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app.command(context_settings=engines.CONTEXT, options_metavar=engines.USAGE)(eng
 app.command()(control_cmds.status)
 app.command(context_settings=control_cmds.VALUE_CONTEXT)(control_cmds.weight)
 app.command()(control_cmds.stop)
+app.command(context_settings=logs.CONTEXT)(logs.logs)
 app.command()(demo.demo)
 app.command()(serve.serve)
 app.command()(up.up)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -165,6 +166,22 @@ def synth_status(stats: SynthStats) -> dict:
     return {"state": stats.state, "tok_s": stats.steps_per_s, "uptime_s": (mono_us() - stats.started_mono_us) / 1e6}
 
 
+def output_log() -> str | None:
+    """The path of the file this process's stderr (else stdout) goes to, when that is a regular
+    file (the demo's and `up`'s engine logs; its path still when it has been deleted, so a
+    reader can say so); None for a terminal, a pipe or /dev/null."""
+    for fd in (2, 1):
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        return path.removesuffix(" (deleted)") if st.st_nlink == 0 else path
+    return None
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -208,7 +225,7 @@ def serve_synth(
         kind="synth",
         model="synthetic",
         on_stop=on_stop,
-        status=lambda: {**synth_status(stats), **(owner.status_fields() if owner else {})},
+        status=lambda: {**synth_status(stats), "log": output_log(), **(owner.status_fields() if owner else {})},
         wrap_handlers=owner.wrap if owner else None,
     )
     try:
