@@ -19,6 +19,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
+from textual.notifications import Notify
 from textual.reactive import var
 from textual.widgets import Footer, Static
 from textual.worker import Worker, get_current_worker
@@ -44,6 +45,16 @@ HISTORY_SPANS_S = (60.0, 120.0, 300.0, 600.0)
 DEFAULT_HISTORY_S = 120.0
 PLOTS_MIN_HEIGHT = 30
 
+# The achieved plot's title and legend, longest first (each plot shows the longest that fits).
+ACHIEVED_TITLES = ("achieved vs configured share %", "achieved vs configured %", "achieved %")
+ACHIEVED_LEGENDS = ("⣿ achieved, 5s avg  -- configured", "⣿ achieved  -- configured", "⣿ achieved -- config")
+ACHIEVED_MONO_LEGENDS = (  # NO_COLOR: each line is drawn with its slot's digit
+    "slot digit: achieved, 5s avg  -- configured",
+    "slot digit: achieved  -- configured",
+    "digit: achieved  -- cfg",
+    "digit: achieved",
+)
+
 ADMIN_ACTIONS = frozenset({"edit_weight", "nudge", "launch", "stop_engine"})
 
 _NUDGE_HELP = "nudge the selected peer's weight up / down (+1 / −1; halves or doubles below 1)"
@@ -67,6 +78,7 @@ class DashboardApp(App):
 
     TITLE = "gpushare-tui"
     ENABLE_COMMAND_PALETTE = False
+    NOTIFICATION_TIMEOUT = 4.0
 
     CSS = """
     Screen { layout: vertical; }
@@ -82,7 +94,8 @@ class DashboardApp(App):
     #plots { height: 1fr; min-height: 10; }
     #plots.-hidden { display: none; }
     DashboardApp.-noplots #peers { height: 1fr; max-height: 100%; }
-    DashboardApp.-compact #gpus { display: none; }
+    DashboardApp.-compact GpuPanel { border: none; border-top: round $primary 60%; }
+    DashboardApp.-compact GpuPanel.-selected { border-top: round $accent; }
     DashboardApp.-compact #peers { max-height: 40%; }
     """
 
@@ -174,7 +187,11 @@ class DashboardApp(App):
                 yield SharePlot("share %", id="plot-share").data_bind(span_s=span)
                 yield SharePlot("busy %", id="plot-busy").data_bind(span_s=span)
                 yield SharePlot(
-                    "achieved vs configured share %", id="plot-achieved", empty="no busy time reported yet"
+                    ACHIEVED_TITLES,
+                    id="plot-achieved",
+                    empty="no busy time from active members yet",
+                    legend=ACHIEVED_LEGENDS,
+                    mono_legend=ACHIEVED_MONO_LEGENDS,
                 ).data_bind(span_s=span)
         yield Footer()
 
@@ -212,7 +229,8 @@ class DashboardApp(App):
         self._layout_plots(event.size.height)
 
     def _layout_plots(self, height: int) -> None:
-        """Short terminals: the table matters more than the plots (`p` overrides)."""
+        """Short terminals: the table matters more than the plots (`p` overrides). Plots shown
+        on a short terminal make the GPU panels compact (top rule only); the timeline stays."""
         plots = self._plots
         if plots is None:
             return  # not mounted yet; on_mount lays out
@@ -262,6 +280,11 @@ class DashboardApp(App):
     def refresh_now(self) -> None:
         """Collect again now (any thread)."""
         self._wake.set()
+
+    def on_notify(self, message: Notify) -> None:
+        """One toast at a time: a new notification replaces the shown one (they stacked over the
+        plots). Runs before App's own handler, which then shows the new one."""
+        self.clear_notifications()
 
     def on_model_ready(self, message: ModelReady) -> None:
         self.apply_model(message.model)
@@ -365,7 +388,7 @@ class DashboardApp(App):
         busy.show(self.history.series(gpu, "busy", now_s, span, buckets), note=label)
         a = self.history.series(gpu, "achieved", now_s, span, buckets)
         c = self.history.series(gpu, "configured", now_s, span, buckets)
-        achieved.show(a, c, note="⣿ achieved, 5s avg  -- configured" if a else None)
+        achieved.show(a, c, note=label)
 
     @on(PeersTable.Highlighted)
     def _row_highlighted(self, event: PeersTable.Highlighted) -> None:
@@ -410,7 +433,8 @@ class DashboardApp(App):
             if weight is not None:
                 self.send_weight(row, weight)
 
-        self.push_screen(WeightModal(row), done)
+        view = self.model.gpu(row.gpu_key) if self.model is not None else None
+        self.push_screen(WeightModal(row, view), done)
 
     def action_nudge(self, direction: int) -> None:
         row = self._selected()
@@ -460,7 +484,7 @@ class DashboardApp(App):
 
     def _launched(self, result: LaunchResult | None) -> None:
         if result is not None:
-            self.notify(result.summary(), title="engine launched", timeout=15)
+            self.notify(result.summary(), title="engine launched", timeout=10)
             self.refresh_now()
 
     def action_sort(self) -> None:

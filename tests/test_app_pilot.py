@@ -151,7 +151,7 @@ def test_invalid_weight_is_rejected_inline_and_nothing_is_sent(gpu_key, procs, r
                 await pilot.press("backspace", "backspace", *list(text), "enter")
                 await pilot.pause(0.1)
                 assert app.screen is modal, f"{text!r}: the modal must stay open"
-                error = str(modal.query_one("#weight-error").render())
+                error = str(modal.query_one("#weight-preview").render())
                 assert "finite number > 0" in error or "enter a weight" in error, (text, error)
                 await pilot.press("escape")
                 await until(pilot, lambda: not isinstance(app.screen, WeightModal), what="modal closed")
