@@ -49,10 +49,10 @@ PLOTS_MIN_HEIGHT = 30
 ACHIEVED_TITLES = ("achieved vs configured share %", "achieved vs configured %", "achieved %")
 ACHIEVED_LEGENDS = ("⣿ achieved, 5s avg  -- configured", "⣿ achieved  -- configured", "⣿ achieved -- config")
 ACHIEVED_MONO_LEGENDS = (  # NO_COLOR: each line is drawn with its slot's digit
-    "slot digit: achieved, 5s avg  -- configured",
-    "slot digit: achieved  -- configured",
-    "digit: achieved  -- cfg",
-    "digit: achieved",
+    "slot digits: achieved, 5s avg  -- configured",
+    "slot digits: achieved  -- configured",
+    "digits: achieved  -- configured",
+    "digits: ach  -- cfg",
 )
 
 ADMIN_ACTIONS = frozenset({"edit_weight", "nudge", "launch", "stop_engine"})

@@ -3,7 +3,7 @@
 A terminal cell shows one line's colour (or marker): two peers at the same
 share would draw as one line, the last drawn. Here every line is sampled at
 each braille dot column; where several land within half a cell of each other
-they share those columns in turn (peer A, peer B, A, B … one cell each), so
+they share those columns in turn (peer A, peer B, A, B … two cells each), so
 the overlap reads as a striped line in both colours (both slot digits under
 NO_COLOR). Lines that never meet are kept as they are (cheap to draw).
 """
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from ..dashboard.model import Series
 
+TURN = 4  # samples (braille dot columns) per turn: two cells, so that one cell at least is the
+# line's own wherever plotext's cell boundaries fall
 MIN_JOINED = 4  # owned runs shorter than this are drawn as dots (one scatter call per line)
 
 
@@ -81,10 +83,10 @@ def interleave(series: tuple[Series, ...], span_s: float, cols: int, rows: int) 
 
 
 def _take_turns(group: list[int], k: int, owns: list[list[bool]], shared: list[bool]) -> None:
-    """Lines of one group (close at sample k) own k in turn, one cell (two samples) each."""
+    """Lines of one group (close at sample k) own k in turn, TURN samples each."""
     if len(group) < 2:
         return
-    owner = group[(k // 2) % len(group)]
+    owner = group[(k // TURN) % len(group)]
     for i in group:
         shared[i] = True
         owns[i][k] = i == owner

@@ -107,7 +107,7 @@ class SharePlot(PlotextPlot):
 
     def _canvas(self) -> tuple[int, int]:
         """Cells of the plotting area (without the axes and their labels), roughly."""
-        return max(1, self.size.width - 6), max(1, self.size.height - 4)
+        return max(1, self.size.width - 5), max(1, self.size.height - 4)
 
     def _line_cost(self, s: Stroke) -> int:
         """Braille dots plotext steps through to join this line's points (its cost)."""
