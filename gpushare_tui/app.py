@@ -94,8 +94,8 @@ class DashboardApp(App):
     #plots { height: 1fr; min-height: 10; }
     #plots.-hidden { display: none; }
     DashboardApp.-noplots #peers { height: 1fr; max-height: 100%; }
-    DashboardApp.-compact GpuPanel { border: none; border-top: round $primary 60%; }
-    DashboardApp.-compact GpuPanel.-selected { border-top: round $accent; }
+    DashboardApp.-tight GpuPanel { border: none; border-top: round $primary 60%; }
+    DashboardApp.-tight GpuPanel.-selected { border-top: round $accent; }
     DashboardApp.-compact #peers { max-height: 40%; }
     """
 
@@ -229,8 +229,9 @@ class DashboardApp(App):
         self._layout_plots(event.size.height)
 
     def _layout_plots(self, height: int) -> None:
-        """Short terminals: the table matters more than the plots (`p` overrides). Plots shown
-        on a short terminal make the GPU panels compact (top rule only); the timeline stays."""
+        """Short terminals: the table matters more than the plots (`p` overrides). With the plots
+        or several GPUs on a short terminal, the GPU panels are tight (a top rule, no subtitle);
+        their timelines always stay."""
         plots = self._plots
         if plots is None:
             return  # not mounted yet; on_mount lays out
@@ -239,6 +240,7 @@ class DashboardApp(App):
         plots.set_class(not show, "-hidden")
         self.set_class(not show, "-noplots")
         self.set_class(show and height < PLOTS_MIN_HEIGHT, "-compact")
+        self.set_class(height < PLOTS_MIN_HEIGHT and (show or len(self._panels) > 1), "-tight")
         if changed:
             self.call_after_refresh(self._show_plots, True)
 
@@ -341,6 +343,7 @@ class DashboardApp(App):
                 panel.show(g)
         if gone or new:
             self._mark_selected_panel()
+            self._layout_plots(self.size.height)
 
     def _select_gpu(self) -> None:
         row = self._table.selected_row

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 from slots import model_at
@@ -13,8 +14,10 @@ from textual.geometry import Region
 from textual.widgets._toast import Toast
 
 from gpushare_tui.app import HISTORY_SPANS_S, DashboardApp
-from gpushare_tui.dashboard.model import Series
+from gpushare_tui.core.gpu import DeviceStats
+from gpushare_tui.dashboard.model import DashboardModel, Series
 from gpushare_tui.dashboard.source import FixedSource
+from gpushare_tui.widgets.gpu_panel import info_line
 from gpushare_tui.widgets.palette import slot_rgb
 from gpushare_tui.widgets.peers_table import PeersTable
 from gpushare_tui.widgets.plot_overlap import interleave
@@ -267,3 +270,42 @@ def test_the_weight_dialog_previews_the_share_as_you_type():
             await until(pilot, lambda: "share 20.0%" in said(), 2, what="the share of weight 0.5")
 
     asyncio.run(main())
+
+
+# -- GPU panels -----------------------------------------------------------
+
+
+def test_two_gpus_at_80x24_fit_without_a_scrollbar():
+    a, b = model_at(0, key="gpu-a"), model_at(0, key="gpu-b")
+    both = DashboardModel(a.now_us, a.gpus + b.gpus)
+
+    async def main():
+        app = DashboardApp(FixedSource([both]), interval_s=3600)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await loaded(pilot, app)
+            gpus = app.query_one("#gpus")
+            for shown in (False, True):
+                assert app.query_one("#plots").display == shown
+                assert app.has_class("-tight"), "short and two GPUs: tight panels"
+                assert gpus.max_scroll_y == 0 and not gpus.show_vertical_scrollbar
+                assert [t.region.height for t in app.query(Timeline)] == [2, 2]
+                await pilot.press("p")
+                await pilot.pause(0.1)
+        app = DashboardApp(FixedSource([a]), interval_s=3600)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await loaded(pilot, app)
+            assert not app.has_class("-tight"), "one GPU, no plots: the full panel fits"
+
+    asyncio.run(main())
+
+
+def test_the_gpu_info_line_leaves_readings_out_rather_than_cut():
+    dev = DeviceStats(name="L40S", util_pct=93.0, mem_used_mib=39770.0, mem_total_mib=46068.0, temperature_c=67.0)
+    view = replace(model_at(0).gpus[0], device=replace(dev, power_w=284.0))
+    full = info_line(view).plain
+    assert full.endswith("67°C · 284 W") and len(full) > 76
+    fitted = info_line(view, 76).plain
+    assert len(fitted) <= 76 and fitted.endswith("· 67°C") and fitted in full
+    assert info_line(view, 20).plain.startswith("period ") and "util 93%" in info_line(view, 20).plain
+    writable = replace(view, snapshot=replace(view.snapshot, mode=0o666))
+    assert info_line(writable, 40).plain.startswith("⚠ world-writable · period")
