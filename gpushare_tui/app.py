@@ -189,7 +189,7 @@ class DashboardApp(App):
                 yield SharePlot(
                     ACHIEVED_TITLES,
                     id="plot-achieved",
-                    empty="no busy time from active members yet",
+                    empty=("no busy time reported yet", "no busy time yet"),
                     legend=ACHIEVED_LEGENDS,
                     mono_legend=ACHIEVED_MONO_LEGENDS,
                 ).data_bind(span_s=span)

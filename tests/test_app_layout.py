@@ -309,3 +309,25 @@ def test_the_gpu_info_line_leaves_readings_out_rather_than_cut():
     assert info_line(view, 20).plain.startswith("period ") and "util 93%" in info_line(view, 20).plain
     writable = replace(view, snapshot=replace(view.snapshot, mode=0o666))
     assert info_line(writable, 40).plain.startswith("⚠ world-writable · period")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_empty_plots_and_gpu_notes_fit(size):
+    uuid = "GPU-3f9c2a4e-7d1b-4c55-9e0a-5b2f8c1d6e77"
+    a, b = model_at(0, key=uuid, busy=(0.0, 0.0)), model_at(0, key="cpu-lab", busy=(0.0, 0.0))
+
+    async def main():
+        app = DashboardApp(FixedSource([DashboardModel(a.now_us, a.gpus + b.gpus)]), interval_s=3600)
+        async with app.run_test(size=size) as pilot:
+            await loaded(pilot, app)
+            if not app.query_one("#plots").display:
+                await pilot.press("p")
+                await pilot.pause(0.1)
+            assert app.selected_gpu == uuid
+            share, achieved = app.query_one("#plot-share", SharePlot), app.query_one("#plot-achieved", SharePlot)
+            said = "no busy time reported yet" if size[0] >= 100 else "no busy time yet"
+            assert any(said in t for t in plot_text(achieved)), "nobody busy: no achieved share, and it says so"
+            assert share.border_subtitle == (uuid if size[0] >= 140 else "GPU-3f9c2a4e…")
+            assert "GPU-3f9c2a4e…" in plot_text(share)[-1]
+
+    asyncio.run(main())

@@ -21,6 +21,7 @@ from .plot_overlap import Stroke, interleave
 from .plot_ticks import time_ticks
 
 LINE_STEPS_BUDGET = 2500
+NOTE_SHORT = 13
 EXTRA_MARKER = "-"
 """Marker of the `extra` (configured) lines, in colour and under NO_COLOR alike."""
 
@@ -53,18 +54,19 @@ class SharePlot(PlotextPlot):
         title: str | Sequence[str],
         *,
         span_s: float = 120.0,
-        empty: str = "no data yet",
+        empty: str | Sequence[str] = "no data yet",
         legend: Sequence[str] = (),
         mono_legend: Sequence[str] = ("digit = slot",),
         **kwargs,
     ) -> None:
-        """`title`, `legend` (colour) and `mono_legend` (NO_COLOR): variants, longest first."""
+        """`title`, `empty` (said when there is no line), `legend` (colour) and `mono_legend`
+        (NO_COLOR): variants, longest first; each time the longest that fits is shown."""
         super().__init__(**kwargs)
         self.titles = (title,) if isinstance(title, str) else tuple(title)
         self.legends = tuple(legend)
         self.mono_legends = tuple(mono_legend)
         self.set_reactive(SharePlot.span_s, span_s)
-        self.empty = empty
+        self.empty = (empty,) if isinstance(empty, str) else tuple(empty)
         self._series: tuple[Series, ...] = ()
         self._extra: tuple[Series, ...] = ()
         self._note: str | None = None
@@ -89,10 +91,10 @@ class SharePlot(PlotextPlot):
         legends = self.mono_legends if self.app.no_color else self.legends
         if not (self._series or self._extra):
             legends = ()
-        note = self._note
-        variants = [f"{note} · {v}" for v in legends] + list(legends) if note else list(legends)
-        if note and not legends:
-            variants = [note]
+        notes = [self._note] if self._note else []
+        if self._note and len(self._note) > NOTE_SHORT:
+            notes.append(self._note[: NOTE_SHORT - 1] + "…")  # a GPU UUID: its first group says which
+        variants = [f"{n} · {v}" for n in notes for v in legends] + list(legends) if legends else notes
         self.border_subtitle = fitting(variants, width)
 
     @property
@@ -134,7 +136,7 @@ class SharePlot(PlotextPlot):
         plt.clear_data()
         plt.clear_figure()
         if not self._series and not self._extra:
-            plt.title(self.empty)
+            plt.title(fitting(self.empty, self._canvas()[0] + 6) or self.empty[-1])
         budget = LINE_STEPS_BUDGET
         for s, marker in self.strokes():
             cost = self._line_cost(s)
