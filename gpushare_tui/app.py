@@ -37,23 +37,13 @@ from .widgets.help_screen import HelpScreen, help_rows
 from .widgets.launch_form import LaunchForm, LaunchResult, Runner
 from .widgets.peers_table import PeersTable
 from .widgets.segment_errors import SegmentErrors
-from .widgets.share_plot import SharePlot
+from .widgets.share_plot import ACHIEVED_LEGENDS, ACHIEVED_MONO_LEGENDS, ACHIEVED_TITLES, SharePlot
 from .widgets.top_bar import TopBar
 from .widgets.weight_modal import WeightModal
 
 HISTORY_SPANS_S = (60.0, 120.0, 300.0, 600.0)
 DEFAULT_HISTORY_S = 120.0
 PLOTS_MIN_HEIGHT = 30
-
-# The achieved plot's title and legend, longest first (each plot shows the longest that fits).
-ACHIEVED_TITLES = ("achieved vs configured share %", "achieved vs configured %", "achieved %")
-ACHIEVED_LEGENDS = ("⣿ achieved, 5s avg  -- configured", "⣿ achieved  -- configured", "⣿ achieved -- config")
-ACHIEVED_MONO_LEGENDS = (  # NO_COLOR: each line is drawn with its slot's digit
-    "slot digits: achieved, 5s avg  -- configured",
-    "slot digits: achieved  -- configured",
-    "digits: achieved  -- configured",
-    "digits: ach  -- cfg",
-)
 
 ADMIN_ACTIONS = frozenset({"edit_weight", "nudge", "launch", "stop_engine"})
 
@@ -487,7 +477,7 @@ class DashboardApp(App):
 
     def _launched(self, result: LaunchResult | None) -> None:
         if result is not None:
-            self.notify(result.summary(), title="engine launched", timeout=10)
+            self.notify(result.summary(), title="engine launched", timeout=15)
             self.refresh_now()
 
     def action_sort(self) -> None:

@@ -24,7 +24,7 @@ from gpushare_tui.widgets.plot_overlap import interleave
 from gpushare_tui.widgets.plot_ticks import time_ticks
 from gpushare_tui.widgets.share_plot import SharePlot
 from gpushare_tui.widgets.timeline import Timeline
-from gpushare_tui.widgets.weight_modal import WeightModal
+from gpushare_tui.widgets.weight_modal import WeightModal, share_preview
 
 BRAILLE = range(0x2801, 0x2900)  # a braille cell with at least one dot
 
@@ -331,3 +331,12 @@ def test_empty_plots_and_gpu_notes_fit(size):
             assert "GPU-3f9c2a4e…" in plot_text(share)[-1]
 
     asyncio.run(main())
+
+
+def test_share_preview_says_the_share_or_why_not():
+    assert share_preview("2", 2.0, True) == ("→ share 50.0%  (others' weights: 2)", True)
+    assert share_preview(" 3 ", 0.0, True) == ("→ share 100.0%  (no other member)", True)
+    assert share_preview("1", 3.0, False) == ("→ share 25.0% once active  (others' weights: 3)", True)
+    for bad in ("", "0", "-1", "nan", "inf", "1e40", "two"):
+        said, ok = share_preview(bad, 1.0, True)
+        assert not ok and "must be a finite number > 0" in said, bad

@@ -25,6 +25,16 @@ NOTE_SHORT = 13
 EXTRA_MARKER = "-"
 """Marker of the `extra` (configured) lines, in colour and under NO_COLOR alike."""
 
+# The achieved plot's title and legend, longest first (each plot shows the longest that fits).
+ACHIEVED_TITLES = ("achieved vs configured share %", "achieved vs configured %", "achieved %")
+ACHIEVED_LEGENDS = ("⣿ achieved, 5s avg  -- configured", "⣿ achieved  -- configured", "⣿ achieved -- config")
+ACHIEVED_MONO_LEGENDS = (  # NO_COLOR: each line is drawn with its slot's digit
+    "slot digits: achieved, 5s avg  -- configured",
+    "slot digits: achieved  -- configured",
+    "digits: achieved  -- configured",
+    "digits: ach  -- cfg",
+)
+
 
 def fitting(variants: Sequence[str], width: int) -> str:
     """The first (longest) variant that fits a border of `width` cells, else ""."""
