@@ -19,6 +19,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
+from textual.notifications import Notify
 from textual.reactive import var
 from textual.widgets import Footer, Static
 from textual.worker import Worker, get_current_worker
@@ -38,7 +39,7 @@ from .widgets.launch_form import LaunchForm, LaunchResult, Runner
 from .widgets.log_pane import LogPane, open_engine_log
 from .widgets.peers_table import PeersTable
 from .widgets.segment_errors import SegmentErrors
-from .widgets.share_plot import SharePlot
+from .widgets.share_plot import ACHIEVED_LEGENDS, ACHIEVED_MONO_LEGENDS, ACHIEVED_TITLES, SharePlot
 from .widgets.top_bar import TopBar
 from .widgets.weight_modal import WeightModal
 
@@ -69,6 +70,7 @@ class DashboardApp(App):
 
     TITLE = "gpushare-tui"
     ENABLE_COMMAND_PALETTE = False
+    NOTIFICATION_TIMEOUT = 4.0
 
     CSS = """
     Screen { layout: vertical; }
@@ -84,7 +86,8 @@ class DashboardApp(App):
     #plots { height: 1fr; min-height: 10; }
     #plots.-hidden { display: none; }
     DashboardApp.-noplots #peers { height: 1fr; max-height: 100%; }
-    DashboardApp.-compact #gpus { display: none; }
+    DashboardApp.-tight GpuPanel { border: none; border-top: round $primary 60%; }
+    DashboardApp.-tight GpuPanel.-selected { border-top: round $accent; }
     DashboardApp.-compact #peers { max-height: 40%; }
     """
 
@@ -177,7 +180,11 @@ class DashboardApp(App):
                 yield SharePlot("share %", id="plot-share").data_bind(span_s=span)
                 yield SharePlot("busy %", id="plot-busy").data_bind(span_s=span)
                 yield SharePlot(
-                    "achieved vs configured share %", id="plot-achieved", empty="no busy time reported yet"
+                    ACHIEVED_TITLES,
+                    id="plot-achieved",
+                    empty=("no busy time reported yet", "no busy time yet"),
+                    legend=ACHIEVED_LEGENDS,
+                    mono_legend=ACHIEVED_MONO_LEGENDS,
                 ).data_bind(span_s=span)
         yield Footer()
 
@@ -215,7 +222,9 @@ class DashboardApp(App):
         self._layout_plots(event.size.height)
 
     def _layout_plots(self, height: int) -> None:
-        """Short terminals: the table matters more than the plots (`p` overrides)."""
+        """Short terminals: the table matters more than the plots (`p` overrides). With the plots
+        or several GPUs on a short terminal, the GPU panels are tight (a top rule, no subtitle);
+        their timelines always stay."""
         plots = self._plots
         if plots is None:
             return  # not mounted yet; on_mount lays out
@@ -224,6 +233,7 @@ class DashboardApp(App):
         plots.set_class(not show, "-hidden")
         self.set_class(not show, "-noplots")
         self.set_class(show and height < PLOTS_MIN_HEIGHT, "-compact")
+        self.set_class(height < PLOTS_MIN_HEIGHT and (show or len(self._panels) > 1), "-tight")
         if changed:
             self.call_after_refresh(self._show_plots, True)
 
@@ -265,6 +275,11 @@ class DashboardApp(App):
     def refresh_now(self) -> None:
         """Collect again now (any thread)."""
         self._wake.set()
+
+    def on_notify(self, message: Notify) -> None:
+        """One toast at a time: a new notification replaces the shown one (they stacked over the
+        plots). Runs before App's own handler, which then shows the new one."""
+        self.clear_notifications()
 
     def on_model_ready(self, message: ModelReady) -> None:
         self.apply_model(message.model)
@@ -321,6 +336,7 @@ class DashboardApp(App):
                 panel.show(g)
         if gone or new:
             self._mark_selected_panel()
+            self._layout_plots(self.size.height)
 
     def _select_gpu(self) -> None:
         row = self._table.selected_row
@@ -368,7 +384,7 @@ class DashboardApp(App):
         busy.show(self.history.series(gpu, "busy", now_s, span, buckets), note=label)
         a = self.history.series(gpu, "achieved", now_s, span, buckets)
         c = self.history.series(gpu, "configured", now_s, span, buckets)
-        achieved.show(a, c, note="⣿ achieved, 5s avg  -- configured" if a else None)
+        achieved.show(a, c, note=label)
 
     @on(PeersTable.Highlighted)
     def _row_highlighted(self, event: PeersTable.Highlighted) -> None:
@@ -413,7 +429,8 @@ class DashboardApp(App):
             if weight is not None:
                 self.send_weight(row, weight)
 
-        self.push_screen(WeightModal(row), done)
+        view = self.model.gpu(row.gpu_key) if self.model is not None else None
+        self.push_screen(WeightModal(row, view), done)
 
     def action_nudge(self, direction: int) -> None:
         row = self._selected()

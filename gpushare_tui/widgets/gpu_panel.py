@@ -17,9 +17,10 @@ def _num(x: float | None, spec: str, unit: str = "") -> str | None:
     return None if x is None else f"{format(x, spec)}{unit}"
 
 
-def device_summary(dev: DeviceStats | None) -> str:
+def device_parts(dev: DeviceStats | None) -> list[str]:
+    """The device readings, most useful first."""
     if dev is None:
-        return "no NVML device for this key"
+        return ["no NVML device for this key"]
     parts = []
     if (u := _num(dev.util_pct, ".0f", "%")) is not None:
         parts.append(f"util {u}")
@@ -29,20 +30,44 @@ def device_summary(dev: DeviceStats | None) -> str:
         parts.append(t)
     if (p := _num(dev.power_w, ".0f", " W")) is not None:
         parts.append(p)
-    return " · ".join(parts) or "NVML: no readings"
+    return parts or ["NVML: no readings"]
 
 
-def info_line(view: GpuView) -> Text:
+def info_line(view: GpuView, width: int | None = None) -> Text:
+    """Period, peers and device readings; at `width`, the last device readings are left out
+    rather than cut (a warning when others may write the segment always stays first)."""
     snap = view.snapshot
     alive = sum(1 for p in snap.peers if p.alive)
     active = sum(1 for p in snap.peers if p.alive and p.active)
     period = f"period {snap.period_ms} ms" if snap.period_ms is not None else "no schedule (unthrottled)"
+    peers = f" · {alive} peer{'s' if alive != 1 else ''}, {active} active"
+    warn = f"⚠ {'world' if snap.mode & 0o002 else 'group'}-writable · " if snap.writable_by_others else ""
+    dev = device_parts(view.device)
+    while width is not None and len(dev) > 1 and len(warn + period + peers + " · " + " · ".join(dev)) > width:
+        dev.pop()
     t = Text()
+    if warn:
+        t.append(warn, style="bold yellow")
     t.append(period, style="bold")
-    t.append(f" · {alive} peer{'s' if alive != 1 else ''}, {active} active")
+    t.append(peers)
     t.append(" · ")
-    t.append(device_summary(view.device), style="dim" if view.device is None else "")
+    t.append(" · ".join(dev), style="dim" if view.device is None else "")
     return t
+
+
+class InfoLine(TextLine):
+    """The panel's first line, laid out to its width."""
+
+    def __init__(self, view: GpuView, **kwargs) -> None:
+        super().__init__(info_line(view), **kwargs)
+        self._view = view
+
+    def show(self, view: GpuView) -> None:
+        self._view = view
+        self.set_text(info_line(view))
+
+    def build_text(self, width: int) -> Text:
+        return info_line(self._view, width)
 
 
 def subtitle(snap: GpuSnapshot) -> Text:
@@ -76,7 +101,7 @@ class GpuPanel(Vertical):
         super().__init__(**kwargs)
         self.gpu_key = view.gpu_key
         self._view = view
-        self._info = TextLine(info_line(view), classes="gpu-info")
+        self._info = InfoLine(view, classes="gpu-info")
         self._timeline = Timeline(view.snapshot)
         self._set_titles(view)
 
@@ -95,5 +120,5 @@ class GpuPanel(Vertical):
         o, n = old.snapshot, view.snapshot
         if old.device != view.device or (o.segment, o.owner, o.mode) != (n.segment, n.owner, n.mode):
             self._set_titles(view)
-        self._info.set_text(info_line(view))
+        self._info.show(view)
         self._timeline.show(view.snapshot)
