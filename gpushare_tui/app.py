@@ -276,6 +276,11 @@ class DashboardApp(App):
         """Collect again now (any thread)."""
         self._wake.set()
 
+    def notify(self, message: str, *, markup: bool = False, **kwargs) -> None:  # type: ignore[override]
+        """Textual's notify, markup off by default: messages carry peer names and engine replies,
+        untrusted text in which a `[` must not be read as markup (a stray `[/x]` raised)."""
+        super().notify(message, markup=markup, **kwargs)
+
     def on_notify(self, message: Notify) -> None:
         """One toast at a time: a new notification replaces the shown one (they stacked over the
         plots). Runs before App's own handler, which then shows the new one."""
@@ -481,9 +486,7 @@ class DashboardApp(App):
             return
         p = row.peer
         if not row.managed:
-            self.notify(
-                f"{p.name or 'pid'} (pid {p.pid}) is a foreign peer: no log to show", severity="warning", markup=False
-            )
+            self.notify(f"{p.name or 'pid'} (pid {p.pid}) is a foreign peer: no log to show", severity="warning")
             return
 
         def work() -> None:  # a control request and file reads: off the UI thread

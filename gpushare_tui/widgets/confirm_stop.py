@@ -30,10 +30,11 @@ class ConfirmStop(Dialog[bool]):
         e = self.row.engine
         what = f" ({e.kind}, {e.model})" if e and e.kind and e.model else ""
         with Vertical():
-            yield Label(f"Stop engine {p.name or ''} (pid {p.pid})?", classes="title")
+            yield Label(f"Stop engine {p.name or ''} (pid {p.pid})?", classes="title", markup=False)
             yield Static(
                 f"Slot {p.slot} on {self.row.gpu_key}{what}. The engine exits and leaves the registry; "
-                "the others take over its share."
+                "the others take over its share.",
+                markup=False,
             )
             with Horizontal(classes="buttons"):
                 yield Button("No", id="no")

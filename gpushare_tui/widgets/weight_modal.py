@@ -62,7 +62,7 @@ class WeightModal(Dialog[float | None]):
         current = "invalid" if p.weight is None else f"{p.weight:g}"
         text = "" if p.weight is None else f"{p.weight:g}"
         with Vertical():
-            yield Label(f"Weight of {p.name or 'pid'} (pid {p.pid}, slot {p.slot})", classes="title")
+            yield Label(f"Weight of {p.name or 'pid'} (pid {p.pid}, slot {p.slot})", classes="title", markup=False)
             yield Static(f"now {current} → share {p.share_pct:.1f}%  ·  finite number > 0", classes="hint")
             yield Input(value=text, id="weight-input", placeholder="e.g. 2 or 0.5", select_on_focus=True)
             yield Static(id="weight-preview")
