@@ -7,7 +7,7 @@ from slots import NOW, slot, snap
 from gpushare_tui.app import nudged_weight
 from gpushare_tui.core import abi
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
-from gpushare_tui.dashboard.columns import COLUMNS, GAP, fit_columns
+from gpushare_tui.dashboard.columns import COLUMNS, GAP, NAME_KEEP, NAME_WIDTH, fit_columns
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
@@ -103,15 +103,18 @@ def test_row_cells():
 
 def test_columns_fit_the_width_dropping_the_least_useful_first():
     """Every column that matters fits at 80 terminal columns (78 inside the border, 77 with a vertical
-    scrollbar); GPU goes first, then VRAM, then HB; NAME takes what is left."""
+    scrollbar); GPU goes first, then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
+    what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
     must = [c.key for c in COLUMNS if not c.drop]
-    for available, dropped in ((77, {"gpu", "vram"}), (85, {"gpu"}), (200, set())):
-        shown, name = fit_columns(available)
+    cases = ((77, set(), {"gpu", "vram", "hb"}), (85, set(), {"gpu", "vram"}), (97, set(), {"gpu"}))
+    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (97, {"vram"}, {"vram"}))  # no VRAM: room for GPU
+    for available, empty, dropped in cases:
+        shown, name = fit_columns(available, frozenset(empty))
         keys = [c.key for c in shown]
         assert set(must) <= set(keys) and {c.key for c in COLUMNS} - set(keys) == dropped, available
         assert sum(c.width + GAP for c in shown if c.key != "name") + name + GAP <= available
-    assert name_width(200) == 28
-    assert name_width(77) >= 8
+        assert name >= (NAME_KEEP if available >= 77 else NAME_WIDTH[0])
+    assert name_width(200) == NAME_WIDTH[1]
     assert [c.key for c in fit_columns(40)[0]] == must  # narrower still: only the optional ones go
 
 

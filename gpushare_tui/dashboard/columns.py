@@ -97,7 +97,7 @@ def _state_order(r: PeerRow) -> int:
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("slot", "SLOT", 4, lambda r: str(r.peer.slot), lambda r: (r.gpu_key, r.peer.slot), right=True),
+    Column("slot", "SLOT", 4, lambda r: str(r.peer.slot), lambda r: (r.gpu_key, r.peer.slot)),
     Column("pid", "PID", 7, lambda r: str(r.peer.pid), lambda r: r.peer.pid, right=True),
     Column("name", "NAME", 8, lambda r: r.peer.name or "", lambda r: (r.peer.name.lower(), r.peer.slot)),
     Column(
@@ -176,24 +176,26 @@ COLUMNS: tuple[Column, ...] = (
 )
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
 NAME_WIDTH = (8, 28)  # NAME takes what the width leaves, within these
+NAME_KEEP = 12  # an optional column is shown only if NAME still gets this much: names identify peers
 GAP = 1  # blank cells before each column
 
 
-def fit_columns(available: int) -> tuple[tuple[Column, ...], int]:
-    """The columns shown in `available` cells, and NAME's width: the optional columns are dropped,
-    highest `drop` first, until the rest fit with NAME at its minimum; NAME gets what is left.
-    At 80 terminal columns every column with drop 0 fits (and HB)."""
+def fit_columns(available: int, empty: frozenset[str] = frozenset()) -> tuple[tuple[Column, ...], int]:
+    """The columns shown in `available` cells, and NAME's width. Optional columns are dropped, highest
+    `drop` first (GPU, VRAM, HB), until the rest fit with NAME at NAME_KEEP (the ones in `empty`, with
+    nothing to show, e.g. VRAM without NVML, go first); NAME gets what is left (within NAME_WIDTH).
+    The columns with drop 0 always fit at 80 terminal columns."""
     lo, hi = NAME_WIDTH
-    shown = list(COLUMNS)
+    shown = [c for c in COLUMNS if c.key not in empty or not c.drop]
 
-    def used() -> int:
-        return sum(c.width + GAP for c in shown if c.key != "name") + lo + GAP
+    def others() -> int:
+        return sum(c.width + GAP for c in shown if c.key != "name") + GAP
 
-    for c in sorted((c for c in COLUMNS if c.drop), key=lambda c: -c.drop):
-        if used() <= available:
+    for c in sorted((c for c in shown if c.drop), key=lambda c: -c.drop):
+        if others() + NAME_KEEP <= available:
             break
         shown.remove(c)
-    return tuple(shown), max(lo, min(hi, available - used() + lo))
+    return tuple(shown), max(lo, min(hi, available - others()))
 
 
 def legend() -> str:

@@ -56,7 +56,7 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
     colour = slot_colour(p.slot)
     plain = {c.key: c.text(r) for c in COLUMNS}
     width = COLUMN_BY_KEY["slot"].width
-    swatch = Text.assemble(("■", colour), plain["slot"].rjust(width - 2), justify="right")
+    swatch = Text.assemble(("■", colour), plain["slot"].rjust(width - 2))
     if p.alive:
         status = Text(plain["status"], style="bold green" if p.active else "yellow")
     else:
@@ -158,7 +158,8 @@ class PeersTable(ScrollView, can_focus=True):
         self.sort_reverse = False
         self.selected_key: str | None = None
         self.cursor_row = 0
-        self._fitted_to = -1  # the content width the columns were fitted to
+        self._fitted_to: tuple[int, frozenset[str]] = (-1, frozenset())  # what the columns were fitted to
+        self._empty: frozenset[str] = frozenset()  # columns with nothing to show (VRAM without NVML)
         self._shown: tuple[Column, ...] = COLUMNS
         self._layout: list[tuple[int, int]] = [(_INDEX[c.key], c.width) for c in COLUMNS]  # (cell index, width)
         self._width = sum(w + GAP for _, w in self._layout)
@@ -194,6 +195,10 @@ class PeersTable(ScrollView, can_focus=True):
         and strip are built only when it is drawn.
         """
         new = {r.key: r for r in rows}
+        empty = frozenset() if any(r.vram_mib is not None for r in rows) else frozenset({"vram"})
+        if empty != self._empty:
+            self._empty = empty
+            self._fit()
         changed: list[str] = []
         removed = [k for k in self._rows if k not in new]
         for gone in removed:
@@ -386,7 +391,7 @@ class PeersTable(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.scrollable_content_region.width
-        if width != self._fitted_to:  # a vertical scrollbar came or went
+        if width != self._fitted_to[0]:  # a vertical scrollbar came or went
             self._fit()
         if y == 0:
             strip = self._header()
@@ -414,10 +419,10 @@ class PeersTable(ScrollView, can_focus=True):
         """Choose the columns and NAME's width for the content width: never wider than it (no
         horizontal scrolling at >= 80 terminal columns; the least useful columns go first)."""
         available = self.scrollable_content_region.width
-        if available == self._fitted_to or available <= 0:
+        if (available, self._empty) == self._fitted_to or available <= 0:
             return
-        self._fitted_to = available
-        shown, name = fit_columns(available)
+        self._fitted_to = (available, self._empty)
+        shown, name = fit_columns(available, self._empty)
         layout = [(_INDEX[c.key], name if c.key == "name" else c.width) for c in shown]
         if layout != self._layout:
             self._shown, self._layout = shown, layout
