@@ -11,7 +11,7 @@ from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 
 BUSY_WINDOW_US = 1_000_000  # busy_ppm is the busy fraction over consecutive windows this long
-BUSY_EARLY_US = 200_000  # after resuming from idle, a partial window this long is published until one completes
+BUSY_EARLY_US = 200_000  # after resuming from idle, the first this-long part of the window is published at once
 
 
 class Pacer:
@@ -62,7 +62,7 @@ class Pacer:
         if not self._m.active:
             # resuming after an idle spell (or the first step): the spell is not averaged into busy
             # (it would read ~0 % for a whole window while active), and the heartbeat zeroed busy_ppm
-            # when we went idle, so a partial window is published until a full one completes. Without
+            # when we went idle, so the window's first BUSY_EARLY_US are published at once. Without
             # step_us the time since the last return is mostly the idle spell: the step is not counted.
             step = step if step_us is not None else 0
             self._window_start_us, self._busy_us, self._early = mono - step, 0, True
@@ -91,6 +91,7 @@ class Pacer:
             self._window_start_us = mono
             self._busy_us = 0
             self._early = False
-        elif self._early and elapsed >= BUSY_EARLY_US:
-            self._m.set_busy_ppm(self._busy_us * 1_000_000 // elapsed)
+        elif self._early and elapsed >= BUSY_EARLY_US:  # once, written at once: the heartbeat zeroed it
+            self._m.set_busy_ppm(self._busy_us * 1_000_000 // elapsed, publish=True)
+            self._early = False
         return slept
