@@ -94,7 +94,7 @@ class DashboardApp(App):
         Binding("l", "launch", "Launch", tooltip="launch a supervised engine (llama-server) on the selected GPU"),
         Binding("s", "stop_engine", "Stop", tooltip="stop the selected managed engine (asks first)"),
         Binding("w,plus,minus,l,s", "readonly_refused", show=False),
-        Binding("o", "sort", "Sort", tooltip="cycle the sort column (slot, share, busy, weight, tok/s, speed, name, pid)"),
+        Binding("o", "sort", "Sort", tooltip="cycle the sort (slot, share, busy, weight, tok/s, speed, name, pid)"),
         Binding("h", "span", "Span", tooltip=f"cycle the plots' time span ({_SPANS_HELP} minutes)"),
         Binding(
             "p",
