@@ -30,10 +30,11 @@ from .palette import slot_colour
 _NO_STYLE = Style()
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
+_JUSTIFY = {c.key: "right" if c.right else "left" for c in COLUMNS}
 _ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
 
 
-def _engine_style(r: PeerRow, text: str) -> str:
+def _engine_style(r: PeerRow) -> str:
     if not r.peer.alive:
         return "dim"
     if not r.managed:
@@ -61,8 +62,7 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         status = Text(plain["status"], style="bold green" if p.active else "yellow")
     else:
         status = Text(plain["status"], style="bold red")
-    right = {c.key: "right" if c.right else "left" for c in COLUMNS}
-    cells = {k: Text(v, justify=right[k], style=base) for k, v in plain.items()}  # type: ignore[arg-type]
+    cells = {k: Text(v, justify=_JUSTIFY[k], style=base) for k, v in plain.items()}  # type: ignore[arg-type]
     cells.update(
         slot=swatch,
         name=Text(plain["name"], style=f"{base} {colour}".strip(), overflow="ellipsis", no_wrap=True),
@@ -70,7 +70,7 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         share=Text(plain["share"], justify="right", style=f"bold {base}".strip()),
         status=status,
         hb=Text(plain["hb"], justify="right", style="red" if dead else base),
-        engine=Text(plain["engine"], style=_engine_style(r, plain["engine"])),
+        engine=Text(plain["engine"], style=_engine_style(r)),
         gpu=Text(plain["gpu"], style="dim", overflow="ellipsis", no_wrap=True),
     )
     return tuple(cells[c.key] for c in COLUMNS)
