@@ -177,10 +177,21 @@ def _cell(column: Column, row: PeerRow) -> str:
     return printable(column.text(row))
 
 
+def _cells(text: str) -> int:
+    """Terminal cells `text` takes (wide East Asian characters take two)."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
 def _line(texts: list[str], widths: list[int]) -> str:
     from ..dashboard.columns import COLUMNS
 
-    return " " + " ".join(t.rjust(w) if c.right else t.ljust(w) for c, t, w in zip(COLUMNS, texts, widths)).rstrip()
+    out = []
+    for c, t, w in zip(COLUMNS, texts, widths):
+        fill = " " * (w - _cells(t))
+        out.append(fill + t if c.right else t + fill)
+    return (" " + " ".join(out)).rstrip()
 
 
 def render_table(data: OnceData, show_idle: bool = True) -> str:
@@ -204,7 +215,7 @@ def render_table(data: OnceData, show_idle: bool = True) -> str:
             f"period {period}  peers {len(g.peers)}{warn}"
         )
         cells = [[_cell(c, r) for c in COLUMNS] for r in v.rows]
-        widths = [max([len(c.label)] + [len(row[i]) for row in cells]) for i, c in enumerate(COLUMNS)]
+        widths = [max([len(c.label)] + [_cells(row[i]) for row in cells]) for i, c in enumerate(COLUMNS)]
         lines.append(_line([c.label for c in COLUMNS], widths))
         lines += [_line(row, widths) for row in cells]
     if views:
