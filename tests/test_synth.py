@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -120,6 +121,39 @@ def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> 
     assert not os.path.exists(control.socket_path(os.getpid()))
     with Segment.attach_readonly(shm_file(gpu_key)) as seg:
         assert all(r.pid != os.getpid() for r in seg.read_slots())
+
+
+def test_idle_spell_is_said_at_once_and_resuming_reads_unmeasured(gpu_key: str) -> None:
+    """A duty-cycled synth entering an idle spell drops `active` and busy at once (not 2 s later, while
+    its tok/s already reads 0: the demo's "active, BUSY 1, TOK/S 0.0"), and on resuming its tok/s is
+    unknown (None, shown "-") until a window of work completes, not the idle spell's 0."""
+    from gpushare_tui.core.share import GpuShare
+
+    share = GpuShare(1.0, "duty", gpu_key=gpu_key, control=False).open()
+    stats = synthetic.SynthStats()
+    seen: dict[str, tuple] = {}
+    stop = threading.Event()
+
+    def run() -> None:
+        synthetic.run_synth(share, step_ms=1.0, duration_s=3.0, pattern=DutyPattern(1.2, 1.0), stats=stats,
+                            stop=stop, report=lambda _line: None, units=50)  # fmt: skip
+
+    t = threading.Thread(target=run)
+    t0 = time.monotonic()
+    t.start()
+    try:
+        for name, at_s in (("working", 1.1), ("idle", 1.7), ("resumed", 2.3)):
+            time.sleep(max(0.0, t0 + at_s - time.monotonic()))
+            with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+                rec = seg.read_slot(share.slot)
+            seen[name] = (rec.active, rec.busy_ppm, stats.tok_s)
+    finally:
+        stop.set()
+        t.join(10)
+        share.close()
+    assert seen["working"][0] == 1 and seen["working"][2] and seen["working"][2] > 0, seen
+    assert seen["idle"] == (0, 0, 0.0), seen  # 0.5 s into the idle spell: said at once
+    assert seen["resumed"][0] == 1 and seen["resumed"][2] is None, seen  # 0.1 s after resuming: not measured
 
 
 # -- measured under real pacing ----------------------------------------------------
