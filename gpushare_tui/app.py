@@ -100,7 +100,7 @@ class DashboardApp(App):
         Binding("s", "stop_engine", "Stop", tooltip="stop the selected managed engine (asks first)"),
         Binding("w,plus,minus,l,s", "readonly_refused", show=False),
         Binding("L", "show_log", "Log", show=False, tooltip="show the selected managed engine's log, live"),
-        Binding("o", "sort", "Sort", tooltip="cycle the sort column (slot, share, busy, weight, tok/s, name, pid)"),
+        Binding("o", "sort", "Sort", tooltip="cycle the sort (slot, share, busy, weight, tok/s, speed, name, pid)"),
         Binding("h", "span", "Span", tooltip=f"cycle the plots' time span ({_SPANS_HELP} minutes)"),
         Binding(
             "p",

@@ -69,7 +69,9 @@ def _rows(key: str, snap, peers, t_s: float) -> tuple[PeerRow, ...]:
         if managed and p.alive:
             wobble = 1 + 0.04 * math.sin(t_s / 5 + p.slot * 2)
             tok_s = None if tok is None else round(tok * p.share_pct / 100 * wobble, 1)
-            engine = EngineInfo(state=state, tok_s=tok_s, model=f"/models/{p.name}.gguf", kind="llama-server")
+            engine = EngineInfo(
+                state=state, tok_s=tok_s, solo_tok_s=tok, model=f"/models/{p.name}.gguf", kind="llama-server"
+            )  # solo: its rate alone, so SPD% is about its share
         rows.append(PeerRow(key, p, managed, vram, engine))
     return tuple(rows)
 

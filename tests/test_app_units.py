@@ -7,10 +7,11 @@ from slots import NOW, slot, snap
 from gpushare_tui.app import nudged_weight
 from gpushare_tui.core import abi
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
-from gpushare_tui.dashboard.model import EngineInfo, PeerRow
+from gpushare_tui.dashboard.columns import COLUMNS, GAP, NAME_KEEP, NAME_WIDTH, fit_columns
+from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
-from gpushare_tui.widgets.peers_table import COLUMNS, cell_text, name_width, row_cells
+from gpushare_tui.widgets.peers_table import cell_text, name_width, row_cells
 from gpushare_tui.widgets.timeline import render_timeline
 
 # -- weights -----------------------------------------------------------------
@@ -70,7 +71,7 @@ def test_colours_stable_by_slot():
 def test_row_cells():
     s = snap([slot(0, 2, name="eng", busy=0.42), slot(1, 1, active=0), slot(2, 1, age_s=12)])
     rows = {p.slot: p for p in s.peers}
-    managed = PeerRow("k", rows[0], True, 1234.0, EngineInfo(state="running", tok_s=55.55))
+    managed = PeerRow("k", rows[0], True, 1234.0, EngineInfo(state="running", tok_s=55.55, solo_tok_s=111.1))
     assert len(row_cells(managed)) == len(COLUMNS)
     got = {c.key: cell_text(managed, c.key) for c in COLUMNS}
     assert got == {
@@ -83,23 +84,44 @@ def test_row_cells():
         "ach": "100",
         "status": "active",
         "toks": "55.5",
+        "speed": "50",
         "engine": "running",
         "hb": "<1s",
         "vram": "1234M",
         "gpu": "k",
     }
     foreign = PeerRow("k", rows[1])
-    assert [cell_text(foreign, k) for k in ("status", "engine", "vram", "toks")] == ["idle", "read-only", "-", "-"]
+    assert [cell_text(foreign, k) for k in ("status", "engine", "vram", "toks", "speed")] == [
+        "idle", "read-only", "-", "-", "-"
+    ]  # fmt: skip
+    no_solo = PeerRow("k", rows[0], True, None, EngineInfo(state="running", tok_s=55.55))
+    assert cell_text(no_solo, "speed") == "-"  # solo rate not known yet
     assert cell_text(foreign, "ach") == "-"  # idle: no member of the schedule
     dead = PeerRow("k", rows[2], True)
     assert [cell_text(dead, k) for k in ("status", "hb", "engine")] == ["dead", "12s", "-"]
 
 
-def test_name_column_takes_the_width_left():
-    assert name_width(200) == 28
-    assert name_width(118) >= 12  # 120 columns: everything fits
-    narrow = name_width(78)  # 80 columns: at least every column up to ENGINE
-    assert 10 <= narrow <= 12
+def test_columns_fit_the_width_dropping_the_least_useful_first():
+    """Every column that matters fits at 80 terminal columns (78 inside the border, 77 with a vertical
+    scrollbar); GPU goes first, then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
+    what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
+    must = [c.key for c in COLUMNS if not c.drop]
+    cases = ((77, set(), {"gpu", "vram", "hb"}), (85, set(), {"gpu", "vram"}), (97, set(), {"gpu"}))
+    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (97, {"vram"}, {"vram"}))  # no VRAM: room for GPU
+    for available, empty, dropped in cases:
+        shown, name = fit_columns(available, frozenset(empty))
+        keys = [c.key for c in shown]
+        assert set(must) <= set(keys) and {c.key for c in COLUMNS} - set(keys) == dropped, available
+        assert sum(c.width + GAP for c in shown if c.key != "name") + name + GAP <= available
+        assert name >= (NAME_KEEP if available >= 77 else NAME_WIDTH[0])
+    assert name_width(200) == NAME_WIDTH[1]
+    assert [c.key for c in fit_columns(40)[0]] == must  # narrower still: only the optional ones go
+
+
+def test_speed_pct_is_tok_s_over_solo():
+    assert speed_pct(50.0, 200.0) == 25.0
+    assert speed_pct(None, 200.0) is None and speed_pct(50.0, None) is None and speed_pct(50.0, 0.0) is None
+    assert EngineInfo(tok_s=30.0, solo_tok_s=60.0).speed_pct == 50.0
 
 
 # -- launch form -----------------------------------------------------------------

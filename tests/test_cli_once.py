@@ -14,6 +14,7 @@ from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
+from gpushare_tui.dashboard.columns import COLUMNS, legend
 
 TOP_KEYS = ["schema_version", "hostname", "timestamp", "gpus", "errors"]
 GPU_TYPES = {
@@ -41,7 +42,9 @@ PEER_TYPES = {
     "boot_us": int,
     "achieved_pct": (float, type(None)),
     "managed": bool,
+    "engine": (dict, type(None)),
 }
+ENGINE_KEYS = ["state", "tok_s", "solo_tok_s", "speed_pct", "model", "port", "kind", "log", "error"]
 BAD_PID = 4_000_123
 
 
@@ -138,11 +141,33 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
         assert 0.0 <= p["busy_pct"] <= 100.0
         assert abs(p["boot_us"] - t0 * 1e6) < 120e6
         assert p["managed"] is True  # synth engines answer on their control sockets
+        e = p["engine"]  # what the engine's control socket said
+        assert list(e) == ENGINE_KEYS
+        assert (e["state"], e["kind"], e["model"], e["port"], e["log"], e["error"]) == (
+            "running", "synth", "synthetic", None, None, None
+        )  # fmt: skip
+        assert e["tok_s"] is None or e["tok_s"] >= 0.0
+        assert e["solo_tok_s"] is None or e["solo_tok_s"] > 0.0
+        if e["tok_s"] is not None and e["solo_tok_s"] is not None:
+            assert e["speed_pct"] == pytest.approx(100 * e["tok_s"] / e["solo_tok_s"])
+        else:
+            assert e["speed_pct"] is None
     assert pc == {
-        "slot": 2, "pid": BAD_PID, "name": "bad\ufffd\ufffdname", "weight": 0.5, "share_pct": 0.0, "window_us": None,
-        "busy_pct": 0.0, "active": False, "alive": True, "heartbeat_age_ms": pc["heartbeat_age_ms"], "boot_us": 7,
-        "achieved_pct": None, "managed": False,
-    }  # fmt: skip
+        "slot": 2,
+        "pid": BAD_PID,
+        "name": "bad\ufffd\ufffdname",
+        "weight": 0.5,
+        "share_pct": 0.0,
+        "window_us": None,
+        "busy_pct": 0.0,
+        "active": False,
+        "alive": True,
+        "heartbeat_age_ms": pc["heartbeat_age_ms"],
+        "boot_us": 7,
+        "achieved_pct": None,
+        "managed": False,
+        "engine": None,
+    }  # fmt: skip  (a foreign peer: no engine object)
 
 
 def _busy(key: str) -> bool:
@@ -173,12 +198,15 @@ def test_once_json_filtered_by_key(procs, gpu_key: str, cli) -> None:
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"/opencoti-gpu-{gpu_key}") and "period 120 ms" in lines[0] and "peers 2" in lines[0]
-    assert "SLOT" in lines[1] and "SHARE%" in lines[1] and lines[1].split()[6] == "ACH%"
-    rows = {int(line.split()[1]): line for line in lines[2:]}
+    assert lines[1].split() == [c.label for c in COLUMNS]  # the dashboard's columns, every one
+    assert lines[-1] == legend() and "BSY% measured busy time, averaged over the last 1 s" in lines[-1]
+    rows = {int(line.split()[1]): line.split() for line in lines[2:-1]}
     assert set(rows) == {a.pid, b.pid}
-    assert "peer-a" in rows[a.pid] and "66.7" in rows[a.pid] and "[0, 80000)" in rows[a.pid]
-    assert "peer-b" in rows[b.pid] and "33.3" in rows[b.pid] and "[80000, 120000)" in rows[b.pid]
-    assert all(0 <= float(row.split()[6]) <= 100 for row in rows.values())  # ACH%: both busy, both members
+    col = {c.key: i for i, c in enumerate(COLUMNS)}
+    assert rows[a.pid][col["name"]] == "peer-a" and rows[a.pid][col["share"]] == "66.7"
+    assert rows[b.pid][col["name"]] == "peer-b" and rows[b.pid][col["share"]] == "33.3"
+    assert all(0 <= float(row[col["ach"]]) <= 100 for row in rows.values())  # ACH%: both busy, both members
+    assert all(row[col["engine"]] == "running" and row[col["gpu"]] == gpu_key for row in rows.values())
 
 
 def test_once_without_segments(cli, gpu_key: str) -> None:

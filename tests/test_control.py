@@ -53,13 +53,22 @@ def test_status(engine, gpu_key: str) -> None:
 def test_status_reply_round_trip() -> None:
     full = StatusReply(
         engine_pid=1, port=8080, model="m.gguf", name="n", kind="llama-server", state="running", tok_s=1.5,
-        weight=2.0, share_pct=50.0, busy_pct=10.0, uptime_s=3.0, slot=0, gpu_key="k", log="/l.log",
+        solo_tok_s=3.0, weight=2.0, share_pct=50.0, busy_pct=10.0, uptime_s=3.0, slot=0, gpu_key="k", log="/l.log",
         signal_lateness=SignalLateness(n=3, p50_us=1, p99_us=2, max_us=3),
     )  # fmt: skip
     doc = full.to_json()
     assert list(doc) == list(StatusReply.__dataclass_fields__)
     assert doc["signal_lateness"] == {"n": 3, "p50_us": 1, "p99_us": 2, "max_us": 3}
     assert StatusReply.from_json(json.loads(json.dumps({"ok": True, **doc}))) == full
+
+
+def test_status_reply_solo_tok_s() -> None:
+    """An engine's best rate alone parses as a float; an old engine without the field still parses (None)."""
+    assert StatusReply.from_json({"ok": True, "tok_s": 10, "solo_tok_s": 40.5}).solo_tok_s == 40.5
+    old = {"ok": True, "state": "running", "tok_s": 12.0, "kind": "synth"}  # a reply from before solo_tok_s
+    assert StatusReply.from_json(old) == StatusReply(state="running", tok_s=12.0, kind="synth")
+    assert StatusReply.from_json({"solo_tok_s": "fast"}).solo_tok_s is None
+    assert StatusReply.from_json({"solo_tok_s": math.inf}).solo_tok_s is None
 
 
 def test_status_reply_from_json_is_tolerant() -> None:

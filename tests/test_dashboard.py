@@ -112,6 +112,12 @@ def test_live_source_polls_status_of_managed_peers_only_and_not_every_tick(tmp_p
         src.collect()
         assert [p for p, _c, _t in ctl.calls[2:]] == [920_000]
         assert nvml_calls == ["live"] * 3
+        ms[0].mark_active()  # its active flag changed: its tok/s did too, so it is asked at once
+        src.collect()
+        assert [p for p, _c, _t in ctl.calls[3:]] == [920_000]
+        ms[1].mark_active()  # one that did not answer keeps its back-off
+        src.collect()
+        assert len(ctl.calls) == 4
     finally:
         src.close()
         for m in ms:

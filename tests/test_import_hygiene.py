@@ -55,6 +55,7 @@ def test_once_json_does_not_import_textual(script: str, gpu_key: str) -> None:
     assert _ui_loaded(res["mods"]) == []
     if script is AS_MODULE:  # the entry point serves --once without the full command line
         assert "typer" not in res["mods"] and "pydantic" not in res["mods"]
+    assert "pynvml" not in res["mods"]  # a key that is no NVML UUID: asking NVML about it costs nothing
 
 
 HEADLESS_ONLY = ("textual", "pydantic", "typer", "rich", "click")

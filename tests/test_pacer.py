@@ -167,6 +167,26 @@ def test_busy_fraction_is_published(world: World) -> None:
     assert world.ro.read_slot(0).busy_ppm == pytest.approx(500_000, rel=0.02)
 
 
+def test_busy_after_an_idle_spell_is_not_averaged_over_it(world: World) -> None:
+    # 50% busy, then 10 s idle (the registry drops `active` and zeroes busy), then 50% busy again:
+    # within 0.3 s of resuming the published busy is ~50% (a partial window), not the ~1% of a window
+    # that would span the idle spell
+    for _ in range(110):
+        world.t += 10_000
+        world.pacer.step_done(step_us=5_000)
+    world.m.heartbeat()
+    assert world.ro.read_slot(0).busy_ppm == pytest.approx(500_000, rel=0.02)
+    world.t += 10_000_000
+    world.m.heartbeat()  # more than the activity window since the last step: idle
+    assert (world.ro.read_slot(0).active, world.ro.read_slot(0).busy_ppm) == (0, 0)
+    for _ in range(30):
+        world.t += 10_000
+        world.pacer.step_done(step_us=5_000)
+    world.m.heartbeat()
+    rec = world.ro.read_slot(0)
+    assert rec.active == 1 and rec.busy_ppm == pytest.approx(500_000, rel=0.1)
+
+
 def test_busy_fraction_counts_time_between_steps_by_default(world: World) -> None:
     # no step_us: the time since step_done returned counts as busy; time slept does not
     world.other_peer()

@@ -313,3 +313,23 @@ def test_paced_engines_report_running_not_stopped(engines):
     finally:
         for lo in loads:
             lo.stop()
+
+
+def _status(pid: int) -> dict:
+    return json.loads(run_cli("status", str(pid), "--json").stdout)
+
+
+def test_lone_engine_learns_its_solo_rate(engines):
+    """Alone and decoding, a supervised llama-server's tok/s is measured over 1 s windows of work and its
+    best one is its solo rate; idle, tok/s is 0 and the solo rate stays."""
+    _, pid, _ = engines.run()
+    st = _status(pid)
+    assert (st["tok_s"], st["solo_tok_s"]) == (0.0, None)  # idle: nothing decoded, never measured
+    lo = start_load(port_of(pid), 2000)
+    try:
+        st = wait_for(lambda: (s := _status(pid))["solo_tok_s"] and s, 20, 0.2, "solo_tok_s while alone")
+        assert st["solo_tok_s"] > 0 and st["tok_s"] is not None and 0 < st["tok_s"] <= st["solo_tok_s"]
+    finally:
+        lo.stop()
+    st = wait_for(lambda: (s := _status(pid))["tok_s"] == 0.0 and s, 10, 0.2, "tok/s 0 once idle")
+    assert st["solo_tok_s"] > 0

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -121,6 +123,39 @@ def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> 
         assert all(r.pid != os.getpid() for r in seg.read_slots())
 
 
+def test_idle_spell_is_said_at_once_and_resuming_reads_unmeasured(gpu_key: str) -> None:
+    """A duty-cycled synth entering an idle spell drops `active` and busy at once (not 2 s later, while
+    its tok/s already reads 0: the demo's "active, BUSY 1, TOK/S 0.0"), and on resuming its tok/s is
+    unknown (None, shown "-") until a window of work completes, not the idle spell's 0."""
+    from gpushare_tui.core.share import GpuShare
+
+    share = GpuShare(1.0, "duty", gpu_key=gpu_key, control=False).open()
+    stats = synthetic.SynthStats()
+    seen: dict[str, tuple] = {}
+    stop = threading.Event()
+
+    def run() -> None:
+        synthetic.run_synth(share, step_ms=1.0, duration_s=3.0, pattern=DutyPattern(1.2, 1.0), stats=stats,
+                            stop=stop, report=lambda _line: None, units=50)  # fmt: skip
+
+    t = threading.Thread(target=run)
+    t0 = time.monotonic()
+    t.start()
+    try:
+        for name, at_s in (("working", 1.1), ("idle", 1.7), ("resumed", 2.3)):
+            time.sleep(max(0.0, t0 + at_s - time.monotonic()))
+            with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+                rec = seg.read_slot(share.slot)
+            seen[name] = (rec.active, rec.busy_ppm, stats.tok_s)
+    finally:
+        stop.set()
+        t.join(10)
+        share.close()
+    assert seen["working"][0] == 1 and seen["working"][2] and seen["working"][2] > 0, seen
+    assert seen["idle"] == (0, 0, 0.0), seen  # 0.5 s into the idle spell: said at once
+    assert seen["resumed"][0] == 1 and seen["resumed"][2] is None, seen  # 0.1 s after resuming: not measured
+
+
 # -- measured under real pacing ----------------------------------------------------
 
 
@@ -202,3 +237,35 @@ def test_lone_paced_engine_never_sleeps_and_costs_little_per_step(procs, new_gpu
     overhead_us = 1e6 / paced - 1e6 / unpaced  # measured 40-140 µs per step here, loaded or not
     why = f"pacing costs {overhead_us:.0f} µs of CPU per step ({paced:.0f} vs {unpaced:.0f} steps/CPU s)"
     assert overhead_us < 1000, why
+
+
+def _status(pid: int) -> control.StatusReply:
+    """Its status; an empty one while its control socket is not up yet."""
+    try:
+        return control.StatusReply.from_json(control.request(pid, "status"))
+    except control.ControlError:
+        return control.StatusReply()
+
+
+def test_solo_tok_s_is_reached_alone_and_kept_while_sharing(procs, gpu_key, runtime_dir, cli) -> None:
+    """A synth alone learns its solo rate (the best tok/s as the only active member); once it shares the
+    GPU (equal weights) its tok/s drops below it, and a peer that never ran alone has none. --once --json
+    reports it in the engine object, with speed_pct = tok/s ÷ solo."""
+    argv = ("synth", "--weight", "1", "--gpu-key", gpu_key, "--step-ms", "2", "-q")
+    a = procs.start(cli_argv(*argv, "--name", "solo-a"))
+    st = wait_for(lambda: (s := _status(a.pid)).solo_tok_s and s, 20, what="solo_tok_s of a lone synth")
+    assert st.tok_s is not None and 0 < st.tok_s <= st.solo_tok_s  # alone: every complete window is a solo one
+    b = procs.start(cli_argv(*argv, "--name", "shared-b"))
+    wait_for(lambda: _status(b.pid).tok_s, 20, what="b's first rate window")
+    time.sleep(2.5)  # a's rate windows now span shared time (1 s each)
+    sa, sb = _status(a.pid), _status(b.pid)
+    assert sa.solo_tok_s is not None and sa.tok_s is not None
+    assert sa.tok_s < 0.9 * sa.solo_tok_s, (sa.tok_s, sa.solo_tok_s)  # paced to about half its time
+    assert sb.solo_tok_s is None  # b has never been the only active member
+    r = cli("--once", "--json", "--gpu-key", gpu_key)
+    assert r.returncode == 0, r.stderr
+    engines = {p["pid"]: p["engine"] for p in json.loads(r.stdout)["gpus"][0]["peers"]}
+    ea, eb = engines[a.pid], engines[b.pid]
+    assert ea["kind"] == "synth" and ea["solo_tok_s"] >= sa.solo_tok_s
+    assert ea["speed_pct"] == pytest.approx(100 * ea["tok_s"] / ea["solo_tok_s"])
+    assert eb["solo_tok_s"] is None and eb["speed_pct"] is None

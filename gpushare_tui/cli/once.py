@@ -7,13 +7,19 @@ the entry point can serve it without importing typer (or Textual) at all.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..core.errors import GpushareError, UsageError
 from .common import ExitCode, checked_key
+
+if TYPE_CHECKING:
+    from ..core.snapshot import SegmentProblem
+    from ..dashboard.columns import Column
+    from ..dashboard.model import GpuView, PeerRow
 
 _KEY_EQ = "--gpu-key="
 
@@ -41,45 +47,100 @@ def headless_args(argv: Sequence[str]) -> tuple[str | None, bool] | None:
     return (key, as_json) if once else None
 
 
-def once_report(gpu_key: str | None) -> dict:
-    """The JSON document of one snapshot (all segments, or only `gpu_key`'s)."""
-    from ..core.clock import wall_us
-    from ..core.control import is_managed
-    from ..core.snapshot import SegmentReader, report_to_json
+ONCE_STATUS_TIMEOUT_S = 0.3  # each managed engine's `status`, asked once
 
-    reader = SegmentReader(gpu_key)
-    try:
-        now = wall_us()
-        gpus, errors = reader.read(now)
-        report = report_to_json(gpus, errors, now)
-    finally:
-        reader.close()
-    for g in report["gpus"]:
-        for p in g["peers"]:
-            p["managed"] = is_managed(p["pid"])  # has our control socket (this user's engines only)
+
+@dataclass
+class OnceData:
+    """One snapshot of this host (LiveSource: segments, NVML, managed engines' status) and of `serve`
+    endpoints: the data both the `--once` table and its JSON are made of. Text is as read (untrusted)."""
+
+    hostname: str
+    now_us: int
+    views: list[tuple[str | None, GpuView]] = field(default_factory=list)  # (host, gpu); host None: no remotes
+    errors: list[tuple[str | None, SegmentProblem]] = field(default_factory=list)
+
+
+def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -> OnceData:
+    """The snapshot of this host (unless not `local`) and of the `serve` endpoints `urls`: with any,
+    every gpu and error is named by host (this host's name, or the endpoint's URL); a host that cannot
+    be read is one error (`segment` ""), not a failure."""
+    import socket
+
+    from ..core.clock import wall_us
+    from ..core.snapshot import SegmentProblem
+    from ..dashboard.model import GpuView, PeerRow
+
+    data = OnceData(socket.gethostname(), wall_us())
+    here = data.hostname if urls else None
+    if local:
+        from ..dashboard.source import LiveSource
+
+        source = LiveSource(gpu_key, status_timeout_s=ONCE_STATUS_TIMEOUT_S, sanitize=False)
+        try:
+            model = source.collect()
+        finally:
+            source.close()
+        data.now_us = model.now_us
+        data.views += [(here, g) for g in model.gpus]
+        data.errors += [(here, e) for e in model.errors]
+    if urls:
+        from ..dashboard.remote import fetch_all
+
+        for r in fetch_all(urls):
+            for g in r.gpus:
+                if gpu_key in (None, g.gpu_key):
+                    data.views.append((r.host, GpuView(g, None, tuple(PeerRow(g.gpu_key, p) for p in g.peers))))
+            data.errors += [(r.host, e) for e in r.errors]
+            if r.error is not None:
+                data.errors.append((r.host, SegmentProblem("", r.error)))
+    return data
+
+
+def engine_json(row: PeerRow) -> dict | None:
+    """A managed engine's `engine` object (what its control socket said; null fields unknown, `error` why
+    it did not answer); None for a foreign peer, a dead one, or another host's."""
+    e = row.engine
+    if not (row.managed and row.peer.alive) or e is None:
+        return None
+    return {
+        "state": e.state,
+        "tok_s": e.tok_s,
+        "solo_tok_s": e.solo_tok_s,
+        "speed_pct": e.speed_pct,
+        "model": e.model,
+        "port": e.port,
+        "kind": e.kind,
+        "log": e.log,
+        "error": e.error,
+    }
+
+
+def report_json(data: OnceData) -> dict:
+    """The `--once --json` document: every peer with `managed` and `engine` (engine_json)."""
+    from ..core.snapshot import gpu_to_json, report_to_json
+
+    report = report_to_json([], [], data.now_us)
+    report["hostname"] = data.hostname
+    for host, view in data.views:
+        g = gpu_to_json(view.snapshot)
+        for p, row in zip(g["peers"], view.rows):
+            p["managed"] = row.managed  # has our control socket (this user's engines only)
+            p["engine"] = engine_json(row)
+        report["gpus"].append(g if host is None else {**g, "host": host})
+    for host, e in data.errors:
+        report["errors"].append({"segment": e.segment, "error": e.error, **({} if host is None else {"host": host})})
     return report
+
+
+def once_report(gpu_key: str | None) -> dict:
+    """The JSON document of one snapshot of this host (all segments, or only `gpu_key`'s)."""
+    return report_json(collect(gpu_key))
 
 
 def remote_report(gpu_key: str | None, urls: Sequence[str], local: bool) -> dict:
-    """The `--once --json` document over this host (unless not `local`) and the `serve` endpoints `urls`:
-    every gpu and error carries `host` (this host's name, or the endpoint's URL); a host that cannot be
-    read is one error (`segment` ""), not a failure."""
-    from ..core.clock import wall_us
-    from ..core.snapshot import gpu_to_json, report_to_json
-    from ..dashboard.remote import fetch_all
-
-    report = once_report(gpu_key) if local else report_to_json([], [], wall_us())
-    here = report["hostname"]
-    for g in report["gpus"]:
-        g["host"] = here
-    for e in report["errors"]:
-        e["host"] = here
-    for r in fetch_all(urls):
-        report["gpus"] += [{**gpu_to_json(g), "host": r.host} for g in r.gpus if gpu_key in (None, g.gpu_key)]
-        report["errors"] += [{"segment": e.segment, "error": e.error, "host": r.host} for e in r.errors]
-        if r.error is not None:
-            report["errors"].append({"segment": "", "error": r.error, "host": r.host})
-    return report
+    """The `--once --json` document over this host (unless not `local`) and the `serve` endpoints `urls`."""
+    return report_json(collect(gpu_key, urls, local))
 
 
 def prometheus_text(gpu_key: str | None) -> str:
@@ -110,49 +171,61 @@ def _checked_format(fmt: str | None, as_json: bool, remotes: Sequence[str], loca
     return fmt
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
-
-def _age(ms: float | None) -> str:
-    return "-" if ms is None else f"{ms:.0f}"
-
-
-def render_table(report: dict, show_idle: bool = True) -> str:
-    """The human-readable `--once` table; unless `show_idle`, segments with no live peer are left out
-    (counted in a last line). Names, keys and errors are untrusted: control characters never reach the
-    terminal (the JSON form keeps them, escaped)."""
+def _cell(column: Column, row: PeerRow) -> str:
     from ..core.text import printable
 
+    return printable(column.text(row))
+
+
+def _cells(text: str) -> int:
+    """Terminal cells `text` takes (wide East Asian characters take two)."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _line(texts: list[str], widths: list[int]) -> str:
+    from ..dashboard.columns import COLUMNS
+
+    out = []
+    for c, t, w in zip(COLUMNS, texts, widths):
+        fill = " " * (w - _cells(t))
+        out.append(fill + t if c.right else t + fill)
+    return (" " + " ".join(out)).rstrip()
+
+
+def render_table(data: OnceData, show_idle: bool = True) -> str:
+    """The human-readable `--once` table: per segment a line, then the dashboard's peers-table columns
+    (every one: the table is not width-limited) with the same headers and cell text, and a legend line.
+    Unless `show_idle`, segments with no live peer are left out (counted in a last line). Names, keys and
+    errors are untrusted: every cell goes through `printable` (the JSON form keeps them, escaped)."""
+    from ..core.text import printable
+    from ..dashboard.columns import COLUMNS, legend
+
     lines = []
-    gpus = report["gpus"] if show_idle else [g for g in report["gpus"] if any(p["alive"] for p in g["peers"])]
-    hidden = len(report["gpus"]) - len(gpus)
-    for g in gpus:
-        period = f"{g['period_ms']} ms" if g["period_ms"] is not None else "none (unthrottled)"
-        warn = "  WARNING: group/world-writable" if g["writable_by_others"] else ""
-        host = f"{printable(g['host'])}  " if "host" in g else ""
+    views = [(h, v) for h, v in data.views if show_idle or any(r.peer.alive for r in v.rows)]
+    hidden = len(data.views) - len(views)
+    for host, v in views:
+        g = v.snapshot
+        period = f"{g.period_ms} ms" if g.period_ms is not None else "none (unthrottled)"
+        warn = "  WARNING: group/world-writable" if g.writable_by_others else ""
+        where = f"{printable(host)}  " if host is not None else ""
         lines.append(
-            f"{host}{printable(g['segment'])}  owner {printable(g['owner'])}  mode {g['mode']}  "
-            f"period {period}  peers {len(g['peers'])}{warn}"
+            f"{where}{printable(g.segment)}  owner {printable(g.owner)}  mode {g.mode:04o}  "
+            f"period {period}  peers {len(g.peers)}{warn}"
         )
-        lines.append(
-            f"  {'SLOT':>4} {'PID':>8} {'NAME':<20} {'WEIGHT':>7} {'SHARE%':>7} {'BUSY%':>6} {'ACH%':>5} "
-            f"{'ACTIVE':<6} {'ALIVE':<5} {'HB_MS':>7}  WINDOW_US"
-        )
-        for p in g["peers"]:
-            win = f"[{p['window_us'][0]}, {p['window_us'][1]})" if p["window_us"] else "-"
-            lines.append(
-                f"  {p['slot']:>4} {p['pid']:>8} {printable(p['name'])[:20]:<20} {_fmt(p['weight'], '.3g'):>7} "
-                f"{p['share_pct']:>7.1f} {p['busy_pct']:>6.1f} {_fmt(p.get('achieved_pct'), '.1f'):>5} "
-                f"{'yes' if p['active'] else 'no':<6} "
-                f"{'yes' if p['alive'] else 'no':<5} {_age(p['heartbeat_age_ms']):>7}  {win}"
-            )
-    for e in report["errors"]:
-        where = ": ".join(printable(x) for x in (e.get("host", ""), e["segment"]) if x)
-        lines.append(f"error: {where}: {printable(e['error'])}")
+        cells = [[_cell(c, r) for c in COLUMNS] for r in v.rows]
+        widths = [max([len(c.label)] + [_cells(row[i]) for row in cells]) for i, c in enumerate(COLUMNS)]
+        lines.append(_line([c.label for c in COLUMNS], widths))
+        lines += [_line(row, widths) for row in cells]
+    if views:
+        lines.append(legend())
+    for host, e in data.errors:
+        where = ": ".join(printable(x) for x in (host or "", e.segment) if x)
+        lines.append(f"error: {where}: {printable(e.error)}")
     if hidden:
         lines.append(f"{hidden} segment(s) with no live peers hidden (--all shows them)")
-    elif not report["gpus"] and not report["errors"]:
+    elif not data.views and not data.errors:
         lines.append("no /opencoti-gpu-* segments on this host")
     return "\n".join(lines)
 
@@ -179,13 +252,13 @@ def print_once(
     if fmt == "prometheus":
         text = prometheus_text(key)
     else:
-        report = remote_report(key, urls, local) if remotes else once_report(key)
-        if key is not None and not report["gpus"] and not report["errors"]:
+        data = collect(key, urls, local)
+        if key is not None and not data.views and not data.errors:
             from ..core.abi import segment_name
 
             raise GpushareError(f"no segment {segment_name(key)} on this host")  # a typo must not look like success
         show_idle = show_idle or key is not None
-        text = json.dumps(report, allow_nan=False) if fmt == "json" else render_table(report, show_idle)
+        text = json.dumps(report_json(data), allow_nan=False) if fmt == "json" else render_table(data, show_idle)
     try:
         print(text, end="" if fmt == "prometheus" else "\n")
         sys.stdout.flush()

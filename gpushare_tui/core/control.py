@@ -68,7 +68,8 @@ class StatusReply:
     name: str | None = None
     kind: str | None = None  # "llama-server" | "synth"
     state: str | None = None  # loading / running / stopped / exiting / exited ...
-    tok_s: float | None = None
+    tok_s: float | None = None  # over the last complete rate window (~1 s) of work; 0.0 when idle
+    solo_tok_s: float | None = None  # the best tok_s reached as the schedule's only active member
     weight: float | None = None
     share_pct: float | None = None
     busy_pct: float | None = None

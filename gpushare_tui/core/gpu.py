@@ -79,8 +79,14 @@ def _try(f, *args):
         return None
 
 
+NVML_UUID_PREFIXES = ("GPU-", "MIG-")  # what NVML device UUIDs (and so keys derived from them) start with
+
+
 def device_stats(gpu_key: str, since_us: int = 0) -> DeviceStats | None:
-    """Stats for the device whose UUID is `gpu_key`; None when there is no such device."""
+    """Stats for the device whose UUID is `gpu_key`; None when there is no such device. A key that is
+    no NVML UUID (a CPU host's, a test's) is None at once: NVML is not even loaded for it."""
+    if not gpu_key.startswith(NVML_UUID_PREFIXES):
+        return None
     nv = _nvml()
     if nv is None:
         return None

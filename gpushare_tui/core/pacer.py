@@ -10,7 +10,8 @@ from .abi import SlotRecord
 from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 
-BUSY_WINDOW_US = 1_000_000
+BUSY_WINDOW_US = 1_000_000  # busy_ppm is the busy fraction over consecutive windows this long
+BUSY_EARLY_US = 200_000  # after resuming from idle, the first this-long part of the window is published at once
 
 
 class Pacer:
@@ -42,6 +43,7 @@ class Pacer:
         self._window_start_us = mono_us()
         self._last_return_us = self._window_start_us
         self._busy_us = 0
+        self._early = False  # the busy window is the first since resuming from idle
         self.total_slept_us = 0
         self._reread_us = reread_us
         self._sched: schedule.Schedule | None = None
@@ -56,7 +58,15 @@ class Pacer:
         previous `step_done` returned.
         """
         now, mono = self._clock(), self._mono()
-        self._busy_us += (mono - self._last_return_us) if step_us is None else step_us
+        step = (mono - self._last_return_us) if step_us is None else step_us
+        if not self._m.active:
+            # resuming after an idle spell (or the first step): the spell is not averaged into busy
+            # (it would read ~0 % for a whole window while active), and the heartbeat zeroed busy_ppm
+            # when we went idle, so the window's first BUSY_EARLY_US are published at once. Without
+            # step_us the time since the last return is mostly the idle spell: the step is not counted.
+            step = step if step_us is not None else 0
+            self._window_start_us, self._busy_us, self._early = mono - step, 0, True
+        self._busy_us += step
         self._m.mark_active(mono)
         slot = self._m.slot
         if self._sched_mono_us is None or mono - self._sched_mono_us >= self._reread_us:
@@ -80,4 +90,8 @@ class Pacer:
             self._m.set_busy_ppm(self._busy_us * 1_000_000 // elapsed)
             self._window_start_us = mono
             self._busy_us = 0
+            self._early = False
+        elif self._early and elapsed >= BUSY_EARLY_US:  # once, written at once: the heartbeat zeroed it
+            self._m.set_busy_ppm(self._busy_us * 1_000_000 // elapsed, publish=True)
+            self._early = False
         return slept

@@ -169,8 +169,12 @@ class Membership:
             self._write_if_joined()
         return w
 
-    def set_busy_ppm(self, ppm: int) -> None:
+    def set_busy_ppm(self, ppm: int, publish: bool = False) -> None:
+        """Store the busy fraction (ppm); it is written at the next heartbeat, or now if `publish`."""
         self._busy_ppm = max(0, min(1_000_000, int(ppm)))
+        if publish:
+            with self._lock:
+                self._write_if_joined()
 
     def mark_active(self, mono_now_us: int | None = None) -> None:
         """A decode/prefill step happened (at `mono_now_us`, default now): raise `active` at once if it was down."""

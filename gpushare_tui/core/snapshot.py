@@ -129,6 +129,12 @@ def own_peer(segment: Segment, slot: int | None, now_us: int) -> PeerSnapshot | 
     return next((p for p in snap.peers if p.slot == slot), None)
 
 
+def sole_member(segment: Segment, slot: int | None, now_us: int) -> bool:
+    """Whether `slot` is the only member of the segment's schedule now (share 100 %: nobody to share with)."""
+    members = schedule.member_weights(segment.read_slots(), now_us)
+    return slot is not None and len(members) == 1 and members[0][0] == slot
+
+
 def _text(name: str) -> str:
     """A file name that was not UTF-8 (surrogate-escaped by os.listdir), printable: U+FFFD for bad bytes."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")

@@ -28,8 +28,9 @@ from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply
 from .engines import llama_server as ls
 from .ownership import Owner
+from .rate import StepRate
 from .registry import Membership
-from .snapshot import own_peer
+from .snapshot import own_peer, sole_member
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
@@ -45,7 +46,8 @@ STOP_GRACE_S = 10.0
 @dataclass
 class EngineStatus:
     state: str = "loading"  # loading / running / exited (paced pauses are not a state: see _suspend)
-    tok_s: float = 0.0
+    tok_s: float | None = None  # see core.rate.StepRate
+    solo_tok_s: float | None = None
     busy_pct: float = 0.0
     exit_code: int | None = None
 
@@ -242,7 +244,12 @@ class Supervisor:
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
         activity = EngineActivity()
-        rate_mark: tuple[float, float] | None = None  # (monotonic s, n_decode_total)
+        rate = StepRate(STATS_EVERY_S)
+        n_decode: int | None = None  # the last probe's n_decode_total
+
+        def alone() -> bool:
+            return sole_member(m.segment, m.slot, wall_us())
+
         cpu_stats = _CpuBusy(proc.pid)
         cpu_tick = _CpuBusy(proc.pid)
         next_stats = time.monotonic()
@@ -260,15 +267,17 @@ class Supervisor:
                         met = None
                     if met is not None:
                         activity.on_probe(mono_us(), met.n_decode_total, met.requests_processing)
-                        if rate_mark is None or t - rate_mark[0] >= STATS_EVERY_S:
-                            if rate_mark is not None:
-                                self.status.tok_s = (met.n_decode_total - rate_mark[1]) / (t - rate_mark[0])
-                            rate_mark = (t, met.n_decode_total)
+                        n_decode = met.n_decode_total
                 if activity.is_active(mono):
                     m.mark_active(activity.last_us)
+                    if n_decode is not None:  # rate windows span work only: idle time is not averaged in
+                        rate.update(t, n_decode, alone)
+                        n_decode = None
                 elif m.active:
                     m.mark_idle()
-                    self.status.tok_s = 0.0
+                    rate.idle()
+                self.status.tok_s = rate.rate if m.active else 0.0  # None: working, first window not complete
+                self.status.solo_tok_s = rate.solo
                 if t >= next_stats:
                     next_stats = t + STATS_EVERY_S
                     since_us = wall_us() - int(STATS_EVERY_S * 1e6)  # NVML samples carry wall-clock stamps
@@ -292,6 +301,7 @@ class Supervisor:
                 kind="llama-server",
                 state=self.status.state,
                 tok_s=self.status.tok_s,
+                solo_tok_s=self.status.solo_tok_s,
                 weight=m.weight if m else self.weight,
                 share_pct=me.share_pct if me else 0.0,
                 busy_pct=self.status.busy_pct,

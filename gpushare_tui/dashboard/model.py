@@ -23,6 +23,7 @@ class EngineInfo:
 
     state: str | None = None  # running / stopped / loading / exiting ...
     tok_s: float | None = None
+    solo_tok_s: float | None = None  # the best tok/s it reached as its schedule's only active member
     model: str | None = None
     owner_config: str | None = None  # the `up` config file that owns it (None: not owned by an up)
     config_weight: float | None = None  # its weight in that file
@@ -30,6 +31,19 @@ class EngineInfo:
     port: int | None = None
     error: str | None = None
     lateness: SignalLateness | None = None  # a supervisor's SIGCONT/SIGSTOP lateness (llama-server engines)
+    log: str | None = None  # its log file (a supervisor's engine log)
+
+    @property
+    def speed_pct(self) -> float | None:
+        """Speed vs solo: tok/s now ÷ the best tok/s it reached alone, in %; None unless both are known."""
+        return speed_pct(self.tok_s, self.solo_tok_s)
+
+
+def speed_pct(tok_s: float | None, solo_tok_s: float | None) -> float | None:
+    """tok_s ÷ solo_tok_s × 100 (the one place it is computed); None unless both are known and solo > 0."""
+    if tok_s is None or solo_tok_s is None or solo_tok_s <= 0:
+        return None
+    return 100.0 * tok_s / solo_tok_s
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,10 @@ class PeerRow:
     @property
     def tok_s(self) -> float | None:
         return self.engine.tok_s if self.engine is not None else None
+
+    @property
+    def speed_pct(self) -> float | None:
+        return self.engine.speed_pct if self.engine is not None else None
 
     @property
     def differs_from_config(self) -> bool:

@@ -42,9 +42,13 @@ class LiveSource:
     """Segments + NVML + control-socket status.
 
     `status` is asked only of managed engines (a control socket exists), with a
-    short timeout, every `status_every_s`; one that answers slowly or not at
+    short timeout, every `status_every_s`, and at once when its peer's `active`
+    flag changed (its tok/s then changes too); one that answers slowly or not at
     all is asked less often. NVML is retried every `nvml_retry_s` for keys
-    that are not devices (CPU hosts, test keys).
+    that are not devices (CPU hosts, test keys). Untrusted text (names, keys,
+    errors, what engines say) is made printable unless `sanitize` is False
+    (`--once --json` keeps it as it is, escaped by JSON; its table cells are
+    made printable one by one).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class LiveSource:
         stats: Callable[[str], DeviceStats | None] = device_stats,
         control: ControlClient | None = None,
         shm_dir: str | None = None,
+        sanitize: bool = True,
     ) -> None:
         self.clock = clock
         self.reader = SegmentReader(gpu_key, shm_dir)
@@ -67,7 +72,8 @@ class LiveSource:
         self._stats = stats
         self._control = control if control is not None else LocalControl()
         self._nvml_next: dict[str, float] = {}
-        self._status: dict[int, tuple[EngineInfo, float]] = {}
+        self.sanitize = sanitize
+        self._status: dict[int, tuple[EngineInfo, float, bool]] = {}  # pid -> (info, due, peer active then)
         self._lock = threading.Lock()
 
     def prime(self) -> list[DashboardModel]:
@@ -81,23 +87,26 @@ class LiveSource:
             self._nvml_next[key] = mono + self.nvml_retry_s
         return dev
 
-    def _engine(self, pid: int, mono: float) -> EngineInfo:
+    def _engine(self, pid: int, mono: float, active: bool) -> EngineInfo:
         with self._lock:
             cached = self._status.get(pid)
-        if cached is not None and cached[1] > mono:
+        if cached is not None and cached[1] > mono and (cached[2] == active or cached[0].error):
             return cached[0]
         t0 = time.monotonic()
+        text = _printable if self.sanitize else _same
         try:
             r = StatusReply.from_json(self._control.request(pid, "status", timeout_s=self.status_timeout_s))
             info = EngineInfo(
-                state=_printable(r.state),
+                state=text(r.state),
                 tok_s=r.tok_s,
-                owner_config=_printable(r.config) if r.owner == "up" else None,
+                solo_tok_s=r.solo_tok_s,
+                owner_config=text(r.config) if r.owner == "up" else None,
                 config_weight=r.config_weight if r.owner == "up" else None,
-                model=_printable(r.model),
-                kind=_printable(r.kind),
+                model=text(r.model),
+                kind=text(r.kind),
                 port=r.port,
                 lateness=r.signal_lateness,
+                log=text(r.log),
             )
             slow = time.monotonic() - t0 > self.status_timeout_s / 2
             due = mono + self.status_every_s * (5 if slow else 1)
@@ -105,20 +114,21 @@ class LiveSource:
             info = EngineInfo(error=str(e), state=cached[0].state if cached else None)
             due = mono + max(5.0, self.status_every_s)
         with self._lock:
-            self._status[pid] = (info, due)
+            self._status[pid] = (info, due, active)
         return info
 
     def forget_status(self, pid: int) -> None:
         with self._lock:
             cached = self._status.get(pid)
             if cached is not None:
-                self._status[pid] = (cached[0], 0.0)
+                self._status[pid] = (cached[0], 0.0, cached[2])
 
     def collect(self) -> DashboardModel:
         mono = time.monotonic()
         now = self.clock()
         gpus, errors = self.reader.read(now)
-        gpus, errors = [printable_gpu(g) for g in gpus], [printable_problem(e) for e in errors]
+        if self.sanitize:
+            gpus, errors = [printable_gpu(g) for g in gpus], [printable_problem(e) for e in errors]
         views = []
         seen: set[int] = set()
         sockets = self._control.socket_pids()
@@ -130,7 +140,7 @@ class LiveSource:
                 managed = p.pid in sockets if sockets is not None else self._control.is_managed(p.pid)
                 engine = None
                 if managed and p.alive:
-                    engine = self._engine(p.pid, mono)
+                    engine = self._engine(p.pid, mono, p.active)
                     seen.add(p.pid)
                 rows.append(PeerRow(g.gpu_key, p, managed, vram.get(p.pid), engine))
             rows_t = tuple(rows)
@@ -146,6 +156,10 @@ class LiveSource:
 
 def _printable(x: str | None) -> str | None:
     return None if x is None else printable(x)
+
+
+def _same(x: str | None) -> str | None:
+    return x
 
 
 class FixedSource:

@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from ..dashboard.columns import BUSY_WINDOW_S
 from .dialog import Dialog
 
 NAVIGATION = (
@@ -81,11 +82,14 @@ class HelpScreen(Dialog[None]):
             yield Static(help_table(self.rows, self.readonly), id="help-keys")
             yield Static(
                 "Timeline: each active peer's window in one TDM period, in its colour; ▼ marks now "
-                "(who may run this instant). SHARE% = weight ÷ Σ weights of active peers; BUSY% = "
-                "measured. ACH% (achieved share) = busy ÷ Σ busy of the active peers: time on the device, "
-                "whatever the model (plotted as a 5 s average against the configured share, dashed). "
-                "ENGINE: running / stopped (paused outside its window) / loading. Foreign peers (no "
-                "gpushare-tui control socket) are read-only. Esc / ? closes.",
+                "(who may run this instant). SHR% = weight ÷ Σ weights of active peers; BSY% = the "
+                f"peer's measured busy time, averaged over its last {BUSY_WINDOW_S:g} s. ACH% (achieved "
+                "share) = busy ÷ Σ busy of the active peers: time on the device, whatever the model "
+                "(plotted as a 5 s average against the configured share, dashed). TOK/S: over the "
+                "engine's last 1 s of work (- until measured); SPD% = TOK/S ÷ its best tok/s alone (its "
+                "solo speed; - until it has run alone). ENGINE: running / stopped (paused outside its "
+                "window) / loading. Foreign peers (no gpushare-tui control socket) are read-only. On a "
+                "narrow terminal GPU, VRAM and HB are left out. Esc / ? closes.",
                 classes="foot",
             )
 

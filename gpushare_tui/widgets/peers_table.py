@@ -12,9 +12,6 @@ rebuilt only when that row's text (or its selection) changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
@@ -26,123 +23,57 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from ..dashboard.columns import COLUMN_BY_KEY, COLUMNS, GAP, Column, fit_columns, fmt_age
 from ..dashboard.model import PeerRow
-from .palette import slot_colour, slot_marker
+from .palette import slot_colour
 
-
-@dataclass(frozen=True)
-class Column:
-    key: str
-    label: str
-    width: int
-    sort: Callable[[PeerRow], object]
-    descending: bool = False  # first click sorts high → low
-    numeric: bool = False
-
-
-def _num_or(x: float | None, default: float = -1.0) -> float:
-    return default if x is None else x
-
-
-def _state_order(r: PeerRow) -> int:
-    p = r.peer
-    return 0 if p.alive and p.active else 1 if p.alive else 2
-
-
-COLUMNS: tuple[Column, ...] = (
-    Column("slot", "SLOT", 4, lambda r: (r.gpu_key, r.peer.slot)),
-    Column("pid", "PID", 7, lambda r: r.peer.pid, numeric=True),
-    Column("name", "NAME", 14, lambda r: (r.peer.name.lower(), r.peer.slot)),
-    Column("weight", "WEIGHT", 6, lambda r: _num_or(r.peer.weight), True, True),
-    Column("share", "SHARE%", 6, lambda r: r.peer.share_pct, True, True),
-    Column("busy", "BUSY%", 5, lambda r: r.peer.busy_pct, True, True),
-    Column("ach", "ACH%", 4, lambda r: _num_or(r.peer.achieved_pct), True, True),
-    Column("status", "STATUS", 6, _state_order),
-    Column("toks", "TOK/S", 6, lambda r: _num_or(r.tok_s), True, True),
-    Column("engine", "ENGINE", 9, lambda r: (not r.managed, _engine_text(r).plain)),
-    Column("hb", "HB", 5, lambda r: _num_or(r.peer.heartbeat_age_ms), True, True),
-    Column("vram", "VRAM", 6, lambda r: _num_or(r.vram_mib), True, True),
-    Column("gpu", "GPU", 14, lambda r: (r.gpu_key, r.peer.slot)),
-)
-NAME_WIDTH = (10, 28)  # the NAME column takes what the terminal width leaves (within these)
-COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
 _NO_STYLE = Style()
-SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "name", "pid")
+SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
+_INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
+_JUSTIFY = {c.key: "right" if c.right else "left" for c in COLUMNS}
+_ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
 
 
-def _fmt_weight(w: float | None) -> str:
-    if w is None:
-        return "bad"
-    return f"{w:.3g}" if w < 1000 else f"{w:.2e}"
-
-
-def _engine_text(r: PeerRow) -> Text:
+def _engine_style(r: PeerRow) -> str:
     if not r.peer.alive:
-        return Text("-", style="dim")
+        return "dim"
     if not r.managed:
-        return Text("read-only", style="dim italic")
+        return "dim italic"
     e = r.engine
     if e is None:
-        return Text("…", style="dim")
+        return "dim"
     if e.error:
-        return Text("no reply", style="red")
-    state = e.state or "?"
-    style = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}.get(state, "")
-    if e.owner_config is not None:  # owned by `gpushare-tui up`
-        if r.differs_from_config:
-            return Text("up ≠file", style="yellow")
-        return Text("up " + _UP_STATE.get(state, state), style=style)
-    return Text(state, style=style)
-
-
-_UP_STATE = {"running": "run", "loading": "load", "stopped": "stop", "exiting": "exit"}
-
-
-def _fmt_age(ms: float | None) -> str:
-    if ms is None:
-        return "?"  # no heartbeat, or one far in the future: invalid
-    if ms < 1000:
-        return "<1s"  # heartbeats come every ~0.5 s: finer would only flicker
-    if ms < 10_000:
-        return f"{ms / 1000:.1f}s"
-    if ms < 600_000:
-        return f"{ms / 1000:.0f}s"
-    return "old"
+        return "red"
+    if r.differs_from_config:
+        return "yellow"
+    return _ENGINE_STYLE.get(e.state or "", "")
 
 
 def row_cells(r: PeerRow) -> tuple[Text, ...]:
-    """The rendered cells of one row, in COLUMNS order (pure)."""
+    """The rendered cells of one row, in COLUMNS order (pure): the columns' text, styled."""
     p = r.peer
     dead = not p.alive
     base = "dim" if dead else ""
     colour = slot_colour(p.slot)
-    swatch = Text.assemble(("■", colour), f"{p.slot:>2}" if p.slot >= 10 else f" {slot_marker(p.slot)}")
+    plain = {c.key: c.text(r) for c in COLUMNS}
+    width = COLUMN_BY_KEY["slot"].width
+    swatch = Text.assemble(("■", colour), plain["slot"].rjust(width - 2))
     if p.alive:
-        status = Text("active", style="bold green") if p.active else Text("idle", style="yellow")
+        status = Text(plain["status"], style="bold green" if p.active else "yellow")
     else:
-        status = Text("dead", style="bold red")
-    vram = "-" if r.vram_mib is None else (f"{r.vram_mib:.0f}M" if r.vram_mib < 10_000 else f"{r.vram_mib / 1024:.1f}G")
-    toks = "-" if r.tok_s is None else f"{r.tok_s:.1f}" if r.tok_s < 1000 else f"{r.tok_s:.0f}"
-    cells = {
-        "slot": swatch,
-        "pid": Text(str(p.pid), justify="right", style=base),
-        "name": Text(p.name or "", style=f"{base} {colour}".strip(), overflow="ellipsis", no_wrap=True),
-        "weight": Text(_fmt_weight(p.weight), justify="right", style=base if p.weight is not None else "red"),
-        "share": Text(f"{p.share_pct:.1f}", justify="right", style=f"bold {base}".strip()),
-        "busy": Text(f"{p.busy_pct:.0f}", justify="right", style=base),
-        "ach": Text(_fmt_pct(p.achieved_pct), justify="right", style=base),
-        "status": status,
-        "hb": Text(_fmt_age(p.heartbeat_age_ms), justify="right", style="red" if dead else base),
-        "vram": Text(vram, justify="right", style=base),
-        "toks": Text(toks, justify="right", style=base),
-        "engine": _engine_text(r),
-        "gpu": Text(r.gpu_key, style="dim", overflow="ellipsis", no_wrap=True),
-    }
+        status = Text(plain["status"], style="bold red")
+    cells = {k: Text(v, justify=_JUSTIFY[k], style=base) for k, v in plain.items()}  # type: ignore[arg-type]
+    cells.update(
+        slot=swatch,
+        name=Text(plain["name"], style=f"{base} {colour}".strip(), overflow="ellipsis", no_wrap=True),
+        weight=Text(plain["weight"], justify="right", style=base if p.weight is not None else "red"),
+        share=Text(plain["share"], justify="right", style=f"bold {base}".strip()),
+        status=status,
+        hb=Text(plain["hb"], justify="right", style="red" if dead else base),
+        engine=Text(plain["engine"], style=_engine_style(r)),
+        gpu=Text(plain["gpu"], style="dim", overflow="ellipsis", no_wrap=True),
+    )
     return tuple(cells[c.key] for c in COLUMNS)
-
-
-def _fmt_pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0f}"
 
 
 def display_key(r: PeerRow) -> tuple:
@@ -159,31 +90,23 @@ def display_key(r: PeerRow) -> tuple:
         None if p.achieved_pct is None else round(p.achieved_pct),
         p.alive,
         p.active,
-        _fmt_age(p.heartbeat_age_ms),
+        fmt_age(p.heartbeat_age_ms),
         None if r.vram_mib is None else round(r.vram_mib),
         None if r.tok_s is None else round(r.tok_s, 1),
+        None if r.speed_pct is None else round(r.speed_pct),
         r.managed,
         None if e is None else (e.state, bool(e.error), e.owner_config, r.differs_from_config),
     )
 
 
 def cell_text(r: PeerRow, column: str) -> str:
-    """The plain text of one cell (for tests and tools)."""
-    return row_cells(r)[[c.key for c in COLUMNS].index(column)].plain
+    """The plain text of one dashboard cell (for tests and tools)."""
+    return row_cells(r)[_INDEX[column]].plain
 
 
 def name_width(available: int) -> int:
-    """Width of NAME: every column up to ENGINE always, then as many of the rest as fit at
-    NAME's minimum width; NAME gets what is left (within NAME_WIDTH)."""
-    lo, hi = NAME_WIDTH
-    others = [(c.key, c.width + 2) for c in COLUMNS if c.key != "name"]
-    keys = [k for k, _ in others]
-    used = sum(w for _, w in others[: keys.index("engine") + 1])
-    for _, w in others[keys.index("engine") + 1 :]:
-        if used + w + lo + 2 > available:
-            break
-        used += w
-    return max(lo, min(hi, available - used - 2))
+    """Width of NAME in `available` cells (see `dashboard.columns.fit_columns`)."""
+    return fit_columns(available)[1]
 
 
 class PeersTable(ScrollView, can_focus=True):
@@ -195,6 +118,8 @@ class PeersTable(ScrollView, can_focus=True):
     PeersTable {
         height: auto;
         max-height: 100%;
+        overflow-x: hidden;
+        scrollbar-size-vertical: 1;
         background: $surface;
         & > .peers-table--header { text-style: bold; color: $text-primary; background: $panel; }
         & > .peers-table--cursor { background: $accent 35%; text-style: bold; }
@@ -233,9 +158,11 @@ class PeersTable(ScrollView, can_focus=True):
         self.sort_reverse = False
         self.selected_key: str | None = None
         self.cursor_row = 0
-        self._widths = [c.width for c in COLUMNS]
-        self._name_index = next(i for i, c in enumerate(COLUMNS) if c.key == "name")
-        self._width = sum(w + 2 for w in self._widths)
+        self._fitted_to: tuple[int, frozenset[str]] = (-1, frozenset())  # what the columns were fitted to
+        self._empty: frozenset[str] = frozenset()  # columns with nothing to show (VRAM without NVML)
+        self._shown: tuple[Column, ...] = COLUMNS
+        self._layout: list[tuple[int, int]] = [(_INDEX[c.key], c.width) for c in COLUMNS]  # (cell index, width)
+        self._width = sum(w + GAP for _, w in self._layout)
         self.virtual_size = Size(self._width, 1)
 
     # -- data --------------------------------------------------------------
@@ -268,6 +195,10 @@ class PeersTable(ScrollView, can_focus=True):
         and strip are built only when it is drawn.
         """
         new = {r.key: r for r in rows}
+        empty = frozenset() if any(r.vram_mib is not None for r in rows) else frozenset({"vram"})
+        if empty != self._empty:
+            self._empty = empty
+            self._fit()
         changed: list[str] = []
         removed = [k for k in self._rows if k not in new]
         for gone in removed:
@@ -371,8 +302,9 @@ class PeersTable(ScrollView, can_focus=True):
 
     def _column_at(self, x: int) -> str | None:
         pos = 0
-        for c, w in zip(COLUMNS, self._widths):
-            pos += w + 2
+        for i, w in self._layout:
+            c = COLUMNS[i]
+            pos += w + GAP
             if x < pos:
                 return c.key
         return None
@@ -402,13 +334,14 @@ class PeersTable(ScrollView, can_focus=True):
         """One row as Segments, built directly (the hot path: no Rich layout per cell):
         one segment per plain cell, its padding included, in `base` + the cell's style.
 
-        `mark` = (column index, char) puts a char in that cell's outer padding
-        (the header's sort arrow), so labels are never truncated for it.
+        Each cell is preceded by one blank (GAP); `mark` = (cell index, char) puts a char
+        there (the header's sort arrow), so labels are never truncated for it.
         """
         console = self.app.console
         styles = self._style_cache
         out: list[Segment] = []
-        for i, (width, cell) in enumerate(zip(self._widths, cells)):
+        for i, width in self._layout:
+            cell = cells[i]
             plain = cell.plain
             if cell_len(plain) > width:
                 cell = cell.copy()
@@ -416,12 +349,7 @@ class PeersTable(ScrollView, can_focus=True):
                 plain = cell.plain
             pad = " " * (width - cell_len(plain))
             right_justified = cell.justify == "right"
-            before, after = " ", " "
-            if mark is not None and mark[0] == i:
-                if right_justified:
-                    before = mark[1]
-                else:
-                    after = mark[1]
+            before = mark[1] if mark is not None and mark[0] == i else " "
             key = (base, cell.style)
             style = styles.get(key)
             if style is None:
@@ -433,11 +361,12 @@ class PeersTable(ScrollView, can_focus=True):
                     for seg in cell.render(console)
                     if seg.text
                 )
-                out.append(Segment(("" if right_justified else pad) + after, style))
+                if not right_justified and pad:
+                    out.append(Segment(pad, style))
             elif right_justified:
-                out.append(Segment(before + pad + plain + after, style))
+                out.append(Segment(before + pad + plain, style))
             else:
-                out.append(Segment(before + plain + pad + after, style))
+                out.append(Segment(before + plain + pad, style))
         return out
 
     def _render_row(self, cells: tuple[Text, ...], style: Style, mark: tuple[int, str] | None = None) -> Strip:
@@ -445,8 +374,8 @@ class PeersTable(ScrollView, can_focus=True):
 
     def _header(self) -> Strip:
         if self._header_strip is None:
-            cells = tuple(Text(c.label, justify="right" if c.numeric else "left") for c in COLUMNS)
-            col = next(i for i, c in enumerate(COLUMNS) if c.key == self.sort_column)
+            cells = tuple(Text(c.label, justify="right" if c.right else "left") for c in COLUMNS)
+            col = _INDEX[self.sort_column]
             style = self.get_component_rich_style("peers-table--header")
             self._header_strip = self._render_row(cells, style, (col, "▼" if self.sort_reverse else "▲"))
         return self._header_strip
@@ -462,6 +391,8 @@ class PeersTable(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.scrollable_content_region.width
+        if width != self._fitted_to[0]:  # a vertical scrollbar came or went
+            self._fit()
         if y == 0:
             strip = self._header()
         else:
@@ -484,15 +415,30 @@ class PeersTable(ScrollView, can_focus=True):
             )
         return self._styles
 
-    def on_resize(self) -> None:
-        width = name_width(self.scrollable_content_region.width)
-        if width != self._widths[self._name_index]:
-            self._widths[self._name_index] = width
-            self._width = sum(w + 2 for w in self._widths)
+    def _fit(self) -> None:
+        """Choose the columns and NAME's width for the content width: never wider than it (no
+        horizontal scrolling at >= 80 terminal columns; the least useful columns go first)."""
+        available = self.scrollable_content_region.width
+        if (available, self._empty) == self._fitted_to or available <= 0:
+            return
+        self._fitted_to = (available, self._empty)
+        shown, name = fit_columns(available, self._empty)
+        layout = [(_INDEX[c.key], name if c.key == "name" else c.width) for c in shown]
+        if layout != self._layout:
+            self._shown, self._layout = shown, layout
+            self._width = sum(w + GAP for _, w in layout)
             self.virtual_size = Size(self._width, len(self._order) + 1)
             self._strips.clear()
             self._header_strip = None
             self.refresh()
+
+    @property
+    def shown_columns(self) -> tuple[str, ...]:
+        """The keys of the columns shown now, in order."""
+        return tuple(c.key for c in self._shown)
+
+    def on_resize(self) -> None:
+        self._fit()
 
     def on_focus(self) -> None:
         self.refresh()

@@ -18,7 +18,9 @@ from ..clock import mono_us
 from ..errors import GpushareError
 from ..lifecycle import exit_on_termination, termination_deferred
 from ..ownership import Owner
+from ..rate import StepRate
 from ..share import GpuShare
+from ..snapshot import sole_member
 
 _BLOCK = b"\x5a" * 4096
 
@@ -45,7 +47,9 @@ def calibrate_units(step_ms: float) -> int:
 @dataclass
 class SynthStats:
     steps_total: int = 0
-    steps_per_s: float = 0.0
+    steps_per_s: float = 0.0  # over the last second, idle time included (the status file's rate)
+    tok_s: float | None = None  # StepRate.rate: over the last complete window of work; None until one
+    solo_tok_s: float | None = None  # StepRate.solo: the best rate reached as the only active member
     started_us: int = 0  # wall clock, for readers of the status file
     started_mono_us: int = 0  # uptime: a wall-clock step must not change it
     slept_us: int = 0
@@ -114,7 +118,12 @@ def run_synth(
     t0 = last_t = time.monotonic()
     last_steps = 0
     report = report or (lambda line: print(line, flush=True))
+    rate = StepRate()
     final = "failed"
+
+    def alone() -> bool:
+        return sole_member(membership.segment, membership.slot, time.time_ns() // 1000)
+
     try:
         while (duration_s <= 0 or time.monotonic() - t0 < duration_s) and not stop.is_set():
             now = time.monotonic()
@@ -126,7 +135,14 @@ def run_synth(
                     share.pace((time.perf_counter_ns() - s0) // 1000)
                 else:
                     share.active()
+                rate.update(time.monotonic(), stats.steps_total, alone)
+                stats.tok_s, stats.solo_tok_s = rate.rate, rate.solo
             else:
+                if stats.tok_s != 0.0 or membership.active:  # entering an idle spell: say so at once
+                    rate.idle()
+                    stats.tok_s = rate.rate
+                    membership.set_busy_ppm(0)
+                    membership.mark_idle()
                 time.sleep(0.05)
             now = time.monotonic()
             if now - last_t >= 1.0:
@@ -163,7 +179,12 @@ def run_synth(
 
 def synth_status(stats: SynthStats) -> dict:
     """The StatusReply fields a synthetic engine reports itself (the rest come from GpuShare)."""
-    return {"state": stats.state, "tok_s": stats.steps_per_s, "uptime_s": (mono_us() - stats.started_mono_us) / 1e6}
+    return {
+        "state": stats.state,
+        "tok_s": stats.tok_s,
+        "solo_tok_s": stats.solo_tok_s,
+        "uptime_s": (mono_us() - stats.started_mono_us) / 1e6,
+    }
 
 
 def output_log() -> str | None:

@@ -1,0 +1,41 @@
+"""core.rate.StepRate: tok/s over windows of work, and the best rate reached alone (pure, fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare_tui.core.rate import StepRate
+
+
+def test_rate_is_unknown_until_a_window_completes() -> None:
+    r = StepRate(1.0)
+    assert r.rate is None and r.solo is None
+    assert not r.update(0.0, 0, lambda: False)
+    assert not r.update(0.5, 50, lambda: False) and r.rate is None  # half a window: not measured yet
+    assert r.update(1.0, 100, lambda: False) and r.rate == pytest.approx(100.0)
+    assert r.solo is None  # shared at both edges: not a solo rate
+
+
+def test_idle_reads_zero_and_is_not_averaged_into_the_next_window() -> None:
+    r = StepRate(1.0)
+    r.update(0.0, 0, lambda: False)
+    r.update(1.0, 100, lambda: False)
+    r.idle()
+    assert r.rate == 0.0  # not producing
+    r.update(11.0, 100, lambda: False)  # resumes 10 s later: a new window opens
+    assert r.rate is None  # "-", not a 0 that reads as stalled while it works
+    r.update(12.0, 200, lambda: False)
+    assert r.rate == pytest.approx(100.0)  # not 100 steps / 11 s
+
+
+def test_solo_is_the_best_rate_of_a_window_spent_alone() -> None:
+    r = StepRate(1.0)
+    alone = iter([True, True, True, False, False, True])
+    r.update(0.0, 0, lambda: next(alone))
+    r.update(1.0, 200, lambda: next(alone))  # alone at both edges: 200
+    r.update(2.0, 350, lambda: next(alone))  # alone: 150 (worse: the best stays)
+    assert (r.rate, r.solo) == (pytest.approx(150.0), pytest.approx(200.0))
+    r.update(3.0, 950, lambda: next(alone))  # ended shared: 600 is no solo rate
+    r.update(4.0, 1050, lambda: next(alone))  # began shared
+    r.update(5.0, 1150, lambda: next(alone))  # began shared, ended alone
+    assert r.solo == pytest.approx(200.0)
