@@ -87,8 +87,10 @@ class HelpScreen(Dialog[None]):
                 "share) = busy ÷ Σ busy of the active peers: time on the device, whatever the model "
                 "(plotted as a 5 s average against the configured share, dashed). TOK/S: over the "
                 "engine's last 1 s of work (- until measured); SPD% = TOK/S ÷ its best tok/s alone (its "
-                "solo speed; - until it has run alone). ENGINE: running / stopped (paused outside its "
-                "window) / loading. Foreign peers (no gpushare-tui control socket) are read-only. On a "
+                "solo speed; - until it has run alone). ENGINE: the engine's state (running, loading, exiting; "
+                '"up …" under gpushare-tui up, "up ≠file" when its weight differs from the file); pacing '
+                "pauses are not a state: the timeline shows who runs. Foreign peers (no gpushare-tui control "
+                "socket) are read-only. On a "
                 "narrow terminal GPU, VRAM and HB are left out. Esc / ? closes.",
                 classes="foot",
             )
