@@ -10,7 +10,8 @@ the plots fill, and saves:
   launch-form.svg       the launch form
   dashboard-80x24.svg   main view at 80x24 (plots hidden there; `p` shows them)
   llama-pair.svg        two real llama-servers (tiny random model, this machine's
-                        CPU) launched at 2:1 under load, paced by the supervisor
+                        CPU) launched at 2:1, each streaming alone first (its solo
+                        rate), then both under load, paced by the supervisor
                         (skipped with a note when no llama-server is found)
 
 then converts each to PNG with rsvg-convert (librsvg2-bin) or cairosvg if
@@ -45,6 +46,8 @@ BRAILLE_RUN = re.compile(
 BRAILLE_FONT = "DejaVu Sans"
 BRAILLE_ADVANCE_EM = 0.7324  # DejaVu Sans braille advance width
 FONT_SIZE_PX = 20.0  # Textual's SVG terminal font size
+SOLO_S = 4.0  # each llama-server streams alone this long before the pair runs together
+IDLE_S = 3.0
 
 
 async def _until(pilot, pred, timeout: float = 20.0) -> None:
@@ -116,6 +119,11 @@ async def shoot_llama_pair(out: str, seconds: float) -> list[str]:
     try:
         for weight in (2.0, 1.0):
             engines.append(start_supervised(server, model, key, weight, threads=1, ctx=512))
+        for e in engines:  # each alone for a while first: its solo rate (SPD% = tok/s ÷ solo)
+            e.load = StreamLoad(e.port, 256, banned_tokens=NON_TEXT_TOKEN_IDS).start()
+            time.sleep(SOLO_S)
+            e.load.stop()
+            time.sleep(IDLE_S)  # the activity window: it leaves the schedule before the next one runs
         for e in engines:
             e.load = StreamLoad(e.port, 256, banned_tokens=NON_TEXT_TOKEN_IDS).start()
         app = DashboardApp(gpu_key=key, interval_s=1.0, history_s=60)
