@@ -1,0 +1,173 @@
+"""The TDM timeline's cursor: computed from the schedule (core.schedule) and the App's clock, drawn as a
+strobe (dashboard.strobe) on the timeline's own timer, which redraws nothing else; no timer without a schedule.
+
+Expected positions are computed here from core.schedule (who may run at an instant, the phase
+`t mod period`), independently of the widget's code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from slots import NOW, model_at, slot, snap
+
+from gpushare_tui.app import DashboardApp
+from gpushare_tui.core import schedule
+from gpushare_tui.dashboard.source import FixedSource
+from gpushare_tui.dashboard.strobe import Strobe
+from gpushare_tui.widgets.peers_table import PeersTable
+from gpushare_tui.widgets.share_plot import SharePlot
+from gpushare_tui.widgets.text_line import TextLine
+from gpushare_tui.widgets.timeline import Timeline, bar_line, cursor_line
+
+LEGEND_W = len(" strobe 26× slower")  # the right-hand legend's columns (the widest of its two lines)
+SIZE = (120, 40)
+
+
+def expect(slots, t_us: int, bar_w: int) -> tuple[int, int]:
+    """(slot that may run at t_us, cursor column) from core.schedule alone."""
+    sched = schedule.build_schedule(schedule.member_weights(slots, NOW))
+    assert sched is not None
+    holders = [s for s in sched.slots if schedule.may_run(sched, s, t_us)]
+    assert len(holders) == 1
+    return holders[0], (t_us % sched.period_us) * bar_w // sched.period_us
+
+
+def test_strobe_frames_are_true_samples_one_step_apart():
+    st = Strobe(160_000)
+    assert (st.step_us, st.frame_us, st.slowdown) == (6_400, 166_400, 26.0)
+    t = NOW + 12_345
+    n = st.frame(t)
+    assert st.sample_us(n) <= t < st.sample_us(n + 1)
+    assert st.until_next_us(t) == st.sample_us(n + 1) - t
+    # frame to frame the phase advances one step: the whole period, in order, in 25 frames
+    phases = [st.sample_us(n + k) % 160_000 for k in range(26)]
+    assert [(b - a) % 160_000 for a, b in zip(phases, phases[1:])] == [6_400] * 25
+
+
+SLOTS = [slot(0, 2, name="chat"), slot(1, 1, name="batch"), slot(2, 1, name="agent"), slot(3, 1, active=0)]
+
+
+@pytest.mark.parametrize("offset_us", [0, 39_999, 80_000, 95_000, 120_000, 159_999, 1_000_000_007])
+def test_cursor_line_at_frozen_clocks_matches_the_schedule(offset_us):
+    s = snap(SLOTS)
+    assert s.period_ms == 160  # 2:1:1 -> 80, 40, 40 ms
+    t = NOW + offset_us
+    width = 60 + LEGEND_W
+    holder, col = expect(SLOTS, t, 60)
+    head = cursor_line(s, width, t).plain
+    assert len(head) == width and head.index("▼") == col
+    name = {0: "chat", 1: "batch", 2: "agent"}[holder]
+    assert f"now: {name} may run" in head
+    assert head.endswith(" strobe 26× slower")
+
+
+def test_bar_shows_the_period_and_windows_at_their_columns():
+    s = snap(SLOTS)
+    bar = bar_line(s, 60 + LEGEND_W).plain
+    assert bar[60:].strip() == "period 160 ms"
+    assert bar.startswith(" chat 80ms") and bar.index(" batch") == 30 and bar.index(" agent") == 45
+    narrow = bar_line(s, 50).plain  # too narrow for a 40-column bar and the legend: bar only
+    assert "period" not in narrow and len(narrow) == 50
+
+
+async def until(pilot, pred: Callable[[], object], timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await pilot.pause(0.02)
+
+
+def app_at(clock: list[int], share_weights=(2, 1)) -> DashboardApp:
+    return DashboardApp(FixedSource([model_at(0, share_weights)]), interval_s=3600, host="h", clock=lambda: clock[0])
+
+
+def test_app_cursor_follows_the_injected_clock_frame_by_frame():
+    clock = [NOW]
+    slots = [slot(0, 2), slot(1, 1)]  # model_at(0, (2, 1)): 80 + 40 ms windows, a 120 ms period
+
+    async def main():
+        app = app_at(clock)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.query(Timeline) and app.query_one(Timeline).frames, what="first frame")
+            tl = app.query_one(Timeline)
+            st = tl.strobe
+            assert st is not None and st.period_us == 120_000
+            bar_w = tl.size.width - LEGEND_W
+            assert bar_w >= 40
+            assert tl.render_line(1).text[bar_w:].strip() == "period 120 ms"
+            n0 = st.frame(NOW)
+            # frame instants, and instants inside a frame (the frame's own instant is shown)
+            for t in (st.sample_us(n0 + 5), st.sample_us(n0 + 13) + 50_000, st.sample_us(n0 + 21), NOW + 10**9):
+                clock[0] = t
+                shown = st.sample_us(st.frame(t))
+                await until(pilot, lambda shown=shown: tl.cursor_us == shown, what=f"frame at {t}")
+                holder, col = expect(slots, shown, bar_w)
+                head = tl.render_line(0).text
+                assert head.index("▼") == col, (t, head)
+                assert f"now: p{holder} may run" in head
+                assert head.rstrip().endswith("strobe 26× slower")
+
+    asyncio.run(main())
+
+
+def test_cursor_ticks_redraw_only_the_timeline(monkeypatch):
+    # what each widget actually draws (Textual serves unchanged lines from its cache without calling these)
+    drawn: Counter[str] = Counter()
+    for cls, method in ((Timeline, "render_line"), (PeersTable, "render_line"), (TextLine, "render_line")):
+        monkeypatch.setattr(cls, method, _counting(drawn, cls.__name__, getattr(cls, method)))
+    monkeypatch.setattr(SharePlot, "render", _counting(drawn, "SharePlot", SharePlot.render))
+    clock = [NOW]
+
+    async def main():
+        app = app_at(clock)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.query(Timeline) and app.query_one(Timeline).frames, what="first frame")
+            tl = app.query_one(Timeline)
+            st = tl.strobe
+            assert st is not None
+            await until(pilot, lambda: drawn["SharePlot"] and drawn["PeersTable"], what="the first full screen")
+            await pilot.pause(0.3)
+            before = drawn.copy()
+            frames0 = tl.frames
+            for k in range(1, 6):
+                clock[0] = st.sample_us(st.frame(NOW) + k)
+                await until(pilot, lambda k=k: tl.frames == frames0 + k, what=f"frame {k}")
+                await pilot.pause()
+            grown = drawn - before
+            assert grown["Timeline"] >= 5  # the cursor line, once per frame
+            assert grown["PeersTable"] == grown["TextLine"] == grown["SharePlot"] == 0, dict(grown)
+
+    asyncio.run(main())
+
+
+def _counting(counter: Counter[str], name: str, method: Callable) -> Callable:
+    def counted(self, *args):
+        counter[name] += 1
+        return method(self, *args)
+
+    return counted
+
+
+def test_no_timer_work_without_a_schedule():
+    clock = [NOW]
+
+    async def main():
+        alone, paced = app_at(clock, share_weights=(1,)), app_at(clock)
+        for app in (alone, paced):
+            async with app.run_test(size=SIZE) as pilot:
+                await until(pilot, lambda app=app: app.query(Timeline), what="timeline")
+                await pilot.pause(0.5)
+                tl = app.query_one(Timeline)
+                if app is alone:
+                    assert tl.strobe is None and tl.ticks == 0 and tl.frames == 0
+                    assert "unthrottled" in tl.render_line(1).text
+                else:  # the same wait with a schedule does tick
+                    assert tl.strobe is not None and tl.ticks >= 1 and tl.frames == 1
+
+    asyncio.run(main())
