@@ -17,6 +17,7 @@ from slots import NOW, model_at, slot, snap
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.core import schedule
+from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.source import FixedSource
 from gpushare_tui.dashboard.strobe import Strobe
 from gpushare_tui.widgets.peers_table import PeersTable
@@ -169,5 +170,31 @@ def test_no_timer_work_without_a_schedule():
                     assert "unthrottled" in tl.render_line(1).text
                 else:  # the same wait with a schedule does tick
                     assert tl.strobe is not None and tl.ticks >= 1 and tl.frames == 1
+
+    asyncio.run(main())
+
+
+def test_a_timeline_scrolled_out_of_view_draws_no_frames_until_it_is_back():
+    clock = [NOW]
+    views = tuple(g for i in range(4) for g in model_at(0, key=f"gpu-{i}").gpus)
+    model = DashboardModel(NOW, views)
+
+    async def main():
+        app = DashboardApp(FixedSource([model]), interval_s=3600, host="h", clock=lambda: clock[0])
+        async with app.run_test(size=SIZE) as pilot:  # the GPU panels' box (40% of 40 lines) shows 3 of 4
+            await until(pilot, lambda: len(app.query(Timeline)) == 4, what="four timelines")
+            tls = list(app.query(Timeline))
+            await until(pilot, lambda: all(t.frames for t in tls[:3]), what="first frames")
+            st = tls[0].strobe
+            assert st is not None
+            for k in range(1, 4):
+                clock[0] = st.sample_us(st.frame(NOW) + k)
+                await until(pilot, lambda k=k: all(t.frames == k + 1 for t in tls[:3]), what=f"frame {k}")
+            assert tls[3].frames == 0 and tls[3].ticks >= 1  # it looked, and drew nothing
+            app.query_one("#gpus").scroll_end(animate=False)
+            await until(pilot, lambda: tls[3].frames == 1, what="the last timeline, back in view")
+            assert f"now: p{expect([slot(0, 2), slot(1, 1)], tls[3].cursor_us, 1)[0]} may run" in (
+                tls[3].render_line(0).text
+            )
 
     asyncio.run(main())
