@@ -19,13 +19,13 @@ from gpushare_tui.app import DashboardApp
 from gpushare_tui.core import schedule
 from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.source import FixedSource
-from gpushare_tui.dashboard.strobe import Strobe
+from gpushare_tui.dashboard.strobe import MIN_FRAME_US, Strobe
 from gpushare_tui.widgets.peers_table import PeersTable
 from gpushare_tui.widgets.share_plot import SharePlot
 from gpushare_tui.widgets.text_line import TextLine
 from gpushare_tui.widgets.timeline import Timeline, bar_line, cursor_line
 
-LEGEND_W = len(" strobe 26× slower")  # the right-hand legend's columns (the widest of its two lines)
+LEGEND_W = len(" strobe 33× slower")  # the right-hand legend's columns (the widest of its two lines)
 SIZE = (120, 40)
 
 
@@ -40,14 +40,22 @@ def expect(slots, t_us: int, bar_w: int) -> tuple[int, int]:
 
 def test_strobe_frames_are_true_samples_one_step_apart():
     st = Strobe(160_000)
-    assert (st.step_us, st.frame_us, st.slowdown) == (6_400, 166_400, 26.0)
+    assert (st.step_us, st.periods_per_frame, st.frame_us, st.slowdown) == (10_000, 2, 330_000, 33.0)
     t = NOW + 12_345
     n = st.frame(t)
     assert st.sample_us(n) <= t < st.sample_us(n + 1)
     assert st.until_next_us(t) == st.sample_us(n + 1) - t
-    # frame to frame the phase advances one step: the whole period, in order, in 25 frames
-    phases = [st.sample_us(n + k) % 160_000 for k in range(26)]
-    assert [(b - a) % 160_000 for a, b in zip(phases, phases[1:])] == [6_400] * 25
+    # frame to frame the phase advances one step: the whole period, in order, in 16 frames
+    phases = [st.sample_us(n + k) % 160_000 for k in range(17)]
+    assert [(b - a) % 160_000 for a, b in zip(phases, phases[1:])] == [10_000] * 16
+
+
+@pytest.mark.parametrize("period_ms", [80, 81, 120, 155, 160, 188, 189, 250, 400])
+def test_strobe_frames_are_at_least_min_frame_apart(period_ms):
+    st = Strobe(period_ms * 1000)
+    assert MIN_FRAME_US <= st.frame_us < MIN_FRAME_US + st.period_us  # the fewest whole periods per frame
+    assert (st.frame_us - st.step_us) % st.period_us == 0
+    assert Strobe(80_000).slowdown == 49.0  # three periods and a step per frame
 
 
 SLOTS = [slot(0, 2, name="chat"), slot(1, 1, name="batch"), slot(2, 1, name="agent"), slot(3, 1, active=0)]
@@ -64,7 +72,7 @@ def test_cursor_line_at_frozen_clocks_matches_the_schedule(offset_us):
     assert len(head) == width and head.index("▼") == col
     name = {0: "chat", 1: "batch", 2: "agent"}[holder]
     assert f"now: {name} may run" in head
-    assert head.endswith(" strobe 26× slower")
+    assert head.endswith(" strobe 33× slower")
 
 
 def test_bar_shows_the_period_and_windows_at_their_columns():
@@ -112,7 +120,7 @@ def test_app_cursor_follows_the_injected_clock_frame_by_frame():
                 head = tl.render_line(0).text
                 assert head.index("▼") == col, (t, head)
                 assert f"now: p{holder} may run" in head
-                assert head.rstrip().endswith("strobe 26× slower")
+                assert head.rstrip().endswith("strobe 33× slower")  # 120 ms: two periods + a step per frame
 
     asyncio.run(main())
 

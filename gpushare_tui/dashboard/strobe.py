@@ -1,23 +1,31 @@
-"""The timeline's stroboscopic cursor: true samples of the TDM phase, one period + 1/STROBE_STEPS apart.
+"""The timeline's stroboscopic cursor: true samples of the TDM phase, whole periods + 1/STROBE_STEPS apart.
 
 A TDM period is 80–400 ms, so neither the 1 s refresh nor a 10–20 Hz animation
 can follow the cursor: samples land at unrelated phases and the "now" marker
 looks random, or runs backwards (aliasing). A strobe turns that into a slow,
 readable sweep without inventing anything: frame n shows the schedule exactly at
-`sample_us(n) = n * frame_us`, with `frame_us = period_us + period_us // STROBE_STEPS`.
-From one frame to the next the phase advances by one step (period / STROBE_STEPS),
-so the cursor visits the whole period, in order, in STROBE_STEPS frames:
-`slowdown` (26×) slower than real time, every frame a true position and holder.
-Frames lie on a grid of absolute CLOCK_REALTIME µs (the phase is `now_us mod
-period_us`, spec §5), so every view of one schedule shows the same frame.
-A frame lasts `frame_us`: 12 Hz at an 80 ms period, 6 Hz at 160 ms, 2.4 Hz at 400 ms.
+`sample_us(n) = n * frame_us`, with `frame_us = k * period_us + step_us` and
+`step_us = period_us // STROBE_STEPS`. From one frame to the next the phase
+advances by one step, so the cursor visits the whole period, in order, in
+STROBE_STEPS frames: `slowdown` times slower than real time, every frame a
+true position and holder. `k`, the whole periods per frame, is the fewest that
+keep frames at least MIN_FRAME_US apart: each frame costs a screen update
+(2-4 ms of CPU whatever changed: Textual walks every visible widget), and the
+refresh-cost budget (3% of a core with 4 GPUs) allows a few per second, not
+12 (bench.dashboard_cost: 12 frames/s cost 5.5% of a core). So: 80 ms period →
+k = 3, 4.1 frames/s, 49× slower; 160 ms → k = 2, 3 frames/s, 33×; 200 ms →
+4.7 frames/s, 17×; 400 ms → 2.4 frames/s, 17×; never above 5 frames/s; a sweep
+takes 3.4–6.8 s. Frames lie on a grid of absolute CLOCK_REALTIME µs (the
+phase is `now_us mod period_us`, spec §5), so every view of one schedule shows
+the same frame.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-STROBE_STEPS = 25  # frames per sweep; a step (period/25) is never wider than the narrowest window (25 ms at 400 ms)
+STROBE_STEPS = 16  # frames per sweep; a step (period/16) is never wider than the narrowest window (25 ms at 400 ms)
+MIN_FRAME_US = 200_000  # at most 5 frames/s per timeline
 
 
 @dataclass(frozen=True)
@@ -30,9 +38,14 @@ class Strobe:
         return self.period_us // STROBE_STEPS
 
     @property
+    def periods_per_frame(self) -> int:
+        """Whole periods between frames: the fewest (at least 1) that keep frames MIN_FRAME_US apart."""
+        return max(1, -(-(MIN_FRAME_US - self.step_us) // self.period_us))
+
+    @property
     def frame_us(self) -> int:
-        """Time between frames: one period and one step."""
-        return self.period_us + self.step_us
+        """Time between frames: whole periods and one step."""
+        return self.periods_per_frame * self.period_us + self.step_us
 
     @property
     def slowdown(self) -> float:

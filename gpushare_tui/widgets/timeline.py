@@ -3,9 +3,9 @@
 The cursor is computed here, from the schedule the snapshot carries (period,
 windows) and the App's clock, not from the snapshot's time: the widget redraws
 its cursor line on its own timer, one frame of `dashboard.strobe.Strobe` at a
-time (a true sample of the phase, the sweep (STROBE_STEPS+1)× slower than real
+time (a true sample of the phase; the sweep 17× to 49× slower than real
 time), while the 1 s refresh only updates the windows when they change. The
-line's right-hand legend says so: `strobe 26× slower` above `period 160 ms`.
+line's right-hand legend says so: `strobe 33× slower` above `period 160 ms`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.timer import Timer
 from textual.widget import Widget
@@ -180,6 +181,7 @@ class Timeline(Widget):
         self._timer: Timer | None = None
         self._head: tuple[tuple, Strip] | None = None  # (cache key, strip) of the cursor line
         self._bar: tuple[tuple, Strip] | None = None
+        self._base: Style | None = None  # rich_style, which refresh() would recompute
         self.frames = 0  # frames the timer drew (tests and the bench count them)
         self.ticks = 0  # timer callbacks, drawn or not
 
@@ -251,7 +253,7 @@ class Timeline(Widget):
         if frame != self._frame:
             self._frame = frame
             self.frames += 1
-            self.refresh()
+            self.refresh(Region(0, 0, self.size.width, 1))  # the cursor line only
         self._timer = self.set_timer(strobe.until_next_us(now) / 1e6 + FRAME_SLACK_S, self._tick)
 
     def render_line(self, y: int) -> Strip:
@@ -268,15 +270,20 @@ class Timeline(Widget):
             if self._bar is None or self._bar[0] != key:
                 self._bar = (key, self._strip(bar_line(self._snap, width, no_color), width))
             return self._bar[1]
-        return Strip.blank(width, self.rich_style)
+        return Strip.blank(width, self._base_style())
+
+    def _base_style(self) -> Style:
+        if self._base is None:
+            self._base = self.rich_style
+        return self._base
 
     def _strip(self, text: Text, width: int) -> Strip:
-        base = self.rich_style
+        base = self._base_style()
         return Strip(list(Segment.apply_style(text.render(self.app.console), base))).crop_extend(0, width, base)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._head = self._bar = None
+        self._head = self._bar = self._base = None
 
 
 def _strobe_of(snap: GpuSnapshot | None) -> Strobe | None:
