@@ -16,7 +16,10 @@ keeps only two peers of each segment active, at weight 1: an 80 ms period, a fra
 every 245 ms (4.1 frames/s per timeline), near the animation's worst case (5/s). Headless runs
 also count the frames the visible timelines drew in the window.
 
-    python -m bench.dashboard_cost [--seconds 30] [--mode headless|tmux|both] [--active N]
+    python -m bench.dashboard_cost [--seconds 30] [--mode headless|tmux|both|paired] [--active N]
+
+`--mode paired` isolates the animation's own cost on a shared, noisy box: one
+headless App, 5 s slices with the cursor animating and paused in alternation.
 """
 
 from __future__ import annotations
@@ -109,6 +112,47 @@ def measure_headless(shm_dir: str, seconds: float, warmup: float, interval: floa
     return asyncio.run(run())
 
 
+def measure_headless_paired(shm_dir: str, seconds: float, warmup: float, interval: float, slice_s: float = 5.0):
+    """The timelines' animation alone: one headless App, slices of `slice_s` with the cursor animating and
+    paused (as when scrolled out of view) in alternation, so both halves see the same load on a shared box."""
+    from gpushare_tui.app import DashboardApp
+    from gpushare_tui.dashboard.source import LiveSource
+    from gpushare_tui.widgets.timeline import Timeline
+
+    visible = Timeline._visible
+    totals = {True: [0.0, 0.0, 0, 0], False: [0.0, 0.0, 0, 0]}  # cpu s, wall s, refreshes, frames
+
+    def frames(app: DashboardApp) -> int:
+        return sum(getattr(t, "frames", 0) for t in app.query(Timeline))
+
+    async def run() -> None:
+        app = DashboardApp(LiveSource(shm_dir=shm_dir), interval_s=interval)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(warmup)
+            animating = False
+            for _ in range(max(2, round(seconds / slice_s))):
+                Timeline._visible = visible if animating else (lambda self: False)  # type: ignore[method-assign]
+                await asyncio.sleep(1.0)  # let the other state's timers run out
+                seen0, f0, c0, w0 = app.models_seen, frames(app), time.process_time(), time.monotonic()
+                await asyncio.sleep(slice_s)
+                t = totals[animating]
+                t[0] += time.process_time() - c0
+                t[1] += time.monotonic() - w0
+                t[2] += app.models_seen - seen0
+                t[3] += frames(app) - f0
+                animating = not animating
+            Timeline._visible = visible  # type: ignore[method-assign]
+
+    asyncio.run(run())
+    return [
+        (
+            f"headless, cursor {'animating' if on else 'paused'}",
+            {"cpu_s": t[0], "wall_s": t[1], "refreshes": t[2], "rows": PEERS_N * KEYS_N, "frames": t[3]},
+        )
+        for on, t in ((True, totals[True]), (False, totals[False]))
+    ]
+
+
 def measure_tmux(shm_dir: str, seconds: float, warmup: float, interval: float, size=(120, 40)) -> dict:
     """The same DashboardApp as `gpushare-tui`, in a real terminal, reading only the bench's segments."""
     if shutil.which("tmux") is None:
@@ -150,7 +194,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--mode", choices=("headless", "tmux", "both"), default="both")
+    ap.add_argument("--mode", choices=("headless", "tmux", "both", "paired"), default="both")
     ap.add_argument(
         "--active",
         type=int,
@@ -171,6 +215,8 @@ def main() -> None:
             results.append(
                 ("headless run_test 120x40", measure_headless(shm_dir, args.seconds, args.warmup, args.interval))
             )
+        if args.mode == "paired":
+            results += measure_headless_paired(shm_dir, args.seconds, args.warmup, args.interval)
         if args.mode in ("tmux", "both"):
             for size in ((120, 40), (80, 24)):
                 results.append(
