@@ -10,10 +10,10 @@ and we report CPU seconds per wall second (% of one core) over the window,
 after a warm-up. The segments are removed at the end.
 
 The timelines animate their strobe cursor on their own timers (dashboard.strobe:
-a frame every whole periods + 1/16 period, at least 200 ms apart): with 16 active
+a frame every whole periods + 1/16 period, at least 250 ms apart): with 16 active
 peers of weights 1-4 the period is 400 ms (2.4 frames/s per timeline). `--active 2`
 keeps only two peers of each segment active, at weight 1: an 80 ms period, a frame
-every 245 ms (4.1 frames/s per timeline), near the animation's worst case (5/s). Headless runs
+every 325 ms (3.1 frames/s per timeline), near the animation's worst case (4/s). Headless runs
 also count the frames the visible timelines drew in the window.
 
     python -m bench.dashboard_cost [--seconds 30] [--mode headless|tmux|both|paired] [--active N]

@@ -12,10 +12,10 @@ true position and holder. `k`, the whole periods per frame, is the fewest that
 keep frames at least MIN_FRAME_US apart: each frame costs a screen update
 (2-4 ms of CPU whatever changed: Textual walks every visible widget), and the
 refresh-cost budget (3% of a core with 4 GPUs) allows a few per second, not
-12 (bench.dashboard_cost: 12 frames/s cost 5.5% of a core). So: 80 ms period →
-k = 3, 4.1 frames/s, 49× slower; 160 ms → k = 2, 3 frames/s, 33×; 200 ms →
-4.7 frames/s, 17×; 400 ms → 2.4 frames/s, 17×; never above 5 frames/s; a sweep
-takes 3.4–6.8 s. Frames lie on a grid of absolute CLOCK_REALTIME µs (the
+12 (bench.dashboard_cost: 12 frames/s cost 5.5% of a core, 4/s about 1.4%).
+So: 80 ms period → k = 4, 3.1 frames/s, 65× slower; 160 ms → k = 2, 3 frames/s,
+33×; 240 ms → 3.9 frames/s, 17×; 400 ms → 2.4 frames/s, 17×; never above
+4 frames/s; a sweep takes 4.1–7.8 s. Frames lie on a grid of absolute CLOCK_REALTIME µs (the
 phase is `now_us mod period_us`, spec §5), so every view of one schedule shows
 the same frame.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STROBE_STEPS = 16  # frames per sweep; a step (period/16) is never wider than the narrowest window (25 ms at 400 ms)
-MIN_FRAME_US = 200_000  # at most 5 frames/s per timeline
+MIN_FRAME_US = 250_000  # at most 4 frames/s per timeline
 
 
 @dataclass(frozen=True)

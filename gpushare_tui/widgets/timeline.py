@@ -3,7 +3,7 @@
 The cursor is computed here, from the schedule the snapshot carries (period,
 windows) and the App's clock, not from the snapshot's time: the widget redraws
 its cursor line on its own timer, one frame of `dashboard.strobe.Strobe` at a
-time (a true sample of the phase; the sweep 17× to 49× slower than real
+time (a true sample of the phase; the sweep 17× to 65× slower than real
 time), while the 1 s refresh only updates the windows when they change. The
 line's right-hand legend says so: `strobe 33× slower` above `period 160 ms`.
 """
@@ -199,6 +199,7 @@ class Timeline(Widget):
         return self._strobe.sample_us(frame)
 
     def _clock(self) -> int:
+        # The phase is CLOCK_REALTIME (spec §5); a remote host's GPU is drawn on our clock (NTP keeps them ms apart).
         clock: ClockUs = getattr(self.app, "clock", wall_us)
         return clock()
 
