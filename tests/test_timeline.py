@@ -16,9 +16,11 @@ import pytest
 from slots import NOW, model_at, slot, snap
 
 from gpushare_tui.app import DashboardApp
-from gpushare_tui.core import schedule
+from gpushare_tui.core import schedule, segment
+from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.registry import Membership
 from gpushare_tui.dashboard.model import DashboardModel
-from gpushare_tui.dashboard.source import FixedSource
+from gpushare_tui.dashboard.source import FixedSource, LiveSource
 from gpushare_tui.dashboard.strobe import MIN_FRAME_US, Strobe
 from gpushare_tui.widgets.peers_table import PeersTable
 from gpushare_tui.widgets.share_plot import SharePlot
@@ -206,3 +208,43 @@ def test_a_timeline_scrolled_out_of_view_draws_no_frames_until_it_is_back():
             )
 
     asyncio.run(main())
+
+
+def test_live_segment_each_frame_is_the_schedule_at_its_instant(tmp_path, monkeypatch):
+    """Real segment, real peers, the real wall clock: frames advance and each shows who may run then."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(segment, "SHM_DIR", str(shm))
+    members = [Membership("live", w, f"m{i}", pid=930_000 + i, log=lambda _m: None) for i, w in enumerate((2, 1))]
+    for m in members:
+        m.join()
+        m.mark_active()
+    sched = schedule.build_schedule(sorted((m.slot, float(m.weight)) for m in members))
+    assert sched is not None and sched.period_us == 120_000
+    names = {m.slot: f"m{i}" for i, m in enumerate(members)}
+
+    async def main():
+        app = DashboardApp(LiveSource(shm_dir=str(shm)), interval_s=0.2)  # the default clock: wall_us
+        async with app.run_test(size=SIZE) as pilot:
+            shown: set[int] = set()
+            deadline = time.monotonic() + 15
+            while len(shown) < 4:
+                assert time.monotonic() < deadline, f"frames seen: {len(shown)}"
+                for m in members:
+                    m.mark_active()  # stay members (active drops 2 s after the last step)
+                await pilot.pause(0.05)
+                tl = next(iter(app.query(Timeline)), None)
+                if tl is None or tl.strobe is None or not tl.frames:
+                    continue
+                t, head = tl.cursor_us, tl.render_line(0).text
+                assert abs(t - wall_us()) < 5_000_000  # the wall clock's frames, not a model's time
+                holder = next(s for s in sched.slots if schedule.may_run(sched, s, t))
+                assert head.index("▼") == (t % sched.period_us) * (tl.size.width - LEGEND_W) // sched.period_us
+                assert f"now: {names[holder]} may run" in head
+                shown.add(t)
+
+    try:
+        asyncio.run(main())
+    finally:
+        for m in members:
+            m.leave()
