@@ -9,7 +9,17 @@ fake pids, heartbeating, active, busy varying). Then the dashboard runs:
 and we report CPU seconds per wall second (% of one core) over the window,
 after a warm-up. The segments are removed at the end.
 
-    python -m bench.dashboard_cost [--seconds 30] [--mode headless|tmux|both]
+The timelines animate their strobe cursor on their own timers (dashboard.strobe:
+a frame every whole periods + 1/16 period, at least 250 ms apart): with 16 active
+peers of weights 1-4 the period is 400 ms (2.4 frames/s per timeline). `--active 2`
+keeps only two peers of each segment active, at weight 1: an 80 ms period, a frame
+every 325 ms (3.1 frames/s per timeline), near the animation's worst case (4/s). Headless runs
+also count the frames the visible timelines drew in the window.
+
+    python -m bench.dashboard_cost [--seconds 30] [--mode headless|tmux|both|paired] [--active N]
+
+`--mode paired` isolates the animation's own cost on a shared, noisy box: one
+headless App, 5 s slices with the cursor animating and paused in alternation.
 """
 
 from __future__ import annotations
@@ -34,35 +44,39 @@ KEYS_N = 4
 PEERS_N = 16
 
 
-def _peers(keys: list[str], shm_dir: str, ready, stop) -> None:
+def _peers(keys: list[str], shm_dir: str, ready, stop, active_n: int | None = None) -> None:
     from gpushare_tui.core import segment
     from gpushare_tui.core.registry import Membership
 
     segment.SHM_DIR = shm_dir  # a private tmpfs directory: no other segments on this host in view
 
-    members = []
+    members, idle = [], []  # idle: alive (heartbeating), never active, so not in the schedule
     base = 3_000_000 + random.randrange(100_000)
     for gi, key in enumerate(keys):
         for i in range(PEERS_N):
-            m = Membership(key, 1 + (i % 4), f"peer-{gi}-{i:02d}", pid=base + gi * 100 + i, log=lambda _m: None)
+            weight = 1 + (i % 4) if active_n is None else 1
+            m = Membership(key, weight, f"peer-{gi}-{i:02d}", pid=base + gi * 100 + i, log=lambda _m: None)
             m.join()
-            members.append(m)
+            if active_n is None or i < active_n:
+                members.append(m)
+            else:
+                idle.append(m)
     ready.set()
     rng = random.Random(1)
     while not stop.is_set():
         for m in members:
-            if rng.random() < 0.9:
+            if active_n is not None or rng.random() < 0.9:
                 m.mark_active()
             m.set_busy_ppm(rng.randrange(1_000_000))
         time.sleep(0.5)
-    for m in members:
+    for m in members + idle:
         m.leave()
 
 
-def start_peers(keys: list[str], shm_dir: str):
+def start_peers(keys: list[str], shm_dir: str, active_n: int | None = None):
     ctx = mp.get_context("fork")
     ready, stop = ctx.Event(), ctx.Event()
-    proc = ctx.Process(target=_peers, args=(keys, shm_dir, ready, stop), daemon=True)
+    proc = ctx.Process(target=_peers, args=(keys, shm_dir, ready, stop, active_n), daemon=True)
     proc.start()
     if not ready.wait(30):
         raise SystemExit("helper did not register its peers")
@@ -72,18 +86,71 @@ def start_peers(keys: list[str], shm_dir: str):
 def measure_headless(shm_dir: str, seconds: float, warmup: float, interval: float) -> dict:
     from gpushare_tui.app import DashboardApp
     from gpushare_tui.dashboard.source import LiveSource
+    from gpushare_tui.widgets.timeline import Timeline
+
+    def frames(app: DashboardApp) -> int:
+        return sum(getattr(t, "frames", 0) for t in app.query(Timeline))
 
     async def run() -> dict:
         app = DashboardApp(LiveSource(shm_dir=shm_dir), interval_s=interval)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause(warmup)
-            seen0, c0, w0 = app.models_seen, time.process_time(), time.monotonic()
+            seen0, f0, c0, w0 = app.models_seen, frames(app), time.process_time(), time.monotonic()
             await asyncio.sleep(seconds)
             c1, w1 = time.process_time(), time.monotonic()
             n_rows = app.query_one("#peers").row_count
-            return {"cpu_s": c1 - c0, "wall_s": w1 - w0, "refreshes": app.models_seen - seen0, "rows": n_rows}
+            periods = sorted({g.snapshot.period_ms for g in app.model.gpus}, key=str) if app.model else []
+            return {
+                "cpu_s": c1 - c0,
+                "wall_s": w1 - w0,
+                "refreshes": app.models_seen - seen0,
+                "rows": n_rows,
+                "frames": frames(app) - f0,
+                "periods_ms": periods,
+            }
 
     return asyncio.run(run())
+
+
+def measure_headless_paired(shm_dir: str, seconds: float, warmup: float, interval: float, slice_s: float = 5.0):
+    """The timelines' animation alone: one headless App, slices of `slice_s` with the cursor animating and
+    paused (as when scrolled out of view) in alternation, so both halves see the same load on a shared box."""
+    from gpushare_tui.app import DashboardApp
+    from gpushare_tui.dashboard.source import LiveSource
+    from gpushare_tui.widgets.timeline import Timeline
+
+    visible = Timeline._visible
+    totals = {True: [0.0, 0.0, 0, 0], False: [0.0, 0.0, 0, 0]}  # cpu s, wall s, refreshes, frames
+
+    def frames(app: DashboardApp) -> int:
+        return sum(getattr(t, "frames", 0) for t in app.query(Timeline))
+
+    async def run() -> None:
+        app = DashboardApp(LiveSource(shm_dir=shm_dir), interval_s=interval)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(warmup)
+            animating = False
+            for _ in range(max(2, round(seconds / slice_s))):
+                Timeline._visible = visible if animating else (lambda self: False)  # type: ignore[method-assign]
+                await asyncio.sleep(1.0)  # let the other state's timers run out
+                seen0, f0, c0, w0 = app.models_seen, frames(app), time.process_time(), time.monotonic()
+                await asyncio.sleep(slice_s)
+                t = totals[animating]
+                t[0] += time.process_time() - c0
+                t[1] += time.monotonic() - w0
+                t[2] += app.models_seen - seen0
+                t[3] += frames(app) - f0
+                animating = not animating
+            Timeline._visible = visible  # type: ignore[method-assign]
+
+    asyncio.run(run())
+    return [
+        (
+            f"headless, cursor {'animating' if on else 'paused'}",
+            {"cpu_s": t[0], "wall_s": t[1], "refreshes": t[2], "rows": PEERS_N * KEYS_N, "frames": t[3]},
+        )
+        for on, t in ((True, totals[True]), (False, totals[False]))
+    ]
 
 
 def measure_tmux(shm_dir: str, seconds: float, warmup: float, interval: float, size=(120, 40)) -> dict:
@@ -127,20 +194,29 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--mode", choices=("headless", "tmux", "both"), default="both")
+    ap.add_argument("--mode", choices=("headless", "tmux", "both", "paired"), default="both")
+    ap.add_argument(
+        "--active",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only N peers of each segment active, weight 1 (2: an 80 ms period, the fastest cursor animation)",
+    )
     args = ap.parse_args()
 
     tag = uuid.uuid4().hex[:6]
     keys = [f"GPU-bench-{tag}-{i}" for i in range(KEYS_N)]
     shm_dir = tempfile.mkdtemp(prefix=f"gpushare-bench-{tag}-", dir="/dev/shm")
 
-    helper, stop = start_peers(keys, shm_dir)
+    helper, stop = start_peers(keys, shm_dir, args.active)
     results = []
     try:
         if args.mode in ("headless", "both"):
             results.append(
                 ("headless run_test 120x40", measure_headless(shm_dir, args.seconds, args.warmup, args.interval))
             )
+        if args.mode == "paired":
+            results += measure_headless_paired(shm_dir, args.seconds, args.warmup, args.interval)
         if args.mode in ("tmux", "both"):
             for size in ((120, 40), (80, 24)):
                 results.append(
@@ -160,23 +236,28 @@ def main() -> None:
     out_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, f"dashboard_cost-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    meta = {"segments": KEYS_N, "peers_per_segment": PEERS_N, "interval_s": args.interval}
+    meta = {"segments": KEYS_N, "peers_per_segment": PEERS_N, "interval_s": args.interval, "active": args.active}
     with open(out, "w") as f:
         json.dump({**meta, "window_s": args.seconds, "cpus": os.cpu_count(), "results": rows}, f, indent=1)
 
+    active = "all active, weights 1-4" if args.active is None else f"{args.active} active per segment, weight 1"
     print(
-        f"\n{KEYS_N} segments x {PEERS_N} live peers, refresh every {args.interval:g} s, "
+        f"\n{KEYS_N} segments x {PEERS_N} live peers ({active}), refresh every {args.interval:g} s, "
         f"{args.seconds:g} s window after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs\n"
     )
-    print(f"{'mode':<30} {'wall s':>7} {'cpu s':>7} {'% of 1 core':>12} {'refreshes':>10} {'rows':>5}  verdict")
+    print(
+        f"{'mode':<30} {'wall s':>7} {'cpu s':>7} {'% of 1 core':>12} {'refreshes':>10} {'rows':>5} "
+        f"{'frames':>7} {'period ms':>10}  verdict"
+    )
     for name, r in results:
         if not r:
             print(f"{name:<30} (skipped: tmux not installed)")
             continue
         pct = 100 * r["cpu_s"] / r["wall_s"]
+        periods = ",".join(str(p) for p in r.get("periods_ms", [])) or "-"
         print(
-            f"{name:<30} {r['wall_s']:>7.1f} {r['cpu_s']:>7.2f} {pct:>11.2f}% {r['refreshes']:>10} {r['rows']:>5}  "
-            f"{'OK (< 3%)' if pct < 3 else 'OVER 3%'}"
+            f"{name:<30} {r['wall_s']:>7.1f} {r['cpu_s']:>7.2f} {pct:>11.2f}% {r['refreshes']:>10} {r['rows']:>5} "
+            f"{r.get('frames', '-'):>7} {periods:>10}  {'OK (< 3%)' if pct < 3 else 'OVER 3%'}"
         )
     print(f"\n(JSON: {os.path.relpath(out)})")
 

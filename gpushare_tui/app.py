@@ -150,6 +150,7 @@ class DashboardApp(App):
         self.readonly = readonly
         self.control: ControlClient = control if control is not None else LocalControl()
         self.launch_runner = launch_runner
+        self.clock = clock  # the timelines' cursor too (frozen in tests)
         self.source: DataSource = source if source is not None else LiveSource(gpu_key, clock, control=self.control)
         self.set_reactive(DashboardApp.history_s, float(history_s or _env_history_s() or DEFAULT_HISTORY_S))
         self.history = History(max(max(HISTORY_SPANS_S), self.history_s))

@@ -107,7 +107,8 @@ def fixed_models(seconds: int = 120) -> list[DashboardModel]:
 
 
 def fixed_app(**kw) -> DashboardApp:
-    return DashboardApp(FixedSource(fixed_models()), interval_s=3600, host="gpu-host", **kw)
+    # the frozen clock keeps the timelines' animated cursor on one frame
+    return DashboardApp(FixedSource(fixed_models()), interval_s=3600, host="gpu-host", clock=lambda: NOW_US, **kw)
 
 
 @pytest.fixture(autouse=True)
