@@ -166,9 +166,9 @@ def test_segment_reader_follows_live_changes_read_only(gpu_key: str) -> None:
             m.mark_active()
             (g,) = reader.read(wall_us())[0]  # same mapping, new values
             assert [(p.weight, p.active, p.share_pct) for p in g.peers] == [(4.0, True, 100.0)]
-            me = own_peer(m.segment, m.slot, wall_us())
+            me = own_peer(m.key, m.read_slots(), m.slot, wall_us())
             assert me is not None and me.pid == os.getpid() and me.share_pct == 100.0
-            assert own_peer(m.segment, 15, wall_us()) is None
+            assert own_peer(m.key, m.read_slots(), 15, wall_us()) is None
         (g,) = reader.read(wall_us())[0]
         assert g.peers == ()
     finally:

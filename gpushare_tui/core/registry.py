@@ -157,9 +157,15 @@ class Membership:
     def active(self) -> bool:
         return bool(self._active)
 
+    def read_slots(self) -> list[abi.SlotRecord]:
+        """Every slot of our segment, [] when not joined. Safe from any thread: `leave()` unmaps the
+        segment under the same lock, and a read of an unmapped segment is a SIGSEGV, not an error."""
+        with self._lock:
+            return [] if self._segment is None else self._segment.read_slots()
+
     def peers_alive(self) -> int:
         now = self._clock()
-        return sum(1 for r in self.segment.read_slots() if r.is_alive(now))
+        return sum(1 for r in self.read_slots() if r.is_alive(now))
 
     def set_weight(self, weight: float) -> float:
         """Validate (finite, > 0), store as f32 in our slot; returns the stored value."""

@@ -181,7 +181,7 @@ class GpuShare:
         from .snapshot import own_peer
 
         m = self._membership
-        me = own_peer(m.segment, m.slot, wall_us()) if m.slot is not None else None
+        me = own_peer(m.key, m.read_slots(), m.slot, wall_us()) if m.slot is not None else None
         fields = dict(
             engine_pid=os.getpid(),
             model=self.model,

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from . import schedule
-from .abi import ALIVE_US, SlotRecord, weight_is_valid
+from .abi import ALIVE_US, SlotRecord, segment_name, weight_is_valid
 from .segment import Segment, SegmentError, key_from_path, list_segment_paths, user_name
 
 SCHEMA_VERSION = 1
@@ -123,15 +123,15 @@ def heartbeat_age_ms(heartbeat_us: int, now_us: int) -> float | None:
     return max(0, age_us) / 1000
 
 
-def own_peer(segment: Segment, slot: int | None, now_us: int) -> PeerSnapshot | None:
-    """Our own row (share, window) as every peer computes it."""
-    snap = build_gpu_snapshot(segment.key, segment.name, segment.read_slots(), now_us)
+def own_peer(key: str, slots: list[SlotRecord], slot: int | None, now_us: int) -> PeerSnapshot | None:
+    """Our own row (share, window) among `slots` of segment `key`, as every peer computes it."""
+    snap = build_gpu_snapshot(key, segment_name(key), slots, now_us)
     return next((p for p in snap.peers if p.slot == slot), None)
 
 
-def sole_member(segment: Segment, slot: int | None, now_us: int) -> bool:
-    """Whether `slot` is the only member of the segment's schedule now (share 100 %: nobody to share with)."""
-    members = schedule.member_weights(segment.read_slots(), now_us)
+def sole_member(slots: list[SlotRecord], slot: int | None, now_us: int) -> bool:
+    """Whether `slot` is the only member of the schedule of `slots` now (share 100 %: nobody to share with)."""
+    members = schedule.member_weights(slots, now_us)
     return slot is not None and len(members) == 1 and members[0][0] == slot
 
 

@@ -248,7 +248,7 @@ class Supervisor:
         n_decode: int | None = None  # the last probe's n_decode_total
 
         def alone() -> bool:
-            return sole_member(m.segment, m.slot, wall_us())
+            return sole_member(m.read_slots(), m.slot, wall_us())
 
         cpu_stats = _CpuBusy(proc.pid)
         cpu_tick = _CpuBusy(proc.pid)
@@ -292,7 +292,7 @@ class Supervisor:
     def _handlers(self) -> dict:
         def status(_req: dict) -> dict:
             m = self.membership
-            me = own_peer(m.segment, m.slot, wall_us()) if m else None
+            me = own_peer(m.key, m.read_slots(), m.slot, wall_us()) if m else None
             return StatusReply(
                 engine_pid=self.proc.pid if self.proc else None,
                 port=self.args.port,

@@ -122,7 +122,7 @@ def run_synth(
     final = "failed"
 
     def alone() -> bool:
-        return sole_member(membership.segment, membership.slot, time.time_ns() // 1000)
+        return sole_member(membership.read_slots(), membership.slot, time.time_ns() // 1000)
 
     try:
         while (duration_s <= 0 or time.monotonic() - t0 < duration_s) and not stop.is_set():
