@@ -41,6 +41,7 @@ PROBE_TIMEOUT_S = 0.25
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 STATS_EVERY_S = 1.0
 STOP_GRACE_S = 10.0
+MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (PROBE_TIMEOUT_S)
 
 
 @dataclass
@@ -81,6 +82,7 @@ class Supervisor:
         self.proc: subprocess.Popen | None = None
         self.membership: Membership | None = None
         self._control: ControlServer | None = None
+        self._monitor: threading.Thread | None = None
         self._quit = threading.Event()
         self._sig_lock = threading.Lock()
         self._stopped = False
@@ -112,8 +114,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Pace until the engine exits or a stop is requested; returns the exit code."""
-        monitor = threading.Thread(target=self._monitor_loop, name="gpushare-monitor", daemon=True)
-        monitor.start()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="gpushare-monitor", daemon=True)
+        self._monitor.start()
         try:
             self._pace_loop()
         finally:
@@ -125,11 +127,15 @@ class Supervisor:
         self._quit.set()
 
     def shutdown(self) -> None:
-        """Continue the engine, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
+        """Stop the monitor, continue the engine, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
 
-        The slot is left before the engine is waited for: an engine busy streaming can take the
-        whole 10 s to exit (its HTTP threads wait for their clients), and it holds no share meanwhile."""
+        The monitor is joined first: it writes our slot, and a thread still inside OpenSSL (its HTTP
+        client loads the CA store, GIL released) when the process exits crashes it (SIGSEGV/SIGABRT in
+        OPENSSL_cleanup, run by exit()). The slot is left before the engine is waited for: an engine busy
+        streaming can take the whole 10 s to exit (its HTTP threads wait for their clients), and it holds
+        no share meanwhile."""
         self._quit.set()
+        self._join_monitor()
         proc = self.proc
         if proc is not None:
             self._resume(force=True)
@@ -144,6 +150,16 @@ class Supervisor:
         if self._control is not None:
             self._control.close()
             self._control = None
+
+    def _join_monitor(self) -> None:
+        monitor = self._monitor
+        if monitor is None or monitor is threading.current_thread():
+            return
+        monitor.join(MONITOR_JOIN_S)
+        if monitor.is_alive():  # not expected: each of its steps is bounded; say so rather than hang the exit
+            self._say(f"gpushare-tui: monitor thread still running after {MONITOR_JOIN_S:g} s")
+        else:
+            self._monitor = None
 
     # -- signals -----------------------------------------------------------
 
