@@ -67,7 +67,9 @@ class Supervisor:
         say: Callable[[str], None] = print,
         share_group: str | None = None,
         owner: Owner | None = None,
+        quit_event: threading.Event | None = None,
     ) -> None:
+        """`quit_event`: set (by a signal handler, say) to stop; one set before `start()` starts nothing."""
         self.args = args
         self.owner = owner
         self.share_group = share_group
@@ -83,7 +85,7 @@ class Supervisor:
         self.membership: Membership | None = None
         self._control: ControlServer | None = None
         self._monitor: threading.Thread | None = None
-        self._quit = threading.Event()
+        self._quit = quit_event if quit_event is not None else threading.Event()
         self._sig_lock = threading.Lock()
         self._stopped = False
         self._window_end_us: int | None = None
@@ -95,6 +97,8 @@ class Supervisor:
 
     def start(self) -> None:
         """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
+        if self._quit.is_set():
+            raise ls.EngineError("interrupted before the engine was started")
         self.proc = ls.start(self.args, self.log_path)
         try:
             ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
