@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import cli_argv, run_cli, wait_for
+from conftest import cli_argv, cli_argv_threads_at_exit, run_cli, wait_for
 from llama_env import end_pid, llama_server, proc_state, tiny_model  # noqa: F401 (fixtures)
 
 from gpushare_tui.core.engines.llama_server import port_in_use
@@ -40,7 +40,7 @@ class Engines:
         threads: int = 1,
         python: list[str] | None = None,
     ):
-        """`python`: an interpreter command line that runs the CLI instead of `python -m gpushare_tui`."""
+        """`python`: the CLI's argv before its arguments, instead of `python -m gpushare_tui`."""
         argv = [*python, "run"] if python else cli_argv("run")
         argv += ["--weight", str(weight), "--gpu-key", self.key]
         if name:
@@ -198,16 +198,6 @@ def test_sigterm_supervisor_stops_engine_and_leaves_slot(engines):
     assert engines.slot_of(pid) is None
 
 
-# The CLI as `python -m gpushare_tui`, saying at interpreter exit which threads still run. atexit
-# runs after threading's shutdown (non-daemon threads joined) and just before finalization: a daemon
-# thread still running then races exit() itself, and the supervisor's monitor thread, caught inside
-# OpenSSL (httpx.Client loading the CA store), crashed it with SIGSEGV/SIGABRT (OPENSSL_cleanup).
-THREADS_AT_EXIT = (
-    "import atexit, runpy, sys, threading\n"
-    "atexit.register(lambda: print('threads at exit:', sorted(t.name for t in threading.enumerate()"
-    " if t is not threading.main_thread()), file=sys.stderr, flush=True))\n"
-    "runpy.run_module('gpushare_tui', run_name='__main__', alter_sys=True)\n"
-)
 SIGTERM_RUNS = 16
 
 
@@ -217,7 +207,7 @@ def test_sigterm_soon_after_join_exits_cleanly_every_time(engines):
     rng = random.Random()
     for i in range(SIGTERM_RUNS):
         delay_s = rng.choice((0.0, rng.uniform(0, 0.05), rng.uniform(0, 0.3)))  # the monitor's start is early
-        sup, pid, _ = engines.run(1, python=[sys.executable, "-c", THREADS_AT_EXIT])
+        sup, pid, _ = engines.run(1, python=cli_argv_threads_at_exit())
         time.sleep(delay_s)
         os.kill(sup.pid, signal.SIGTERM)
         code = sup.wait(30)
