@@ -131,18 +131,18 @@ class Supervisor:
         self._quit.set()
 
     def shutdown(self) -> None:
-        """Stop the monitor, continue the engine, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
+        """Continue the engine, stop the monitor, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
 
-        The monitor is joined first: it writes our slot, and a thread still inside OpenSSL (its HTTP
-        client loads the CA store, GIL released) when the process exits crashes it (SIGSEGV/SIGABRT in
-        OPENSSL_cleanup, run by exit()). The slot is left before the engine is waited for: an engine busy
-        streaming can take the whole 10 s to exit (its HTTP threads wait for their clients), and it holds
-        no share meanwhile."""
+        The monitor is joined before leaving: it writes our slot, and a thread still inside OpenSSL (its
+        HTTP client loads the CA store, GIL released) when the process exits crashes it (SIGSEGV/SIGABRT
+        in OPENSSL_cleanup, run by exit()). The slot is left before the engine is waited for: an engine
+        busy streaming can take the whole 10 s to exit (its HTTP threads wait for their clients), and it
+        holds no share meanwhile."""
         self._quit.set()
-        self._join_monitor()
         proc = self.proc
         if proc is not None:
-            self._resume(force=True)
+            self._resume(force=True)  # first: a probe in flight may take PROBE_TIMEOUT_S to end
+        self._join_monitor()
         if self.membership is not None:
             self.membership.leave()
         if proc is not None:
