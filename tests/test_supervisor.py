@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -13,9 +14,10 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import cli_argv, run_cli, wait_for
+from conftest import cli_argv, cli_argv_threads_at_exit, run_cli, wait_for
 from llama_env import end_pid, llama_server, proc_state, tiny_model  # noqa: F401 (fixtures)
 
+from gpushare_tui.core.engines.llama_server import port_in_use
 from gpushare_tui.core.segment import Segment, shm_path
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
@@ -30,8 +32,17 @@ class Engines:
         self.procs, self.key, self.server, self.model = procs, key, server, model
         self.engine_pids: list[int] = []
 
-    def run(self, weight: float = 1.0, *extra_engine: str, name: str | None = None, threads: int = 1):
-        argv = cli_argv("run", "--weight", str(weight), "--gpu-key", self.key)
+    def run(
+        self,
+        weight: float = 1.0,
+        *extra_engine: str,
+        name: str | None = None,
+        threads: int = 1,
+        python: list[str] | None = None,
+    ):
+        """`python`: the CLI's argv before its arguments, instead of `python -m gpushare_tui`."""
+        argv = [*python, "run"] if python else cli_argv("run")
+        argv += ["--weight", str(weight), "--gpu-key", self.key]
         if name:
             argv += ["--name", name]
         argv += ["--", self.server, "-m", self.model, "-t", str(threads), "-c", "4096", "-np", "1", *extra_engine]
@@ -185,6 +196,48 @@ def test_sigterm_supervisor_stops_engine_and_leaves_slot(engines):
     assert sup.wait(20) == 0  # llama-server exits 0 on SIGTERM
     assert proc_state(pid) is None
     assert engines.slot_of(pid) is None
+
+
+SIGTERM_RUNS = 16
+
+
+def test_sigterm_soon_after_join_exits_cleanly_every_time(engines):
+    """SIGTERM 0-300 ms after the join line (the monitor thread may still be starting): every run
+    exits 0, with no thread left running into finalization, and leaves no engine and no slot."""
+    rng = random.Random()
+    for i in range(SIGTERM_RUNS):
+        delay_s = rng.choice((0.0, rng.uniform(0, 0.05), rng.uniform(0, 0.3)))  # the monitor's start is early
+        sup, pid, _ = engines.run(1, python=cli_argv_threads_at_exit())
+        time.sleep(delay_s)
+        os.kill(sup.pid, signal.SIGTERM)
+        code = sup.wait(30)
+        err = sup.stderr.read()
+        what = f"run {i}, SIGTERM {delay_s * 1000:.0f} ms after the join line"
+        assert code == 0, f"{what}: exit {code}\n{err}"
+        assert "threads at exit: []" in err, f"{what}: a thread outlived the supervisor\n{err}"
+        assert proc_state(pid) is None, what
+        engines.engine_pids.remove(pid)  # gone: not to be signalled at teardown (its pid may be reused)
+        assert engines.slot_of(pid) is None, what
+
+
+def test_sigterm_before_the_engine_starts_stops_in_order(procs, gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F811
+    """A SIGTERM as soon as `run` says which port it picked (before the engine starts, or while it
+    loads) ends it with one line and exit 1, never kills it outright (-15), and leaves no engine running."""
+    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--", llama_server, "-m", tiny_model, "-t", "1")
+    for i in range(4):
+        sup = procs.start(argv)
+        line = sup.stderr.readline()
+        assert "free port picked" in line, line
+        os.kill(sup.pid, signal.SIGTERM)
+        code = sup.wait(30)
+        err = sup.stderr.read()
+        # 0: the engine loaded and joined before the signal came (a tiny model loads in ~50 ms)
+        assert (code, "gpushare-tui: interrupted" in err or "joined" in err) in ((1, True), (0, True)), (
+            f"run {i}: exit {code}\n{err}"
+        )
+        assert "Traceback" not in err, err
+        port = int(line.split(" port ")[1].split()[0])
+        assert not port_in_use("127.0.0.1", port), f"run {i}: an engine still listens on {port}"
 
 
 def test_control_weight_and_stop(engines):

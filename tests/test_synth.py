@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import threading
 import time
 
 import pytest
-from conftest import cli_argv, read_json_file, shm_file, wait_for
+from conftest import cli_argv, cli_argv_threads_at_exit, read_json_file, shm_file, wait_for
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.core import control
@@ -269,3 +270,26 @@ def test_solo_tok_s_is_reached_alone_and_kept_while_sharing(procs, gpu_key, runt
     assert ea["kind"] == "synth" and ea["solo_tok_s"] >= sa.solo_tok_s
     assert ea["speed_pct"] == pytest.approx(100 * ea["tok_s"] / ea["solo_tok_s"])
     assert eb["solo_tok_s"] is None and eb["speed_pct"] is None
+
+
+def test_sigterm_soon_after_join_exits_in_order_every_time(procs, gpu_key: str, runtime_dir: str) -> None:
+    """SIGTERM 0-300 ms after the join line, again and again: every run exits 128+15 with no thread
+    left running into finalization (see conftest), its slot left and its socket removed."""
+    rng = random.Random()
+    for i in range(12):
+        delay_s = rng.choice((0.0, rng.uniform(0, 0.05), rng.uniform(0, 0.3)))
+        p = procs.start(
+            cli_argv_threads_at_exit("synth", "--weight", "1", "--gpu-key", gpu_key, "-q", "--step-ms", "1")
+        )
+        line = p.stderr.readline()
+        assert "joined" in line, line + p.stderr.read()
+        time.sleep(delay_s)
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(timeout=20)
+        err = p.stderr.read()
+        what = f"run {i}, SIGTERM {delay_s * 1000:.0f} ms after the join line"
+        assert code == 128 + signal.SIGTERM, f"{what}: exit {code}\n{err}"
+        assert "threads at exit: []" in err, f"{what}: a thread outlived the engine\n{err}"
+        assert not os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{p.pid}.sock")), what
+        with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+            assert all(r.pid != p.pid for r in seg.read_slots()), what

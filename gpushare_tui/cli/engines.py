@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import typer
 
@@ -36,8 +37,13 @@ def run(
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
     from ..core.launcher import notify_failed, notify_ready
 
+    # First of all: from here on a SIGTERM/SIGINT/SIGHUP stops us in order (nothing started, or the
+    # engine ended and the slot left), never kills us half-way.
+    quit_event = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: quit_event.set())
     try:
-        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group)
+        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, quit_event)
     except GpushareError as e:
         notify_failed(notify_fd, e)  # `launch` shows it (our stderr goes to a log there)
         raise
@@ -63,6 +69,7 @@ def _start_supervisor(
     gpu: int | None,
     load_timeout: float,
     share_group: str | None,
+    quit_event: threading.Event,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
     from ..core.control import check_socket_dir, state_dir
@@ -94,9 +101,8 @@ def _start_supervisor(
         say=_say,
         share_group=share_group,
         owner=Owner.from_env(),
+        quit_event=quit_event,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: sup.request_stop())
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
     return sup

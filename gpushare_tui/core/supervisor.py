@@ -41,6 +41,7 @@ PROBE_TIMEOUT_S = 0.25
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 STATS_EVERY_S = 1.0
 STOP_GRACE_S = 10.0
+MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (PROBE_TIMEOUT_S)
 
 
 @dataclass
@@ -66,7 +67,9 @@ class Supervisor:
         say: Callable[[str], None] = print,
         share_group: str | None = None,
         owner: Owner | None = None,
+        quit_event: threading.Event | None = None,
     ) -> None:
+        """`quit_event`: set (by a signal handler, say) to stop; one set before `start()` starts nothing."""
         self.args = args
         self.owner = owner
         self.share_group = share_group
@@ -81,7 +84,8 @@ class Supervisor:
         self.proc: subprocess.Popen | None = None
         self.membership: Membership | None = None
         self._control: ControlServer | None = None
-        self._quit = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._quit = quit_event if quit_event is not None else threading.Event()
         self._sig_lock = threading.Lock()
         self._stopped = False
         self._window_end_us: int | None = None
@@ -93,6 +97,8 @@ class Supervisor:
 
     def start(self) -> None:
         """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
+        if self._quit.is_set():
+            raise ls.EngineError("interrupted before the engine was started")
         self.proc = ls.start(self.args, self.log_path)
         try:
             ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
@@ -112,8 +118,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Pace until the engine exits or a stop is requested; returns the exit code."""
-        monitor = threading.Thread(target=self._monitor_loop, name="gpushare-monitor", daemon=True)
-        monitor.start()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="gpushare-monitor", daemon=True)
+        self._monitor.start()
         try:
             self._pace_loop()
         finally:
@@ -125,14 +131,18 @@ class Supervisor:
         self._quit.set()
 
     def shutdown(self) -> None:
-        """Continue the engine, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
+        """Continue the engine, stop the monitor, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
 
-        The slot is left before the engine is waited for: an engine busy streaming can take the
-        whole 10 s to exit (its HTTP threads wait for their clients), and it holds no share meanwhile."""
+        The monitor is joined before leaving: it writes our slot, and a thread still inside OpenSSL (its
+        HTTP client loads the CA store, GIL released) when the process exits crashes it (SIGSEGV/SIGABRT
+        in OPENSSL_cleanup, run by exit()). The slot is left before the engine is waited for: an engine
+        busy streaming can take the whole 10 s to exit (its HTTP threads wait for their clients), and it
+        holds no share meanwhile."""
         self._quit.set()
         proc = self.proc
         if proc is not None:
-            self._resume(force=True)
+            self._resume(force=True)  # first: a probe in flight may take PROBE_TIMEOUT_S to end
+        self._join_monitor()
         if self.membership is not None:
             self.membership.leave()
         if proc is not None:
@@ -144,6 +154,16 @@ class Supervisor:
         if self._control is not None:
             self._control.close()
             self._control = None
+
+    def _join_monitor(self) -> None:
+        monitor = self._monitor
+        if monitor is None or monitor is threading.current_thread():
+            return
+        monitor.join(MONITOR_JOIN_S)
+        if monitor.is_alive():  # not expected: each of its steps is bounded; say so rather than hang the exit
+            self._say(f"gpushare-tui: monitor thread still running after {MONITOR_JOIN_S:g} s")
+        else:
+            self._monitor = None
 
     # -- signals -----------------------------------------------------------
 
