@@ -97,10 +97,16 @@ def test_logs_never_sends_control_characters_to_the_terminal(engine):
     assert r.stdout == "evil \ufffd]2;OWNED\ufffd \ufffd[2J\ufffd end\ntab     here\n"
 
 
+def _ctrl_c_default() -> None:
+    """In the child: SIGINT's default action, as in a terminal. A test run started in the background
+    (`cmd &` in a script) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_follow_prints_appended_lines_until_ctrl_c(engine, procs):
     pid, log = engine
     append(log, "a\nb\nc\n")
-    f = procs.start(cli_argv("logs", str(pid), "-f", "-n", "2"))
+    f = procs.start(cli_argv("logs", str(pid), "-f", "-n", "2"), preexec_fn=_ctrl_c_default)
     out = Lines(f)
     assert [out.next(), out.next()] == ["b", "c"]
     for i in range(3):
@@ -118,7 +124,7 @@ def test_follow_prints_appended_lines_until_ctrl_c(engine, procs):
 def test_follow_goes_on_after_truncation(engine, procs):
     pid, log = engine
     append(log, "ready\n")
-    f = procs.start(cli_argv("logs", str(pid), "--follow", "-n", "1"))
+    f = procs.start(cli_argv("logs", str(pid), "--follow", "-n", "1"), preexec_fn=_ctrl_c_default)
     out = Lines(f)
     assert out.next() == "ready"  # following from here
     append(log, "before\n")
