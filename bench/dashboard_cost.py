@@ -83,19 +83,22 @@ def start_peers(keys: list[str], shm_dir: str, active_n: int | None = None):
     return proc, stop
 
 
+def _frames(app) -> int:
+    """Cursor frames the App's timelines have drawn so far."""
+    from gpushare_tui.widgets.timeline import Timeline
+
+    return sum(getattr(t, "frames", 0) for t in app.query(Timeline))
+
+
 def measure_headless(shm_dir: str, seconds: float, warmup: float, interval: float) -> dict:
     from gpushare_tui.app import DashboardApp
     from gpushare_tui.dashboard.source import LiveSource
-    from gpushare_tui.widgets.timeline import Timeline
-
-    def frames(app: DashboardApp) -> int:
-        return sum(getattr(t, "frames", 0) for t in app.query(Timeline))
 
     async def run() -> dict:
         app = DashboardApp(LiveSource(shm_dir=shm_dir), interval_s=interval)
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause(warmup)
-            seen0, f0, c0, w0 = app.models_seen, frames(app), time.process_time(), time.monotonic()
+            seen0, f0, c0, w0 = app.models_seen, _frames(app), time.process_time(), time.monotonic()
             await asyncio.sleep(seconds)
             c1, w1 = time.process_time(), time.monotonic()
             n_rows = app.query_one("#peers").row_count
@@ -105,7 +108,7 @@ def measure_headless(shm_dir: str, seconds: float, warmup: float, interval: floa
                 "wall_s": w1 - w0,
                 "refreshes": app.models_seen - seen0,
                 "rows": n_rows,
-                "frames": frames(app) - f0,
+                "frames": _frames(app) - f0,
                 "periods_ms": periods,
             }
 
@@ -122,9 +125,6 @@ def measure_headless_paired(shm_dir: str, seconds: float, warmup: float, interva
     visible = Timeline._visible
     totals = {True: [0.0, 0.0, 0, 0], False: [0.0, 0.0, 0, 0]}  # cpu s, wall s, refreshes, frames
 
-    def frames(app: DashboardApp) -> int:
-        return sum(getattr(t, "frames", 0) for t in app.query(Timeline))
-
     async def run() -> None:
         app = DashboardApp(LiveSource(shm_dir=shm_dir), interval_s=interval)
         async with app.run_test(size=(120, 40)) as pilot:
@@ -133,13 +133,13 @@ def measure_headless_paired(shm_dir: str, seconds: float, warmup: float, interva
             for _ in range(max(2, round(seconds / slice_s))):
                 Timeline._visible = visible if animating else (lambda self: False)  # type: ignore[method-assign]
                 await asyncio.sleep(1.0)  # let the other state's timers run out
-                seen0, f0, c0, w0 = app.models_seen, frames(app), time.process_time(), time.monotonic()
+                seen0, f0, c0, w0 = app.models_seen, _frames(app), time.process_time(), time.monotonic()
                 await asyncio.sleep(slice_s)
                 t = totals[animating]
                 t[0] += time.process_time() - c0
                 t[1] += time.monotonic() - w0
                 t[2] += app.models_seen - seen0
-                t[3] += frames(app) - f0
+                t[3] += _frames(app) - f0
                 animating = not animating
             Timeline._visible = visible  # type: ignore[method-assign]
 

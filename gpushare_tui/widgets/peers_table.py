@@ -32,21 +32,15 @@ SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
 _JUSTIFY = {c.key: "right" if c.right else "left" for c in COLUMNS}
 _ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
+# engine_text's cases other than a state (dead, foreign, not asked yet, no reply, differs from its file)
+_ENGINE_CASE_STYLE = {"-": "dim", "read-only": "dim italic", "…": "dim", "no reply": "red", "up ≠file": "yellow"}
 
 
-def _engine_style(r: PeerRow) -> str:
-    if not r.peer.alive:
-        return "dim"
-    if not r.managed:
-        return "dim italic"
-    e = r.engine
-    if e is None:
-        return "dim"
-    if e.error:
-        return "red"
-    if r.differs_from_config:
-        return "yellow"
-    return _ENGINE_STYLE.get(e.state or "", "")
+def _engine_style(r: PeerRow, text: str) -> str:
+    """The style of the ENGINE cell whose text (columns.engine_text) is `text`."""
+    if text in _ENGINE_CASE_STYLE:
+        return _ENGINE_CASE_STYLE[text]
+    return _ENGINE_STYLE.get(r.engine.state or "", "") if r.engine is not None else ""
 
 
 def row_cells(r: PeerRow) -> tuple[Text, ...]:
@@ -70,7 +64,7 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         share=Text(plain["share"], justify="right", style=f"bold {base}".strip()),
         status=status,
         hb=Text(plain["hb"], justify="right", style="red" if dead else base),
-        engine=Text(plain["engine"], style=_engine_style(r)),
+        engine=Text(plain["engine"], style=_engine_style(r, plain["engine"])),
         gpu=Text(plain["gpu"], style="dim", overflow="ellipsis", no_wrap=True),
     )
     return tuple(cells[c.key] for c in COLUMNS)

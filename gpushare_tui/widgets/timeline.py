@@ -19,7 +19,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 
 from ..core.clock import ClockUs, wall_us
-from ..core.snapshot import GpuSnapshot
+from ..core.snapshot import GpuSnapshot, PeerSnapshot
 from ..dashboard.strobe import Strobe
 from .palette import slot_colour, slot_fill
 
@@ -64,15 +64,19 @@ def bar_width(snap: GpuSnapshot | None, width: int) -> int:
     return width - legend if width - legend >= LEGEND_MIN_BAR else width
 
 
+def _lone_member(snap: GpuSnapshot) -> PeerSnapshot | None:
+    """With no schedule (period None): the active member that runs unthrottled, if any."""
+    return next((p for p in snap.peers if p.alive and p.active and p.weight is not None), None)
+
+
 def cursor_line(snap: GpuSnapshot | None, width: int, cursor_us: int, no_color: bool = False) -> Text:
     """▼ at instant cursor_us's phase, naming who may run then; the strobe legend at the right."""
     width = max(width, 10)
     if snap is None:
         return Text("")
     if snap.period_ms is None:
-        members = [p for p in snap.peers if p.alive and p.active and p.weight is not None]
-        if members:
-            m = members[0]
+        m = _lone_member(snap)
+        if m is not None:
             return Text(_fit(f"▼ now: {m.name or m.pid} may run", width), style=Style(color=slot_colour(m.slot)))
         return Text(_fit("▼ now: any engine may run (idle)", width), style=_DIM)
 
@@ -103,9 +107,8 @@ def bar_line(snap: GpuSnapshot | None, width: int, no_color: bool = False) -> Te
     if snap is None:
         return Text("")
     if snap.period_ms is None:
-        members = [p for p in snap.peers if p.alive and p.active and p.weight is not None]
-        if members:
-            m = members[0]
+        m = _lone_member(snap)
+        if m is not None:
             label = f" {m.name or m.pid}: runs alone, unthrottled (no schedule with one member) "
             return Text(_fit(label, width), style=_colour_style(m.slot, no_color))
         return Text(_fit(" no active members: nobody is paced ", width), style=_DIM)
