@@ -24,7 +24,9 @@ from pathlib import Path
 from gpushare_tui.cli import once_report
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.registry import Membership
-from gpushare_tui.core.snapshot import SegmentReader, report_to_json
+from gpushare_tui.core.snapshot import SegmentReader
+from gpushare_tui.dashboard.model import unmanaged_view
+from gpushare_tui.dashboard.report import ReportData, report_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAKE_PID_BASE = 3_900_000
@@ -113,7 +115,8 @@ def main() -> int:
             def warm() -> None:
                 now = wall_us()
                 gpus, errors = reader.read(now)
-                json.dumps(report_to_json(gpus, errors, now))
+                views = [(None, unmanaged_view(g)) for g in gpus]
+                json.dumps(report_json(ReportData("host", now, views, [(None, e) for e in errors])))
 
             warm()
             rows.append(_row("in-process read + dumps (warm reader)", _time_inproc(warm, args.inproc_runs)))

@@ -9,10 +9,11 @@ import pytest
 from slots import NOW, slot, snap
 
 from gpushare_tui.app import DashboardApp
-from gpushare_tui.cli.once import OnceData, render_table
+from gpushare_tui.cli.once import render_table
 from gpushare_tui.core import abi
 from gpushare_tui.dashboard.columns import COLUMNS
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
+from gpushare_tui.dashboard.report import ReportData
 from gpushare_tui.dashboard.source import FixedSource
 from gpushare_tui.widgets.peers_table import PeersTable
 
@@ -61,7 +62,7 @@ def test_no_horizontal_scrollbar_and_the_key_columns_shown(size: tuple[int, int]
 
 def test_once_table_has_the_dashboard_tables_headers_and_cells() -> None:
     model = _model(3)
-    text = render_table(OnceData("host", NOW, [(None, g) for g in model.gpus]))
+    text = render_table(ReportData("host", NOW, [(None, g) for g in model.gpus]))
     lines = text.splitlines()
 
     async def main() -> list[str]:

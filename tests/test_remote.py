@@ -200,8 +200,10 @@ def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
 def test_peer_json_round_trip_keeps_the_achieved_share() -> None:
     """A remote host's busy-based achieved share reaches the dashboard (null stays None; older hosts omit it)."""
     from gpushare_tui.core import abi
-    from gpushare_tui.core.snapshot import build_gpu_snapshot, peer_to_json
+    from gpushare_tui.core.snapshot import build_gpu_snapshot
+    from gpushare_tui.dashboard.model import PeerRow
     from gpushare_tui.dashboard.remote import peer_from_json
+    from gpushare_tui.dashboard.report import peer_json
 
     now = 1_800_000_000_000_000
     recs = [
@@ -209,6 +211,6 @@ def test_peer_json_round_trip_keeps_the_achieved_share() -> None:
         for i, (active, busy) in enumerate([(1, 300_000), (1, 100_000), (0, 0)])
     ]
     peers = build_gpu_snapshot("k", "/opencoti-gpu-k", recs, now).peers
-    assert [peer_from_json(peer_to_json(p)).achieved_pct for p in peers] == [75.0, 25.0, None]
-    old = {k: v for k, v in peer_to_json(peers[0]).items() if k != "achieved_pct"}
+    assert [peer_from_json(peer_json(PeerRow("k", p))).achieved_pct for p in peers] == [75.0, 25.0, None]
+    old = {k: v for k, v in peer_json(PeerRow("k", peers[0])).items() if k != "achieved_pct"}
     assert peer_from_json(old).achieved_pct is None

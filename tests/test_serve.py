@@ -3,21 +3,22 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
 import pytest
-from conftest import wait_for
+from conftest import cli_argv, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from serve_env import get, start_serve, start_writer
 
 from gpushare_tui.cli.serve import LISTEN_DEFAULT
 from gpushare_tui.serve.exposition import METRIC_NAMES
 from gpushare_tui.serve.listen import DEFAULT_LISTEN, is_loopback, parse_listen
-from gpushare_tui.serve.peers import SEED_PEER_FIELDS
 from gpushare_tui.serve.server import MAX_CONNECTIONS, REQUEST_DEADLINE_S
 
-SEED_KEYS = {"gpu_key", "period_ms", "self", "peers"}
+SEED_KEYS = {"gpu_key", "period_ms", "self", "peers"}  # spec §6: a seed engine's /gpu/peers, never renamed
+SEED_PEER_FIELDS = {"slot", "pid", "name", "weight", "share_pct", "busy_pct", "active", "alive", "heartbeat_age_ms"}
 
 
 def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -61,8 +62,8 @@ def test_metrics_peers_and_healthz(procs, gpu_key) -> None:
     r = get(f"{url}/gpu/peers?gpu_key={gpu_key}")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     doc = r.json()
-    assert set(doc) == SEED_KEYS and doc["gpu_key"] == gpu_key and doc["self"] is None and doc["period_ms"] > 0
-    assert [set(p) for p in doc["peers"]] == [set(SEED_PEER_FIELDS)] * 3
+    assert SEED_KEYS <= set(doc) and doc["gpu_key"] == gpu_key and doc["self"] is None and doc["period_ms"] > 0
+    assert all(SEED_PEER_FIELDS <= set(p) for p in doc["peers"]) and len(doc["peers"]) == 3
     assert [(p["name"], p["weight"], round(p["share_pct"], 3), p["alive"]) for p in doc["peers"]] == [
         ("big", 2.0, 66.667, True),
         ("small", 1.0, 33.333, True),
@@ -72,6 +73,7 @@ def test_metrics_peers_and_healthz(procs, gpu_key) -> None:
     whole = get(url + "/gpu/peers").json()
     assert {"schema_version", "hostname", "timestamp", "gpus", "errors"} <= set(whole)
     assert [g["gpu_key"] for g in whole["gpus"]] == [gpu_key]
+    assert [p["managed"] for p in whole["gpus"][0]["peers"]] == [False] * 3  # the raw writer: foreign peers
 
     r = get(f"{url}/gpu/peers?gpu_key=no-such-key")
     assert r.status_code == 404 and "no-such-key" in r.json()["error"]
@@ -80,6 +82,37 @@ def test_metrics_peers_and_healthz(procs, gpu_key) -> None:
     r = get(url + "/healthz")
     assert r.status_code == 200 and r.text == "ok\n"
     assert get(url + "/nope").status_code == 404
+
+
+def test_gpu_peers_is_the_once_json_report(procs, gpu_key, cli, runtime_dir) -> None:
+    """One report builder: `/gpu/peers` carries what `--once --json` does (`managed`, `engine`, ...) for a
+    managed engine, and `?gpu_key=K` is that report's entry for K (the seed's fields, and the rest)."""
+    synth = procs.start(
+        cli_argv("synth", "--weight", "2", "--name", "eng", "--gpu-key", gpu_key, "--step-ms", "2", "-q")
+    )
+    _, url = start_serve(procs, "--gpu-key", gpu_key)
+
+    def running() -> dict | None:
+        doc = get(url + "/gpu/peers").json()
+        peers = [p for g in doc["gpus"] for p in g["peers"]]
+        return doc if peers and (peers[0]["engine"] or {}).get("state") == "running" else None
+
+    whole = wait_for(running, timeout=20, interval=0.1, what="serve to see the synth engine running")
+    r = cli("--once", "--json", "--gpu-key", gpu_key)
+    assert r.returncode == 0, r.stderr
+    once = json.loads(r.stdout)
+    assert list(whole) == list(once)
+    (g,) = whole["gpus"]
+    (og,) = once["gpus"]
+    assert list(g) == list(og) and [list(p) for p in g["peers"]] == [list(p) for p in og["peers"]]
+    (p,) = g["peers"]
+    assert (p["pid"], p["managed"], p["engine"]["kind"]) == (synth.pid, True, "synth")
+    assert list(p["engine"]) == list(og["peers"][0]["engine"])
+
+    one = get(f"{url}/gpu/peers?gpu_key={gpu_key}").json()
+    assert SEED_KEYS <= set(one) and one["gpu_key"] == gpu_key and one["self"] is None and one["period_ms"] is None
+    assert list(one) == list(g) and [list(q) for q in one["peers"]] == [list(p)]
+    assert SEED_PEER_FIELDS <= set(one["peers"][0]) and one["peers"][0]["engine"]["state"] == "running"
 
 
 def test_dead_peer_series_disappear(procs, gpu_key) -> None:

@@ -10,16 +10,15 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core.errors import GpushareError, UsageError
 from .common import ExitCode, checked_key
 
 if TYPE_CHECKING:
-    from ..core.snapshot import SegmentProblem
     from ..dashboard.columns import Column
-    from ..dashboard.model import GpuView, PeerRow
+    from ..dashboard.model import PeerRow
+    from ..dashboard.report import ReportData
 
 _KEY_EQ = "--gpu-key="
 
@@ -50,97 +49,46 @@ def headless_args(argv: Sequence[str]) -> tuple[str | None, bool] | None:
 ONCE_STATUS_TIMEOUT_S = 0.3  # each managed engine's `status`, asked once
 
 
-@dataclass
-class OnceData:
-    """One snapshot of this host (LiveSource: segments, NVML, managed engines' status) and of `serve`
-    endpoints: the data both the `--once` table and its JSON are made of. Text is as read (untrusted)."""
-
-    hostname: str
-    now_us: int
-    views: list[tuple[str | None, GpuView]] = field(default_factory=list)  # (host, gpu); host None: no remotes
-    errors: list[tuple[str | None, SegmentProblem]] = field(default_factory=list)
-
-
-def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -> OnceData:
-    """The snapshot of this host (unless not `local`) and of the `serve` endpoints `urls`: with any,
-    every gpu and error is named by host (this host's name, or the endpoint's URL); a host that cannot
-    be read is one error (`segment` ""), not a failure."""
+def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -> ReportData:
+    """One snapshot of this host (unless not `local`: LiveSource, segments, NVML, managed engines'
+    status) and of the `serve` endpoints `urls`: with any, every gpu and error is named by host (this
+    host's name, or the endpoint's URL); a host that cannot be read is one error (`segment` ""), not a
+    failure. What both the `--once` table and its JSON are made of; text as read (untrusted)."""
     import socket
 
     from ..core.clock import wall_us
     from ..core.snapshot import SegmentProblem
-    from ..dashboard.model import GpuView, PeerRow
+    from ..dashboard.model import unmanaged_view
+    from ..dashboard.report import ReportData
 
-    data = OnceData(socket.gethostname(), wall_us())
-    here = data.hostname if urls else None
+    hostname = socket.gethostname()
+    data = ReportData(hostname, wall_us())
     if local:
         from ..dashboard.source import LiveSource
 
         source = LiveSource(gpu_key, status_timeout_s=ONCE_STATUS_TIMEOUT_S, sanitize=False)
         try:
-            model = source.collect()
+            data = ReportData.of_model(source.collect(), hostname, hostname if urls else None)
         finally:
             source.close()
-        data.now_us = model.now_us
-        data.views += [(here, g) for g in model.gpus]
-        data.errors += [(here, e) for e in model.errors]
-    if urls:
-        from ..dashboard.remote import fetch_all
+    if not urls:
+        return data
+    from ..dashboard.remote import fetch_all
 
-        for r in fetch_all(urls):
-            for g in r.gpus:
-                if gpu_key in (None, g.gpu_key):
-                    data.views.append((r.host, GpuView(g, None, tuple(PeerRow(g.gpu_key, p) for p in g.peers))))
-            data.errors += [(r.host, e) for e in r.errors]
-            if r.error is not None:
-                data.errors.append((r.host, SegmentProblem("", r.error)))
-    return data
-
-
-def engine_json(row: PeerRow) -> dict | None:
-    """A managed engine's `engine` object (what its control socket said; null fields unknown, `error` why
-    it did not answer); None for a foreign peer, a dead one, or another host's."""
-    e = row.engine
-    if not (row.managed and row.peer.alive) or e is None:
-        return None
-    return {
-        "state": e.state,
-        "tok_s": e.tok_s,
-        "solo_tok_s": e.solo_tok_s,
-        "speed_pct": e.speed_pct,
-        "model": e.model,
-        "port": e.port,
-        "kind": e.kind,
-        "log": e.log,
-        "error": e.error,
-    }
-
-
-def report_json(data: OnceData) -> dict:
-    """The `--once --json` document: every peer with `managed` and `engine` (engine_json)."""
-    from ..core.snapshot import gpu_to_json, report_to_json
-
-    report = report_to_json([], [], data.now_us)
-    report["hostname"] = data.hostname
-    for host, view in data.views:
-        g = gpu_to_json(view.snapshot)
-        for p, row in zip(g["peers"], view.rows):
-            p["managed"] = row.managed  # has our control socket (this user's engines only)
-            p["engine"] = engine_json(row)
-        report["gpus"].append(g if host is None else {**g, "host": host})
-    for host, e in data.errors:
-        report["errors"].append({"segment": e.segment, "error": e.error, **({} if host is None else {"host": host})})
-    return report
+    views, errors = list(data.views), list(data.errors)
+    for r in fetch_all(urls):
+        views += [(r.host, unmanaged_view(g)) for g in r.gpus if gpu_key in (None, g.gpu_key)]
+        errors += [(r.host, e) for e in r.errors]
+        if r.error is not None:
+            errors.append((r.host, SegmentProblem("", r.error)))
+    return ReportData(hostname, data.now_us, views, errors)
 
 
 def once_report(gpu_key: str | None) -> dict:
     """The JSON document of one snapshot of this host (all segments, or only `gpu_key`'s)."""
+    from ..dashboard.report import report_json
+
     return report_json(collect(gpu_key))
-
-
-def remote_report(gpu_key: str | None, urls: Sequence[str], local: bool) -> dict:
-    """The `--once --json` document over this host (unless not `local`) and the `serve` endpoints `urls`."""
-    return report_json(collect(gpu_key, urls, local))
 
 
 def prometheus_text(gpu_key: str | None) -> str:
@@ -194,7 +142,7 @@ def _line(texts: list[str], widths: list[int]) -> str:
     return (" " + " ".join(out)).rstrip()
 
 
-def render_table(data: OnceData, show_idle: bool = True) -> str:
+def render_table(data: ReportData, show_idle: bool = True) -> str:
     """The human-readable `--once` table: per segment a line, then the dashboard's peers-table columns
     (every one: the table is not width-limited) with the same headers and cell text, and a legend line.
     Unless `show_idle`, segments with no live peer are left out (counted in a last line). Names, keys and
@@ -258,7 +206,12 @@ def print_once(
 
             raise GpushareError(f"no segment {segment_name(key)} on this host")  # a typo must not look like success
         show_idle = show_idle or key is not None
-        text = json.dumps(report_json(data), allow_nan=False) if fmt == "json" else render_table(data, show_idle)
+        if fmt == "json":
+            from ..dashboard.report import report_json
+
+            text = json.dumps(report_json(data), allow_nan=False)
+        else:
+            text = render_table(data, show_idle)
     try:
         print(text, end="" if fmt == "prometheus" else "\n")
         sys.stdout.flush()

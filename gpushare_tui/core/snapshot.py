@@ -1,18 +1,14 @@
-"""Immutable per-GPU snapshots built from read-only segments, and their JSON form."""
+"""Immutable per-GPU snapshots built from read-only segments (their JSON: dashboard.report)."""
 
 from __future__ import annotations
 
-import math
-import socket
 import stat
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from . import schedule
 from .abi import ALIVE_US, SlotRecord, segment_name, weight_is_valid
 from .segment import Segment, SegmentError, key_from_path, list_segment_paths, user_name
-
-SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -197,40 +193,3 @@ class SegmentReader:
         for seg in self._open.values():
             seg.close()
         self._open.clear()
-
-
-def _json_number(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
-def peer_to_json(p: PeerSnapshot) -> dict:
-    d = asdict(p)
-    d["weight"] = _json_number(p.weight)
-    d["window_us"] = list(p.window_us) if p.window_us else None
-    d["achieved_pct"] = _json_number(p.achieved_pct)
-    return d
-
-
-def gpu_to_json(g: GpuSnapshot) -> dict:
-    return {
-        "gpu_key": g.gpu_key,
-        "segment": g.segment,
-        "period_ms": g.period_ms,
-        "self": None,  # spec §6: null for an observer
-        "peers": [peer_to_json(p) for p in g.peers],
-        "owner": g.owner,
-        "owner_uid": g.owner_uid,
-        "mode": f"{g.mode:04o}",
-        "writable_by_others": g.writable_by_others,
-    }
-
-
-def report_to_json(gpus: list[GpuSnapshot], errors: list[SegmentProblem], timestamp_us: int) -> dict:
-    """The `--once --json` document."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "hostname": socket.gethostname(),
-        "timestamp": timestamp_us / 1e6,
-        "gpus": [gpu_to_json(g) for g in gpus],
-        "errors": [{"segment": e.segment, "error": e.error} for e in errors],
-    }

@@ -87,6 +87,12 @@ class GpuView:
         return self.snapshot.gpu_key
 
 
+def unmanaged_view(g: GpuSnapshot) -> GpuView:
+    """A view of `g` without device stats, every peer unmanaged: another host's GPU (no control socket
+    of ours, no admin action reaches it)."""
+    return GpuView(g, None, tuple(PeerRow(g.gpu_key, p) for p in g.peers))
+
+
 @dataclass(frozen=True)
 class DashboardModel:
     now_us: int

@@ -18,7 +18,7 @@ import httpx
 from ..core.errors import UsageError
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
 from ..core.text import printable, printable_gpu
-from .model import DashboardModel, GpuView, PeerRow
+from .model import DashboardModel, GpuView, unmanaged_view
 
 TIMEOUT_S = 2.0
 MAX_REPORT_BYTES = 4 * 2**20
@@ -193,8 +193,7 @@ def host_view(r: RemoteReport) -> tuple[list[GpuView], list[SegmentProblem]]:
     peers unmanaged (no admin action reaches another host); its errors, and the host's own, named by host."""
     views = []
     for g in r.gpus:
-        g = printable_gpu(replace(g, gpu_key=f"{host_label(r.host)}/{g.gpu_key}"))
-        views.append(GpuView(g, None, tuple(PeerRow(g.gpu_key, p) for p in g.peers)))
+        views.append(unmanaged_view(printable_gpu(replace(g, gpu_key=f"{host_label(r.host)}/{g.gpu_key}"))))
     errors = [SegmentProblem(printable(f"{r.host} {e.segment}"), printable(e.error)) for e in r.errors]
     if r.error is not None:
         errors.append(SegmentProblem(r.host, printable(r.error)))

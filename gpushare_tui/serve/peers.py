@@ -1,19 +1,29 @@
-"""The JSON of `GET /gpu/peers`: the seed's per-GPU shape (spec §6), or the `--once --json` document."""
+"""`GET /gpu/peers[?gpu_key=K]`, pure: the whole report (`--once --json`'s, dashboard.report), or one
+GPU's entry of it (the seed's `{gpu_key, period_ms, self, peers}` shape, spec §6, with the rest added)."""
 
 from __future__ import annotations
 
-from ..core.snapshot import GpuSnapshot, report_to_json
+from collections.abc import Callable
+from http import HTTPStatus
+
+from ..core.abi import validate_gpu_key
+from ..core.errors import GpushareError
 from ..dashboard.model import DashboardModel
-
-SEED_PEER_FIELDS = ("slot", "pid", "name", "weight", "share_pct", "busy_pct", "active", "alive", "heartbeat_age_ms")
-
-
-def seed_peers(g: GpuSnapshot) -> dict:
-    """`{gpu_key, period_ms, self: null, peers: [...]}` as a seed engine answers it (self is null: an observer)."""
-    peers = [{f: getattr(p, f) for f in SEED_PEER_FIELDS} for p in g.peers]  # weight: None unless finite
-    return {"gpu_key": g.gpu_key, "period_ms": g.period_ms, "self": None, "peers": peers}
+from ..dashboard.report import ReportData, gpu_json, report_json
 
 
-def whole_report(model: DashboardModel) -> dict:
-    """The `--once --json` document of `model` (every segment served, and the ones that failed)."""
-    return report_to_json([g.snapshot for g in model.gpus], list(model.errors), model.now_us)
+def peers_reply(
+    gpu_keys: list[str] | None, model: Callable[[], DashboardModel], hostname: str
+) -> tuple[HTTPStatus, dict]:
+    """Status and JSON body for the `gpu_key` query values `gpu_keys` (the last wins; none: the whole
+    report of a fresh `model()`, from host `hostname`): 400 for an invalid key, 404 for an unknown one."""
+    if not gpu_keys:
+        return HTTPStatus.OK, report_json(ReportData.of_model(model(), hostname))
+    try:
+        key = validate_gpu_key(gpu_keys[-1])
+    except GpushareError as e:
+        return HTTPStatus.BAD_REQUEST, {"error": str(e)}
+    view = model().gpu(key)
+    if view is None:
+        return HTTPStatus.NOT_FOUND, {"error": f"no segment for gpu_key {key!r} on this host"}
+    return HTTPStatus.OK, gpu_json(view)

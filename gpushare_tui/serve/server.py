@@ -16,11 +16,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from ..core.abi import validate_gpu_key
 from ..core.errors import GpushareError
 from .exporter import Exporter
 from .exposition import CONTENT_TYPE, render_metrics
-from .peers import seed_peers, whole_report
+from .peers import peers_reply
 
 MAX_CONNECTIONS = 16
 READ_TIMEOUT_S = 2.0
@@ -56,7 +55,9 @@ class Handler(BaseHTTPRequestHandler):
                 body = render_metrics(self.server.exporter.model)
                 return self._send(HTTPStatus.OK, CONTENT_TYPE, body, head)
             if url.path == "/gpu/peers":
-                return self._peers(parse_qs(url.query), head)
+                keys = parse_qs(url.query).get("gpu_key")
+                status, doc = peers_reply(keys, self.server.exporter.model, socket.gethostname())
+                return self._json(status, doc, head)
             if url.path == "/healthz":
                 return self._send(HTTPStatus.OK, "text/plain; charset=utf-8", b"ok\n", head)
             if url.path == "/":
@@ -65,20 +66,6 @@ class Handler(BaseHTTPRequestHandler):
         except (GpushareError, OSError, ValueError) as e:
             return self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"cannot read the segments: {e}"}, head)
         self._json(HTTPStatus.NOT_FOUND, {"error": f"not found: {url.path[:200]}"}, head)
-
-    def _peers(self, query: dict[str, list[str]], head: bool) -> None:
-        keys = query.get("gpu_key")
-        model = self.server.exporter.model()
-        if not keys:
-            return self._json(HTTPStatus.OK, whole_report(model), head)
-        try:
-            key = validate_gpu_key(keys[-1])
-        except GpushareError as e:
-            return self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)}, head)
-        view = model.gpu(key)
-        if view is None:
-            return self._json(HTTPStatus.NOT_FOUND, {"error": f"no segment for gpu_key {key!r} on this host"}, head)
-        self._json(HTTPStatus.OK, seed_peers(view.snapshot), head)
 
     def _json(self, status: HTTPStatus, doc: dict, head: bool) -> None:
         body = (json.dumps(doc, allow_nan=False) + "\n").encode()

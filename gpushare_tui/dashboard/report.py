@@ -1,0 +1,100 @@
+"""The JSON report: one builder for `--once --json`, `serve`'s `GET /gpu/peers` (the whole report, and
+one GPU's entry for `?gpu_key=K`) and what `--remote` reads back (`dashboard.remote` parses it).
+
+Pure: the host name, the time and the hosts the GPUs and errors belong to are parameters. Changes only
+add keys (scripts read it); a GPU's entry keeps the seed's `{gpu_key, period_ms, self, peers}` and each
+peer the seed's fields (docs/registry-abi.md §6), so a seed reader takes `?gpu_key=K` as a seed engine's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from ..core.snapshot import SegmentProblem
+from .model import DashboardModel, GpuView, PeerRow
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """What one report is made of: GPU views and segment errors, each with the host it belongs to (None:
+    not named, a report of one host; else this host's name or a `serve` endpoint's URL). Text as read."""
+
+    hostname: str  # this host's
+    now_us: int  # the report's timestamp (wall clock)
+    views: Sequence[tuple[str | None, GpuView]] = ()
+    errors: Sequence[tuple[str | None, SegmentProblem]] = ()
+
+    @classmethod
+    def of_model(cls, model: DashboardModel, hostname: str, host: str | None = None) -> ReportData:
+        """The report of one host's `model`, its GPUs and errors named `host`."""
+        return cls(hostname, model.now_us, [(host, g) for g in model.gpus], [(host, e) for e in model.errors])
+
+
+def _json_number(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def engine_json(row: PeerRow) -> dict | None:
+    """A managed engine's `engine` object (what its control socket said; null fields unknown, `error` why
+    it did not answer); None for a foreign peer, a dead one, or another host's."""
+    e = row.engine
+    if not (row.managed and row.peer.alive) or e is None:
+        return None
+    return {
+        "state": e.state,
+        "tok_s": e.tok_s,
+        "solo_tok_s": e.solo_tok_s,
+        "speed_pct": e.speed_pct,
+        "model": e.model,
+        "port": e.port,
+        "kind": e.kind,
+        "log": e.log,
+        "error": e.error,
+    }
+
+
+def peer_json(row: PeerRow) -> dict:
+    """One peer: its snapshot's fields (NaN/inf weights null), `managed` and `engine` (engine_json)."""
+    p = row.peer
+    d = asdict(p)
+    d["weight"] = _json_number(p.weight)
+    d["window_us"] = list(p.window_us) if p.window_us else None
+    d["achieved_pct"] = _json_number(p.achieved_pct)
+    d["managed"] = row.managed  # has our control socket (this user's engines on this host only)
+    d["engine"] = engine_json(row)
+    return d
+
+
+def gpu_json(view: GpuView, host: str | None = None) -> dict:
+    """One GPU's entry (the body of `/gpu/peers?gpu_key=K`), with `host` when named."""
+    g = view.snapshot
+    doc = {
+        "gpu_key": g.gpu_key,
+        "segment": g.segment,
+        "period_ms": g.period_ms,
+        "self": None,  # spec §6: null for an observer
+        "peers": [peer_json(r) for r in view.rows],
+        "owner": g.owner,
+        "owner_uid": g.owner_uid,
+        "mode": f"{g.mode:04o}",
+        "writable_by_others": g.writable_by_others,
+    }
+    return doc if host is None else {**doc, "host": host}
+
+
+def report_json(data: ReportData) -> dict:
+    """The whole report: `--once --json`, and `GET /gpu/peers` without a key."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "hostname": data.hostname,
+        "timestamp": data.now_us / 1e6,
+        "gpus": [gpu_json(v, host) for host, v in data.views],
+        "errors": [
+            {"segment": e.segment, "error": e.error, **({} if host is None else {"host": host})}
+            for host, e in data.errors
+        ],
+    }
