@@ -1,0 +1,150 @@
+"""Golden outputs: `--once --json`, the `--once` table, `/metrics` and `/gpu/peers` of one fixed model
+(fixed slot records, clock, owners and modes, engine replies; no NVML, no subprocess), compared with
+the files in tests/__snapshots__/test_golden/. An output-contract change shows up as a diff there:
+review it, then `pytest tests/test_golden.py --snapshot-update`. JSON changes may only add keys."""
+
+from __future__ import annotations
+
+import json
+import math
+from http import HTTPStatus
+
+import pytest
+from slots import NOW, slot
+from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
+
+from gpushare_tui.cli.once import render_table
+from gpushare_tui.core import abi
+from gpushare_tui.core.control import SignalLateness
+from gpushare_tui.core.gpu import DeviceStats
+from gpushare_tui.core.snapshot import SegmentProblem, build_gpu_snapshot
+from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares, unmanaged_view
+from gpushare_tui.dashboard.report import ReportData, report_json
+from gpushare_tui.serve.exposition import render_metrics
+from gpushare_tui.serve.peers import peers_reply
+
+HOSTNAME = "golden-host"
+REMOTE = "http://10.0.0.5:9464"
+DOWN = "http://10.0.0.9:9464"
+
+
+class JsonSnapshot(SingleFileSnapshotExtension):
+    _write_mode = WriteMode.TEXT
+    _file_extension = "json"
+
+
+class TextSnapshot(SingleFileSnapshotExtension):
+    _write_mode = WriteMode.TEXT
+    _file_extension = "txt"
+
+
+@pytest.fixture
+def golden_json(snapshot):
+    return snapshot.use_extension(JsonSnapshot)
+
+
+@pytest.fixture
+def golden_text(snapshot):
+    return snapshot.use_extension(TextSnapshot)
+
+
+def _view(key: str, slots: list[abi.SlotRecord], engines: dict[int, EngineInfo], device: DeviceStats | None = None,
+          owner: str = "alice", uid: int = 1000, mode: int = 0o600) -> GpuView:  # fmt: skip
+    """A GpuView as LiveSource builds it: the peers in `engines` (by slot) managed, VRAM from `device`."""
+    g = build_gpu_snapshot(key, f"/opencoti-gpu-{key}", slots, NOW, owner=owner, owner_uid=uid, mode=mode)
+    vram = dict(device.pid_mem_mib) if device is not None else {}
+    rows = tuple(PeerRow(key, p, p.slot in engines, vram.get(p.pid), engines.get(p.slot)) for p in g.peers)
+    return GpuView(g, device, rows, achieved_shares(rows))
+
+
+def fixed_model() -> DashboardModel:
+    """Two segments and one unreadable: managed engines (llama-server with lateness, synth, one whose
+    control socket timed out), a foreign idle peer, a dead one, an invalid weight, an unthrottled GPU."""
+    llama = EngineInfo(
+        state="running", tok_s=42.5, solo_tok_s=50.0, model="qwen2.5-7b.gguf", owner_config="/home/alice/up.toml",
+        config_weight=2.0, kind="llama-server", port=8081, lateness=SignalLateness(120, 150, 900, 2000),
+        log="/home/alice/.local/state/gpushare-tui/logs/chat.log",
+    )  # fmt: skip
+    synth = EngineInfo(state="running", tok_s=10.0, solo_tok_s=None, model="synthetic", kind="synth")
+    mute = EngineInfo(state="running", error="no reply to status within 0.3 s")
+    device = DeviceStats("NVIDIA H200", 87.0, 40960.0, 143771.0, 41.0, 300.0, ((2100, 20480.0), (2101, 1024.0)))
+    a = _view(
+        "golden-a",
+        [
+            slot(0, 2.0, pid=2100, name="chat", busy=0.6),
+            slot(1, 1.0, pid=2101, name="模型-batch", busy=0.2),
+            slot(2, 0.5, active=0, pid=2102, name='say "hi"', busy=0.0),
+            slot(3, 1.0, pid=2103, name="mute", busy=0.0),
+            slot(4, 1.0, pid=2104, name="ghost", age_s=75.0, busy=0.9),
+        ],
+        {0: llama, 1: synth, 3: mute},
+        device,
+    )
+    b = _view(
+        "golden-b",
+        [slot(0, 1.5, pid=2200, name="solo", busy=0.35), slot(1, math.nan, pid=2201, name="bad-weight")],
+        {},
+        owner="bob",
+        uid=1001,
+        mode=0o666,
+    )
+    idle = _view("golden-idle", [slot(0, 1.0, pid=2300, name="gone", age_s=600.0)], {})
+    errors = (SegmentProblem("/opencoti-gpu-golden-bad", "bad magic"),)
+    return DashboardModel(NOW, (a, b, idle), errors, mono_us=123_456_789)
+
+
+def _dumps(doc: dict) -> str:
+    return json.dumps(doc, indent=1, allow_nan=False) + "\n"  # allow_nan: never NaN/inf
+
+
+def remote_report() -> ReportData:
+    """This host and two `serve` endpoints (one answering with golden-b, one down), as `--remote` collects."""
+    model = fixed_model()
+    here = ReportData.of_model(model, HOSTNAME, HOSTNAME)
+    views = [*here.views, (REMOTE, unmanaged_view(model.gpus[1].snapshot))]
+    errors = [*here.errors, (DOWN, SegmentProblem("", "timeout after 2 s"))]
+    return ReportData(HOSTNAME, NOW, views, errors)
+
+
+def test_once_json(golden_json) -> None:
+    assert _dumps(report_json(ReportData.of_model(fixed_model(), HOSTNAME))) == golden_json
+
+
+def test_once_json_remote(golden_json) -> None:
+    assert _dumps(report_json(remote_report())) == golden_json
+
+
+def test_once_table(golden_text) -> None:
+    assert render_table(ReportData.of_model(fixed_model(), HOSTNAME), show_idle=False) + "\n" == golden_text
+
+
+def test_once_table_all_remote(golden_text) -> None:
+    assert render_table(remote_report(), show_idle=True) + "\n" == golden_text
+
+
+def test_metrics(golden_text) -> None:
+    assert render_metrics(fixed_model).decode() == golden_text
+
+
+def test_gpu_peers(golden_json) -> None:
+    status, doc = peers_reply(None, fixed_model, HOSTNAME)
+    assert status == HTTPStatus.OK
+    assert doc == report_json(ReportData.of_model(fixed_model(), HOSTNAME))  # the very `--once --json` report
+    assert _dumps(doc) == golden_json
+
+
+def test_gpu_peers_one_key(golden_json) -> None:
+    status, doc = peers_reply(["nope", "golden-a"], fixed_model, HOSTNAME)  # the last value wins
+    assert status == HTTPStatus.OK
+    assert doc == report_json(ReportData.of_model(fixed_model(), HOSTNAME))["gpus"][0]  # its entry in the report
+    assert {"gpu_key", "period_ms", "self", "peers"} <= set(doc)  # the seed's shape (spec §6)
+    assert _dumps(doc) == golden_json
+
+
+def test_gpu_peers_bad_and_unknown_key() -> None:
+    assert peers_reply(["golden-x"], fixed_model, HOSTNAME) == (
+        HTTPStatus.NOT_FOUND,
+        {"error": "no segment for gpu_key 'golden-x' on this host"},
+    )
+    status, doc = peers_reply(["../etc"], fixed_model, HOSTNAME)
+    assert status == HTTPStatus.BAD_REQUEST and "invalid gpu key" in doc["error"]
