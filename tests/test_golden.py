@@ -19,6 +19,7 @@ from gpushare_tui.core.control import SignalLateness
 from gpushare_tui.core.gpu import DeviceStats
 from gpushare_tui.core.snapshot import SegmentProblem, build_gpu_snapshot
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares, unmanaged_view
+from gpushare_tui.dashboard.remote import gpu_from_json
 from gpushare_tui.dashboard.report import ReportData, report_json
 from gpushare_tui.serve.exposition import render_metrics
 from gpushare_tui.serve.peers import peers_reply
@@ -148,3 +149,11 @@ def test_gpu_peers_bad_and_unknown_key() -> None:
     )
     status, doc = peers_reply(["../etc"], fixed_model, HOSTNAME)
     assert status == HTTPStatus.BAD_REQUEST and "invalid gpu key" in doc["error"]
+
+
+def test_remote_view_reads_back_the_report() -> None:
+    """What `--remote` parses of a `serve`'s `/gpu/peers` is the snapshot the report was built from
+    (`managed` and `engine` are that host's: its rows are read-only here)."""
+    model = fixed_model()
+    doc = json.loads(_dumps(report_json(ReportData.of_model(model, HOSTNAME))))
+    assert [gpu_from_json(g, NOW) for g in doc["gpus"]] == [v.snapshot for v in model.gpus]
