@@ -45,14 +45,14 @@ BAD = [
     ("command-empty", GOOD.replace('["sh", "-c", "sleep 1", "--port", "8080"]', "[]"), 6, "command: is empty"),
     ("command-not-list", GOOD.replace('["sh", "-c", "sleep 1", "--port", "8080"]', '"sh"'), 6, "array of strings"),
     ("binary-missing", GOOD.replace('["sh"', '["no-such-engine-xyz"'), 6, "engine binary 'no-such-engine-xyz': not on"),
-    ("binary-relative-missing", GOOD.replace('["sh"', '["./bin/llama-server"'), 6, "binary './bin/llama-server': no such file"),
+    ("binary-relative-missing", GOOD.replace('["sh"', '["./bin/llama-server"'), 6, "llama-server': no such file"),
     ("no-command", GOOD.replace("synth = { step_ms = 5 }\n", ""), 10, "engine 'batch': command: missing"),
     ("command-and-synth", GOOD.replace("weight = 1\n", 'weight = 1\ncommand = ["sh"]\n'), 14, "not both"),
     ("no-name", GOOD.replace('name = "batch"\n', ""), 10, "engine #2: name: missing"),
     ("name-empty", GOOD.replace('name = "batch"', 'name = ""'), 11, "name: must be a non-empty string"),
     ("restart-bad", GOOD.replace('restart = "always"', 'restart = "sometimes"'), 7, "restart: must be one of"),
     ("env-bad", GOOD.replace('"0" }', "0 }"), 8, "env: must be a table of strings"),
-    ("gpu-key-bad", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "../x"'), 1, "gpu_key: use 1..64 characters of [A-Za-z0-9._-], got '../x'"),
+    ("gpu-key-bad", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "../x"'), 1, "gpu_key: use 1..64 characters of"),
     ("gpu-and-key", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "k"\ngpu = 0'), 2, "gpu: give gpu_key or gpu"),
     ("gpu-negative", GOOD.replace("weight = 1\n", "weight = 1\ngpu = -1\n"), 13, "gpu: must be a GPU index"),
     ("port-twice", GOOD.replace("synth = { step_ms = 5 }", 'command = ["sh", "--port", "8080"]'), 13, "port 8080"),
@@ -195,3 +195,40 @@ def test_owner_env_round_trip_and_wrapped_handlers(monkeypatch) -> None:
     }
     os.close(r)
     os.close(w)
+
+
+# (listen, whether serve accepts it): `up --check` must agree, since `up` starts `serve --listen` with it
+LISTEN = [
+    ("0.0.0.0:0", True),  # port 0: any free port
+    ("127.0.0.1:0", True),
+    ("localhost:0", True),
+    ("myhost:9464", False),  # a name: never resolved
+    ("9464", False),
+    (":9464", False),
+    ("127.0.0.1:70000", False),
+    ("127.0.0.1:-1", False),
+    ("127.0.0.1:http", False),
+    ("[::1", False),
+]
+
+
+@pytest.mark.parametrize(("listen", "ok"), LISTEN)
+def test_serve_listen_is_checked_as_serve_checks_it(tmp_path, gpu_key, runtime_dir, capsys, listen, ok) -> None:
+    from gpushare_tui.serve.run import open_server
+
+    path = _write(tmp_path, GOOD + f'[serve]\nlisten = "{listen}"\n', gpu_key)
+    assert cli_main(["up", "--check", path]) == (0 if ok else 2)
+    up_out, up_err = capsys.readouterr()
+    if ok:
+        assert up_out.strip().endswith(f"; serve on {listen}") and up_err == ""
+        server = open_server(listen, gpu_key)  # serve's own start: parses and binds
+        server.server_close()
+        server.exporter.close()
+        return
+    (up_line,) = up_err.splitlines()
+    assert up_line.startswith(f"gpushare-tui: {path}:15: serve.listen: "), up_line
+    assert cli_main(["serve", "--listen", listen, "--gpu-key", gpu_key]) == 2
+    (serve_line,) = capsys.readouterr().err.splitlines()
+    assert serve_line.startswith(f"gpushare-tui: invalid --listen {listen!r}: ")
+    problem = serve_line.split(": ", 2)[2]
+    assert up_line.endswith(f"serve.listen: {problem}, got {listen!r}"), (up_line, serve_line)

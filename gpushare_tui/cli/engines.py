@@ -77,9 +77,9 @@ def _start_supervisor(
     from ..core.ownership import Owner
     from ..core.supervisor import Supervisor
 
+    share_group = checked_group(share_group)
     w = _checked(engine_argv, weight, name, load_timeout)
     key = resolve_key(gpu_key, gpu)
-    share_group = checked_group(share_group)
     args = ls.prepare_args(engine_argv)
     name = name or ls.model_stem(args)
     check_socket_dir()  # before the engine is started and loads its model
@@ -138,8 +138,8 @@ def launch(
     from ..core.launcher import LaunchSpec, launch_detached
 
     try:
-        w = _checked(ctx.args, weight, name, load_timeout)
         share_group = checked_group(share_group)
+        w = _checked(ctx.args, weight, name, load_timeout)
         key = resolve_key(gpu_key, gpu)
         reply = launch_detached(
             LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
