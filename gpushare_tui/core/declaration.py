@@ -199,10 +199,9 @@ def launch_problems(
 ) -> list[DeclarationError]:
     """Every problem of an engine to start from here (`run`, `launch`, the launch form), in the order
     of its fields: its name (None: the model's, unchecked), weight, command and load timeout."""
-    named = [] if name is None else _problems([lambda: check_name(name, label="--name")])
+    named: list[Callable[[], object]] = [] if name is None else [lambda: check_name(name, label="--name")]
     return [
-        *named,
-        *_problems([lambda: check_weight(weight)]),
+        *_problems([*named, lambda: check_weight(weight)]),
         *command_problems(command),
         *_problems([lambda: check_load_timeout(load_timeout_s, label="--load-timeout")]),
     ]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 from ..core import declaration
 from ..core.declaration import DeclarationError, EngineDecl, SynthDecl
@@ -17,6 +19,7 @@ from .lines import key_line
 __all__ = ["ConfigError", "EngineDecl", "ServeDecl", "SynthDecl", "UpConfig", "load", "parse"]
 
 TOP_KEYS = ("gpu_key", "gpu", "share_group", "serve", "engine")
+T = TypeVar("T")
 
 
 class ConfigError(UsageError, ValueError):
@@ -151,7 +154,7 @@ def _no_unknown(w: _Where, given: dict, allowed: tuple[str, ...], table: str | N
             raise w.error(f"unknown key (known: {', '.join(allowed)})", key=k, table=table)
 
 
-def _top(w: _Where, data: dict, key: str, check):
+def _top(w: _Where, data: dict, key: str, check: Callable[[object], T]) -> T | None:
     """A top-level value checked as an engine's same key is (None when absent)."""
     if data.get(key) is None:
         return None
