@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import typer
 import typer.main
+from conftest import shm_file
 
 from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE
@@ -146,3 +148,61 @@ def test_help_shows_no_type_beside_flags(command: list[str], capsys) -> None:
     assert main([*command, "--help"]) == 0
     out = capsys.readouterr().out
     assert "-h, --help" in out and "<bool>" not in out and "list[" not in out
+
+
+@pytest.fixture
+def engine_declared(tmp_path, monkeypatch) -> tuple[str, str]:
+    """(a llama-server on PATH that leaves a marker file if it is ever started, a readable model):
+    a declaration valid but for what a test adds. Logs go under tmp_path."""
+    bin_dir, marker = tmp_path / "bin", tmp_path / "engine-started"
+    bin_dir.mkdir()
+    engine = bin_dir / "llama-server"
+    engine.write_text(f"#!/bin/sh\ntouch {marker}\nsleep 30\n")
+    engine.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return str(marker), str(model)
+
+
+@pytest.mark.parametrize(
+    "command, port",
+    [("run", "99999"), ("run", "0"), ("run", "-1"), ("run", "abc"), ("run", "65536"), ("launch", "99999")],
+)
+@pytest.mark.parametrize("spelled", ["--port P", "--port=P"])
+def test_engine_port_out_of_range_is_one_line_exit_2(
+    command: str, port: str, spelled: str, engine_declared, gpu_key: str, runtime_dir: str, tmp_path, cli
+) -> None:
+    """The port of the engine's own command line is checked (1..65535) before anything starts:
+    one line and exit 2, not a traceback from binding it."""
+    marker, model = engine_declared
+    port_args = spelled.replace("P", port).split(" ")
+    r = cli(command, "--gpu-key", gpu_key, "--", "llama-server", "-m", model, *port_args, timeout=60)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.splitlines() == [f"gpushare-tui: invalid --port {port!r}: must be 1..65535"]
+    assert not os.path.exists(marker) and not os.path.exists(shm_file(gpu_key))
+    assert not (tmp_path / "state").exists()  # no supervisor (launch) nor engine log (run) was begun
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--", "./no-such-engine", "-m", "{model}"], "invalid engine binary './no-such-engine': no such file"),
+        (["--", "llama-server", "-m", "missing.gguf"], "invalid model 'missing.gguf': no such file"),
+        (["--name", "n" * 49, "--", "llama-server", "-m", "{model}"], "invalid --name 'nnn"),
+        (["--name", "a\tb", "--", "llama-server", "-m", "{model}"], "invalid --name 'a\\tb': must not contain control"),
+        (["--load-timeout", "nan", "--", "llama-server", "-m", "{model}"], "invalid --load-timeout nan: must be"),
+    ],
+    ids=["binary", "model", "name-long", "name-control", "load-timeout"],
+)
+@pytest.mark.parametrize("command", ["run", "launch"])
+def test_engine_declaration_errors_are_one_line_exit_2(
+    command: str, args: list[str], line: str, engine_declared, gpu_key: str, runtime_dir: str, tmp_path, cli
+) -> None:
+    """run and launch check the whole declaration (core/declaration.py) before anything is started."""
+    marker, model = engine_declared
+    r = cli(command, "--gpu-key", gpu_key, *(a.replace("{model}", model) for a in args), cwd=tmp_path, timeout=60)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith(f"gpushare-tui: {line}"), r.stderr
+    assert not os.path.exists(marker) and not os.path.exists(shm_file(gpu_key))

@@ -6,6 +6,7 @@ import pytest
 
 from gpushare_tui.core.abi import BadKeyError, BadWeightError
 from gpushare_tui.core.control import ControlError
+from gpushare_tui.core.declaration import DeclarationError
 from gpushare_tui.core.engines.llama_server import EngineError
 from gpushare_tui.core.engines.synthetic import StatusFileError
 from gpushare_tui.core.errors import GpushareError, UsageError
@@ -14,7 +15,7 @@ from gpushare_tui.core.registry import RegistryFullError
 from gpushare_tui.core.segment import SegmentError, UnknownGroupError
 from gpushare_tui.demo import DemoError
 
-USAGE = [BadKeyError, BadWeightError, UnknownGroupError]
+USAGE = [BadKeyError, BadWeightError, DeclarationError, UnknownGroupError]
 RUNTIME = [ControlError, EngineError, StatusFileError, GpuKeyError, RegistryFullError, SegmentError, DemoError]
 
 

@@ -320,7 +320,8 @@ def test_bad_runtime_dir_supervised_engine(
     bad_runtime_dir: str, command: str, gpu_key: str, tmp_path, monkeypatch: pytest.MonkeyPatch, cli
 ) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))  # supervisor and engine logs
-    r = cli(command, "--gpu-key", gpu_key, "--", "true", "-m", "x.gguf", timeout=60)
+    (model := tmp_path / "x.gguf").write_bytes(b"GGUF")  # a valid declaration: the directory is what fails
+    r = cli(command, "--gpu-key", gpu_key, "--", "true", "-m", str(model), timeout=60)
     _one_error_line(r, bad_runtime_dir)
     assert not os.path.exists(shm_file(gpu_key))
 
@@ -332,7 +333,8 @@ def test_bad_state_dir_supervised_engine(
     a_file = tmp_path / "plain-file"
     a_file.write_text("")
     monkeypatch.setenv("XDG_STATE_HOME", str(a_file))  # logs would go under a regular file
-    r = cli(command, "--gpu-key", gpu_key, "--", "true", "-m", "x.gguf", timeout=60)
+    (model := tmp_path / "x.gguf").write_bytes(b"GGUF")  # a valid declaration: the directory is what fails
+    r = cli(command, "--gpu-key", gpu_key, "--", "true", "-m", str(model), timeout=60)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert line.startswith("gpushare-tui: state directory") and "XDG_STATE_HOME" in line, line

@@ -378,7 +378,8 @@ def test_launch_passes_the_share_group_on_to_run(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(launcher.subprocess, "Popen", FakePopen)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     monkeypatch.delenv("GPUSHARE_GROUP", raising=False)
-    args = ["launch", "--weight", "1", "--gpu-key", "k", "--", "llama-server", "-m", "x.gguf"]
+    (model := tmp_path / "x.gguf").write_bytes(b"GGUF")  # launch checks the declaration before it spawns
+    args = ["launch", "--weight", "1", "--gpu-key", "k", "--", "true", "-m", str(model)]
     main([*args[:5], "--share-group", GROUP, *args[5:]])
     monkeypatch.setenv("GPUSHARE_GROUP", GROUP)
     main(args)

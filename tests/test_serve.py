@@ -12,7 +12,6 @@ from conftest import cli_argv, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from serve_env import get, start_serve, start_writer
 
-from gpushare_tui.cli.serve import LISTEN_DEFAULT
 from gpushare_tui.serve.exposition import METRIC_NAMES
 from gpushare_tui.serve.listen import DEFAULT_LISTEN, is_loopback, parse_listen
 from gpushare_tui.serve.server import MAX_CONNECTIONS, REQUEST_DEADLINE_S
@@ -159,8 +158,8 @@ def test_format_bad_input(cli, args, fragment) -> None:
 
 
 def test_default_listen_is_loopback() -> None:
-    assert LISTEN_DEFAULT == DEFAULT_LISTEN == "127.0.0.1:9464"
-    assert is_loopback(parse_listen(LISTEN_DEFAULT)[0])
+    assert DEFAULT_LISTEN == "127.0.0.1:9464"
+    assert is_loopback(parse_listen(DEFAULT_LISTEN)[0])
 
 
 @pytest.mark.parametrize("text", ["nonsense", "127.0.0.1", ":9464", "127.0.0.1:http", "127.0.0.1:70000", "[::1"])

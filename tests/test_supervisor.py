@@ -314,7 +314,7 @@ def test_launch_detached_and_stop(gpu_key, llama_server, tiny_model, runtime_dir
 
 def test_bad_inputs_fail_with_one_line(gpu_key, llama_server, tiny_model, tmp_path, runtime_dir):  # noqa: F811
     r = run_cli("run", "--weight", "1", "--gpu-key", gpu_key, "--", "/nonexistent/llama-server", "-m", tiny_model)
-    assert r.returncode != 0 and "engine binary not found" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "invalid engine binary" in r.stderr and "Traceback" not in r.stderr
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()

@@ -55,6 +55,8 @@ def test_synth_bad_key_in_process(key: str, capsys) -> None:
         ["--weight", "1", "--status-file", "/nonexistent/x"],
         ["--weight", "1", "--status-file", "/tmp"],
         ["--weight", "1", "--status-file", ""],
+        ["--weight", "1", "--name", "é" * 25],  # 50 bytes: the slot holds 48 (it was truncated)
+        ["--weight", "1", "--name", "a\x1bb"],
     ],
     ids=[
         "nan",
@@ -72,6 +74,8 @@ def test_synth_bad_key_in_process(key: str, capsys) -> None:
         "status-file-no-dir",
         "status-file-a-dir",
         "status-file-empty",
+        "name-too-long",
+        "name-control",
     ],
 )
 def test_synth_usage_errors_in_a_real_process(args: list[str], gpu_key: str, cli) -> None:

@@ -44,23 +44,23 @@ BAD = [
     ("weight-string", GOOD.replace("weight = 3", 'weight = "3"'), 5, "weight: must be a number > 0"),
     ("command-empty", GOOD.replace('["sh", "-c", "sleep 1", "--port", "8080"]', "[]"), 6, "command: is empty"),
     ("command-not-list", GOOD.replace('["sh", "-c", "sleep 1", "--port", "8080"]', '"sh"'), 6, "array of strings"),
-    ("binary-missing", GOOD.replace('["sh"', '["no-such-engine-xyz"'), 6, "program not found or not executable"),
-    ("binary-relative-missing", GOOD.replace('["sh"', '["./bin/llama-server"'), 6, "program not found"),
+    ("binary-missing", GOOD.replace('["sh"', '["no-such-engine-xyz"'), 6, "engine binary 'no-such-engine-xyz': not on"),
+    ("binary-relative-missing", GOOD.replace('["sh"', '["./bin/llama-server"'), 6, "llama-server': no such file"),
     ("no-command", GOOD.replace("synth = { step_ms = 5 }\n", ""), 10, "engine 'batch': command: missing"),
     ("command-and-synth", GOOD.replace("weight = 1\n", 'weight = 1\ncommand = ["sh"]\n'), 14, "not both"),
     ("no-name", GOOD.replace('name = "batch"\n', ""), 10, "engine #2: name: missing"),
     ("name-empty", GOOD.replace('name = "batch"', 'name = ""'), 11, "name: must be a non-empty string"),
     ("restart-bad", GOOD.replace('restart = "always"', 'restart = "sometimes"'), 7, "restart: must be one of"),
     ("env-bad", GOOD.replace('"0" }', "0 }"), 8, "env: must be a table of strings"),
-    ("gpu-key-bad", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "../x"'), 1, "gpu_key: invalid '../x'"),
+    ("gpu-key-bad", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "../x"'), 1, "gpu_key: use 1..64 characters of"),
     ("gpu-and-key", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "k"\ngpu = 0'), 2, "gpu: give gpu_key or gpu"),
     ("gpu-negative", GOOD.replace("weight = 1\n", "weight = 1\ngpu = -1\n"), 13, "gpu: must be a GPU index"),
     ("port-twice", GOOD.replace("synth = { step_ms = 5 }", 'command = ["sh", "--port", "8080"]'), 13, "port 8080"),
-    ("port-bad", GOOD.replace('"8080"]', '"http"]'), 6, "--port 'http' is not a port number"),
-    ("serve-listen-bad", GOOD + '[serve]\nlisten = "9464"\n', 15, "serve.listen: must be HOST:PORT"),
+    ("port-bad", GOOD.replace('"8080"]', '"http"]'), 6, "command: --port 'http': must be 1..65535"),
+    ("serve-listen-bad", GOOD + '[serve]\nlisten = "9464"\n', 15, "serve.listen: use HOST:PORT"),
     ("no-engine", 'gpu_key = "k"\n', None, "no engine declared"),
     ("engine-not-table", 'gpu_key = "k"\nengine = 3\n', 2, "engine: must be an array of tables"),
-    ("step-bad", GOOD.replace("step_ms = 5", "step_ms = 0"), 13, "synth: step_ms must be between"),
+    ("step-bad", GOOD.replace("step_ms = 5", "step_ms = 0"), 13, "synth: step_ms 0: must be between 0.05 and 10000"),
     ("load-timeout-bad", GOOD.replace("weight = 1\n", "weight = 1\nload_timeout_s = -1\n"), 13, "load_timeout_s:"),
     ("not-utf8", None, None, "not UTF-8"),
 ]
@@ -140,7 +140,8 @@ def test_backoff_doubles_to_60_s_and_resets_after_5_min_healthy() -> None:
 
 
 def test_deploy_examples_are_valid(tmp_path, capsys, monkeypatch) -> None:
-    """The README's examples: the synth one as is, the llama one with a llama-server on PATH."""
+    """The README's examples: the synth one as is, the llama one with a llama-server on PATH and its
+    models (relative to the file) in place."""
     deploy = REPO / "deploy"
     assert cli_main(["up", "--check", str(deploy / "synth.toml")]) == 0
     fake = tmp_path / "bin" / "llama-server"
@@ -148,7 +149,14 @@ def test_deploy_examples_are_valid(tmp_path, capsys, monkeypatch) -> None:
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
-    cfg = config.load(str(deploy / "gpushare.toml"))
+    example = tmp_path / "gpushare.toml"
+    example.write_text((deploy / "gpushare.toml").read_text())
+    with pytest.raises(config.ConfigError, match=r"engine 'chat': command: model 'models/chat.gguf': no such file"):
+        config.load(str(example))
+    (tmp_path / "models").mkdir()
+    for model in ("chat.gguf", "batch.gguf"):
+        (tmp_path / "models" / model).write_bytes(b"GGUF")
+    cfg = config.load(str(example))
     assert [(e.name, e.weight) for e in cfg.engines] == [("chat", 3.0), ("batch", 1.0)] and cfg.gpu == 0
 
 
@@ -187,3 +195,40 @@ def test_owner_env_round_trip_and_wrapped_handlers(monkeypatch) -> None:
     }
     os.close(r)
     os.close(w)
+
+
+# (listen, whether serve accepts it): `up --check` must agree, since `up` starts `serve --listen` with it
+LISTEN = [
+    ("0.0.0.0:0", True),  # port 0: any free port
+    ("127.0.0.1:0", True),
+    ("localhost:0", True),
+    ("myhost:9464", False),  # a name: never resolved
+    ("9464", False),
+    (":9464", False),
+    ("127.0.0.1:70000", False),
+    ("127.0.0.1:-1", False),
+    ("127.0.0.1:http", False),
+    ("[::1", False),
+]
+
+
+@pytest.mark.parametrize(("listen", "ok"), LISTEN)
+def test_serve_listen_is_checked_as_serve_checks_it(tmp_path, gpu_key, runtime_dir, capsys, listen, ok) -> None:
+    from gpushare_tui.serve.run import open_server
+
+    path = _write(tmp_path, GOOD + f'[serve]\nlisten = "{listen}"\n', gpu_key)
+    assert cli_main(["up", "--check", path]) == (0 if ok else 2)
+    up_out, up_err = capsys.readouterr()
+    if ok:
+        assert up_out.strip().endswith(f"; serve on {listen}") and up_err == ""
+        server = open_server(listen, gpu_key)  # serve's own start: parses and binds
+        server.server_close()
+        server.exporter.close()
+        return
+    (up_line,) = up_err.splitlines()
+    assert up_line.startswith(f"gpushare-tui: {path}:15: serve.listen: "), up_line
+    assert cli_main(["serve", "--listen", listen, "--gpu-key", gpu_key]) == 2
+    (serve_line,) = capsys.readouterr().err.splitlines()
+    assert serve_line.startswith(f"gpushare-tui: invalid --listen {listen!r}: ")
+    problem = serve_line.split(": ", 2)[2]
+    assert up_line.endswith(f"serve.listen: {problem}, got {listen!r}"), (up_line, serve_line)

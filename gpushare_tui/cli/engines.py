@@ -10,7 +10,7 @@ import threading
 
 import typer
 
-from ..core.abi import parse_weight
+from ..core.declaration import check_launch
 from ..core.errors import GpushareError, UsageError
 from .common import checked_group, resolve_key
 from .options import EngineNameOpt, GpuIndexOpt, GpuKeyOpt, LoadTimeoutOpt, ShareGroupOpt, WeightOpt
@@ -77,13 +77,10 @@ def _start_supervisor(
     from ..core.ownership import Owner
     from ..core.supervisor import Supervisor
 
-    w = parse_weight(weight)
-    key = resolve_key(gpu_key, gpu)
     share_group = checked_group(share_group)
-    if not engine_argv:
-        raise UsageError(NO_ENGINE)
+    w = _checked(engine_argv, weight, name, load_timeout)
+    key = resolve_key(gpu_key, gpu)
     args = ls.prepare_args(engine_argv)
-    ls.resolve_binary(args.argv[0])
     name = name or ls.model_stem(args)
     check_socket_dir()  # before the engine is started and loads its model
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:64]
@@ -106,6 +103,14 @@ def _start_supervisor(
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
     return sup
+
+
+def _checked(engine_argv: list[str], weight: str, name: str | None, load_timeout: float) -> float:
+    """The weight of the engine to start, once its declaration is valid (core/declaration.py); else
+    its first problem, a UsageError (one line, exit 2), before anything is started."""
+    if not engine_argv:
+        raise UsageError(NO_ENGINE)
+    return check_launch(engine_argv, weight=weight, name=name, load_timeout_s=load_timeout)
 
 
 def _gpu_busy_for(key: str):
@@ -133,11 +138,9 @@ def launch(
     from ..core.launcher import LaunchSpec, launch_detached
 
     try:
-        w = parse_weight(weight)
         share_group = checked_group(share_group)
+        w = _checked(ctx.args, weight, name, load_timeout)
         key = resolve_key(gpu_key, gpu)
-        if not ctx.args:
-            raise UsageError(NO_ENGINE)
         reply = launch_detached(
             LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
         )

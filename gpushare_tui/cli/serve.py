@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import typer
 
+from ..serve.listen import DEFAULT_LISTEN  # no server: the parser of addresses only
 from .common import checked_key
-
-LISTEN_DEFAULT = "127.0.0.1:9464"  # serve.listen.DEFAULT_LISTEN, spelled here so --help imports no server
 
 
 def serve(
     listen: str = typer.Option(
-        LISTEN_DEFAULT, "--listen", help="HOST:PORT (or [IPv6]:PORT) to listen on; port 0 picks a free one."
+        DEFAULT_LISTEN, "--listen", help="HOST:PORT (or [IPv6]:PORT) to listen on; port 0 picks a free one."
     ),
     gpu_key: str | None = typer.Option(None, "--gpu-key", help="Serve only this segment."),
 ) -> None:

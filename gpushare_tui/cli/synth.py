@@ -8,6 +8,7 @@ import os
 import typer
 
 from ..core.abi import parse_weight
+from ..core.declaration import check_name, check_step_ms, check_work_units
 from ..core.errors import UsageError
 from .common import checked_group, resolve_key
 from .options import GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
@@ -29,12 +30,11 @@ def synth(
 ) -> None:
     """A synthetic engine: real CPU work per step, paced by the registry."""
     w = parse_weight(weight)
-    if not (math.isfinite(step_ms) and 0.05 <= step_ms <= 10_000):
-        raise UsageError(f"invalid --step-ms {step_ms}: between 0.05 and 10000")
+    check_name(name, label="--name")  # as `up` and the launch form: never truncated in the slot
+    check_step_ms(step_ms, label="--step-ms")
     if not (math.isfinite(duration) and duration >= 0):
         raise UsageError(f"invalid --duration {duration}: a finite number of seconds >= 0 (0 = until stopped)")
-    if work_units < 0:
-        raise UsageError(f"invalid --work-units {work_units}: >= 0 (0 = calibrate to --step-ms)")
+    check_work_units(work_units, label="--work-units")
     if status_file is not None:
         _check_status_file(status_file)
     from ..core.engines.synthetic import serve_synth

@@ -100,6 +100,9 @@ def to_f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
+WEIGHT_RULE = "must be a finite number > 0"
+
+
 def weight_is_valid(w: float) -> bool:
     return math.isfinite(w) and w > 0
 
@@ -116,7 +119,7 @@ def parse_weight(value: str | float) -> float:
     except (TypeError, ValueError, OverflowError):  # OverflowError: beyond FLT_MAX
         w32 = math.nan
     if not weight_is_valid(w32):
-        raise BadWeightError(f"invalid weight {value!r}: must be a finite number > 0")
+        raise BadWeightError(f"invalid weight {value!r}: {WEIGHT_RULE}")
     return w32
 
 

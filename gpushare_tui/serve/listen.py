@@ -5,33 +5,40 @@ from __future__ import annotations
 import errno
 import ipaddress
 
+from ..core.declaration import DeclarationError, check_port
 from ..core.errors import GpushareError, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, *, label: str = "--listen") -> tuple[str, int]:
     """(IP literal, port) from `HOST:PORT` or `[IPv6]:PORT`; `localhost` is 127.0.0.1; port 0 picks a free one.
-    UsageError (one line) for anything else: names are not resolved (a listener is configured by address)."""
-    bad = f"invalid --listen {text!r}: "
+    A DeclarationError (a UsageError: one line, `label` naming the value) for anything else: names are not
+    resolved (a listener is configured by address). `serve --listen` and `up`'s `[serve] listen` both parse here."""
+
+    def bad(problem: str) -> DeclarationError:
+        return DeclarationError("listen", text, problem, label=label)
+
     if text.startswith("["):
         host, close, rest = text[1:].partition("]")
         if not close or not rest.startswith(":"):
-            raise UsageError(bad + "use HOST:PORT or [IPv6]:PORT")
+            raise bad("use HOST:PORT or [IPv6]:PORT")
         port_text = rest[1:]
     else:
         host, colon, port_text = text.rpartition(":")
         if not colon or not host:
-            raise UsageError(bad + "use HOST:PORT, e.g. 127.0.0.1:9464")
-    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
-        raise UsageError(bad + "the port is a number 0..65535")
+            raise bad(f"use HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    try:
+        port = check_port(port_text, any_port=True)
+    except DeclarationError as e:
+        raise bad(f"the port {e.problem}") from None
     if host == "localhost":
         host = "127.0.0.1"
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
-        raise UsageError(bad + f"{host!r} is not an IP address") from None
-    return str(addr), int(port_text)
+        raise bad(f"{host!r} is not an IP address") from None
+    return str(addr), port
 
 
 def is_loopback(host: str) -> bool:

@@ -1,6 +1,6 @@
 """`l`: start a supervised engine detached (like `gpushare-tui launch`), and report how it went.
 
-The form validates every field first (inline errors, nothing started); then it calls
+The form validates every field first (core/declaration.py; inline errors, nothing started); then it calls
 `core.launcher.launch_detached` for `BINARY -m MODEL [--port P] EXTRA...` in a thread
 worker, which returns once the engine is healthy or with the engine's error.
 """
@@ -20,7 +20,14 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Input, Label, Static
 from textual.worker import get_current_worker
 
-from ..core.abi import NAME_BYTES, BadKeyError, BadWeightError, parse_weight, validate_gpu_key
+from ..core.declaration import (
+    MODEL_FLAGS,
+    PORT_FLAG,
+    DeclarationError,
+    check_gpu_key,
+    check_weight,
+    launch_problems,
+)
 from ..core.errors import GpushareError
 from ..core.launcher import LaunchReply, LaunchSpec, launch_detached
 from .dialog import Dialog
@@ -84,66 +91,32 @@ def default_binary() -> str:
 
 
 def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, dict[str, str]]:
-    """(what to launch, {}) or (None, {field: error})."""
+    """(what to launch, {}) or (None, {field: error}): the fields' engine declaration is checked by
+    core.declaration (as `launch` checks its command line); each problem is shown at its field."""
     errors: dict[str, str] = {}
     v = {k: (values.get(k) or "").strip() for k, _, _ in FIELDS}
-
-    binary = v["binary"]
-    if not binary:
-        errors["binary"] = "required"
-    elif "/" in binary:
-        if not os.path.isfile(binary):
-            errors["binary"] = f"no such file: {binary}"
-        elif not os.access(binary, os.X_OK):
-            errors["binary"] = f"not executable: {binary}"
-    elif shutil.which(binary) is None:
-        errors["binary"] = f"{binary!r} is not on PATH: give its full path"
-
-    model = os.path.expanduser(v["model"])
-    if not model:
-        errors["model"] = "required"
-    elif not os.path.isfile(model):
-        errors["model"] = f"no such file: {model}"
-    elif not os.access(model, os.R_OK):
-        errors["model"] = f"not readable: {model}"
-
-    port = v["port"]
-    if port:
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
-            errors["port"] = "a number 1..65535 (or empty for a free port)"
-
-    try:
-        weight = parse_weight(v["weight"])
-    except BadWeightError as e:
-        errors["weight"] = str(e)
-        weight = 0.0
-
-    name = v["name"]
-    if len(name.encode("utf-8")) > NAME_BYTES:
-        errors["name"] = f"at most {NAME_BYTES} bytes (UTF-8)"
-
     try:
         extra = shlex.split(v["extra"])
     except ValueError as e:
         errors["extra"] = f"cannot split: {e}"
         extra = []
-    for flag in ("-m", "--model"):
-        if flag in extra:
-            errors["extra"] = "give the model in the Model path field, not in extra args"
-
+    if any(flag in extra for flag in MODEL_FLAGS):
+        errors["extra"] = "give the model in the Model path field, not in extra args"
+    port = [PORT_FLAG, v["port"]] if v["port"] else []
+    engine_argv = (v["binary"], "-m", os.path.expanduser(v["model"]), *port, *extra)
+    for problem in launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None):
+        errors.setdefault(problem.part, problem.problem)
     key = v["gpu_key"]
     if not key:
         errors["gpu_key"] = "required (the segment the engine joins)"
     else:
         try:
-            validate_gpu_key(key)
-        except BadKeyError as e:
-            errors["gpu_key"] = str(e)
-
+            check_gpu_key(key)
+        except DeclarationError as e:
+            errors["gpu_key"] = e.problem
     if errors:
         return None, errors
-    engine_argv = [binary, "-m", model, *(["--port", port] if port else []), *extra]
-    return LaunchSpec(tuple(engine_argv), key, weight, name=name or None), {}
+    return LaunchSpec(engine_argv, key, check_weight(v["weight"]), name=v["name"] or None), {}
 
 
 def launch_in_worker(spec: LaunchSpec) -> LaunchReply:

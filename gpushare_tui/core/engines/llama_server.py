@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
 from ..errors import GpushareError
 
 HOST_DEFAULT = "127.0.0.1"
@@ -39,16 +40,6 @@ class EngineArgs:
     port_chosen: bool  # we picked the port
 
 
-def _flag_value(argv: list[str], *names: str) -> str | None:
-    for i, a in enumerate(argv):
-        for n in names:
-            if a == n and i + 1 < len(argv):
-                return argv[i + 1]
-            if a.startswith(n + "="):
-                return a.split("=", 1)[1]
-    return None
-
-
 def free_port(host: str = HOST_DEFAULT) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -66,28 +57,24 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def prepare_args(argv: list[str]) -> EngineArgs:
-    """Add --metrics/--slots when absent, and --host/--port (a free port when absent)."""
+    """Add --metrics/--slots when absent, and --host/--port (a free port when absent). A --port
+    given is checked first (core/declaration.py): a DeclarationError (a UsageError) if not 1..65535."""
     if not argv:
         raise EngineError("no engine command given (use: -- llama-server ARGS...)")
     out = list(argv)
     for flag in ("--metrics", "--slots"):
         if flag not in out:
             out.append(flag)
-    host = _flag_value(out, "--host")
+    host = flag_value(out, "--host")
     if host is None:
         host = HOST_DEFAULT
         out += ["--host", host]
-    port_s = _flag_value(out, "--port")
-    chosen = port_s is None
-    if port_s is None:
+    port = engine_port(out)
+    chosen = port is None
+    if port is None:
         port = free_port(host)
-        out += ["--port", str(port)]
-    else:
-        try:
-            port = int(port_s)
-        except ValueError:
-            raise EngineError(f"invalid --port {port_s!r}") from None
-    return EngineArgs(tuple(out), host, port, _flag_value(out, "-m", "--model"), chosen)
+        out += [PORT_FLAG, str(port)]
+    return EngineArgs(tuple(out), host, port, flag_value(out, *MODEL_FLAGS), chosen)
 
 
 def model_stem(args: EngineArgs) -> str:
