@@ -18,6 +18,7 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widget import Widget
 
+from ..core import schedule
 from ..core.clock import ClockUs, wall_us
 from ..core.snapshot import GpuSnapshot, PeerSnapshot
 from ..dashboard.strobe import Strobe
@@ -39,14 +40,6 @@ def _segments(snap: GpuSnapshot) -> list[tuple[int, int, int, str]]:
     ]
     segs.sort()
     return segs
-
-
-def holder_at(snap: GpuSnapshot, t_us: int) -> int | None:
-    """The member whose window contains instant t_us (spec §5: phase = t_us mod period); None without one."""
-    if snap.period_ms is None:
-        return None
-    pos = t_us % (snap.period_ms * 1000)
-    return next((p.slot for p in snap.peers if p.window_us and p.window_us[0] <= pos < p.window_us[1]), None)
 
 
 def legends(snap: GpuSnapshot) -> tuple[str, str]:
@@ -83,7 +76,7 @@ def cursor_line(snap: GpuSnapshot | None, width: int, cursor_us: int, no_color: 
     bar_w = bar_width(snap, width)
     period_us = snap.period_ms * 1000
     cursor_col = min(bar_w - 1, (cursor_us % period_us) * bar_w // period_us)
-    running = holder_at(snap, cursor_us)
+    running = schedule.holder_at(period_us, ((p.slot, p.window_us) for p in snap.peers), cursor_us)
     runner = next((p for p in snap.peers if p.slot == running), None)
 
     label = f"now: {runner.name or runner.pid} may run" if runner else "now"
