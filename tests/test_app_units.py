@@ -11,7 +11,7 @@ from gpushare_tui.dashboard.columns import COLUMNS, GAP, NAME_KEEP, NAME_WIDTH, 
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
-from gpushare_tui.widgets.peers_table import cell_text, name_width, row_cells
+from gpushare_tui.widgets.peers_table import cell_text, row_cells
 from gpushare_tui.widgets.timeline import render_timeline
 
 # -- weights -----------------------------------------------------------------
@@ -114,7 +114,7 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
         assert set(must) <= set(keys) and {c.key for c in COLUMNS} - set(keys) == dropped, available
         assert sum(c.width + GAP for c in shown if c.key != "name") + name + GAP <= available
         assert name >= (NAME_KEEP if available >= 77 else NAME_WIDTH[0])
-    assert name_width(200) == NAME_WIDTH[1]
+    assert fit_columns(200)[1] == NAME_WIDTH[1]
     assert [c.key for c in fit_columns(40)[0]] == must  # narrower still: only the optional ones go
 
 
