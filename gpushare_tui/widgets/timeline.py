@@ -1,11 +1,12 @@
 """The TDM timeline: each member's window across one period, and a stroboscopic cursor.
 
 The cursor is computed here, from the schedule the snapshot carries (period,
-windows) and the App's clock, not from the snapshot's time: the widget redraws
-its cursor line on its own timer, one frame of `dashboard.strobe.Strobe` at a
-time (a true sample of the phase; the sweep 17× to 65× slower than real
-time), while the 1 s refresh only updates the windows when they change. The
-line's right-hand legend says so: `strobe 33× slower` above `period 160 ms`.
+windows) and the clock the widget is given (the App's), not from the snapshot's
+time: the widget redraws its cursor line on its own timer, one frame of
+`dashboard.strobe.Strobe` at a time (a true sample of the phase; the sweep 17×
+to 65× slower than real time), while the 1 s refresh only updates the windows
+when they change. The line's right-hand legend says so: `strobe 33× slower`
+above `period 160 ms`.
 """
 
 from __future__ import annotations
@@ -162,14 +163,17 @@ def drawn_key(snap: GpuSnapshot | None) -> tuple | None:
 class Timeline(Widget):
     """`show(snapshot)` updates the windows when they change; a one-shot timer per strobe frame
     redraws only the cursor line. No timer without a schedule; none while scrolled out of view
-    (it looks again every OFFSCREEN_RECHECK_S). The clock is the App's `clock` (frozen in tests)."""
+    (it looks again every OFFSCREEN_RECHECK_S). `clock`: the cursor's, CLOCK_REALTIME as the phase is
+    (spec §5); the App passes its own (frozen in tests). A remote host's GPU is drawn on our clock
+    (NTP keeps them ms apart)."""
 
     DEFAULT_CSS = """
     Timeline { height: 2; width: 1fr; }
     """
 
-    def __init__(self, snapshot: GpuSnapshot | None = None, **kwargs) -> None:
+    def __init__(self, snapshot: GpuSnapshot | None = None, *, clock: ClockUs = wall_us, **kwargs) -> None:
         super().__init__(**kwargs)
+        self._clock = clock
         self._snap = snapshot
         self._key = drawn_key(snapshot)
         self._strobe = _strobe_of(snapshot)
@@ -193,11 +197,6 @@ class Timeline(Widget):
             return now
         frame = self._frame if self._frame is not None else self._strobe.frame(now)
         return self._strobe.sample_us(frame)
-
-    def _clock(self) -> int:
-        # The phase is CLOCK_REALTIME (spec §5); a remote host's GPU is drawn on our clock (NTP keeps them ms apart).
-        clock: ClockUs = getattr(self.app, "clock", wall_us)
-        return clock()
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._arm)
