@@ -28,7 +28,6 @@ from ..dashboard.columns import COLUMN_BY_KEY, COLUMNS, GAP, Column, fit_columns
 from ..dashboard.model import PeerRow
 from .palette import slot_colour
 
-_NO_STYLE = Style()
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
 _JUSTIFY = {c.key: "right" if c.right else "left" for c in COLUMNS}

@@ -63,7 +63,7 @@ def _lone_member(snap: GpuSnapshot) -> PeerSnapshot | None:
     return next((p for p in snap.peers if p.alive and p.active and p.weight is not None), None)
 
 
-def cursor_line(snap: GpuSnapshot | None, width: int, cursor_us: int, no_color: bool = False) -> Text:
+def cursor_line(snap: GpuSnapshot | None, width: int, cursor_us: int) -> Text:
     """▼ at instant cursor_us's phase, naming who may run then; the strobe legend at the right."""
     width = max(width, 10)
     if snap is None:
@@ -130,14 +130,6 @@ def bar_line(snap: GpuSnapshot | None, width: int, no_color: bool = False) -> Te
     if bar_w < width:
         bar.append(_fit(" " + legends(snap)[1], width - bar_w), _DIM)
     return bar
-
-
-def render_timeline(snap: GpuSnapshot | None, width: int, no_color: bool = False, now_us: int | None = None) -> Text:
-    """Both lines: the cursor at now_us (default: the snapshot's time), then the window bar."""
-    if snap is None:
-        return Text("")
-    t = snap.now_us if now_us is None else now_us
-    return Text("\n").join([cursor_line(snap, width, t, no_color), bar_line(snap, width, no_color)])
 
 
 def _fit(s: str, n: int) -> str:
@@ -259,7 +251,7 @@ class Timeline(Widget):
             t = self.cursor_us
             key = (width, self._key, t if self._strobe is not None else None, no_color)
             if self._head is None or self._head[0] != key:
-                self._head = (key, self._strip(cursor_line(self._snap, width, t, no_color), width))
+                self._head = (key, self._strip(cursor_line(self._snap, width, t), width))
             return self._head[1]
         if y == 1:
             key = (width, self._key, no_color)
