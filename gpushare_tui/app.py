@@ -335,7 +335,7 @@ class DashboardApp(App):
         for g in model.gpus:
             panel = self._panels.get(g.gpu_key)
             if panel is None:
-                panel = self._panels[g.gpu_key] = GpuPanel(g)
+                panel = self._panels[g.gpu_key] = GpuPanel(g, clock=self.clock)
                 self._gpus_box.mount(panel)
                 new = True
             else:

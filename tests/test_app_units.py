@@ -11,8 +11,8 @@ from gpushare_tui.dashboard.columns import COLUMNS, GAP, NAME_KEEP, NAME_WIDTH, 
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
-from gpushare_tui.widgets.peers_table import cell_text, name_width, row_cells
-from gpushare_tui.widgets.timeline import render_timeline
+from gpushare_tui.widgets.peers_table import cell_text, row_cells
+from gpushare_tui.widgets.timeline import bar_line, cursor_line
 
 # -- weights -----------------------------------------------------------------
 
@@ -38,8 +38,7 @@ def test_timeline_windows_proportional_and_cursor_names_the_runner():
     s = snap([slot(0, 2, name="big"), slot(1, 1, name="small")])  # 2:1 -> 120 ms, [0, 80000) [80000, 120000)
     now = NOW - NOW % 120_000 + 90_000  # inside small's window
     s = snap([slot(0, 2, name="big"), slot(1, 1, name="small")], now=now)
-    assert s.running_slot() == 1
-    head, bar = render_timeline(s, 78).plain.split("\n")  # a 60-column bar + the 18-column legend
+    head, bar = cursor_line(s, 78, now).plain, bar_line(s, 78).plain  # a 60-column bar + the 18-column legend
     assert len(bar) == 78 and bar.startswith(" big 80ms")
     assert bar.index(" small") == 40  # 80 ms of 120 ms -> column 40 of 60
     assert bar[60:].strip() == "period 120 ms"
@@ -48,15 +47,14 @@ def test_timeline_windows_proportional_and_cursor_names_the_runner():
 
 
 def test_timeline_without_schedule():
-    alone = render_timeline(snap([slot(0, 1, name="solo")]), 50).plain
+    alone = bar_line(snap([slot(0, 1, name="solo")]), 50).plain
     assert "solo" in alone and "unthrottled" in alone
-    idle = render_timeline(snap([slot(0, 1, active=0)]), 50).plain
+    idle = bar_line(snap([slot(0, 1, active=0)]), 50).plain
     assert "no active members" in idle
 
 
 def test_timeline_no_color_uses_fill_patterns():
-    t = render_timeline(snap([slot(0, 1, name="a"), slot(1, 1, name="b")]), 80, no_color=True)
-    bar = t.plain.split("\n")[1]
+    bar = bar_line(snap([slot(0, 1, name="a"), slot(1, 1, name="b")]), 80, no_color=True).plain
     assert "█" in bar and "▓" in bar  # slot 0 and slot 1 differ without colour
 
 
@@ -115,7 +113,7 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
         assert set(must) <= set(keys) and {c.key for c in COLUMNS} - set(keys) == dropped, available
         assert sum(c.width + GAP for c in shown if c.key != "name") + name + GAP <= available
         assert name >= (NAME_KEEP if available >= 77 else NAME_WIDTH[0])
-    assert name_width(200) == NAME_WIDTH[1]
+    assert fit_columns(200)[1] == NAME_WIDTH[1]
     assert [c.key for c in fit_columns(40)[0]] == must  # narrower still: only the optional ones go
 
 

@@ -87,6 +87,9 @@ def test_tdm_vector(case: dict) -> None:
         assert by_slot[int(slot_s)].share_pct == pct
     for slot_s, win in exp["windows"].items():
         assert list(by_slot[int(slot_s)].window_us) == win
+    if sched is not None:  # who holds the window now: the snapshot's windows (the timeline) and may_run agree
+        holder = schedule.holder_at(sched.period_us, ((p.slot, p.window_us) for p in snap.peers), now)
+        assert [s for s in sched.slots if schedule.may_run(sched, s, now)] == [holder]
 
 
 # -- spec §5 worked examples ---------------------------------------------------
@@ -196,6 +199,17 @@ def test_window_boundaries_and_next_start() -> None:
     assert schedule.may_run(sched, 0, base + 1) and not schedule.may_run(sched, 5, base + 1)
     # non-members are never throttled by someone else's schedule
     assert schedule.may_run(sched, 9, base + 100_000) is True
+
+
+def test_holder_at_is_the_window_containing_the_phase() -> None:
+    windows = [(3, (0, 80_000)), (7, None), (5, (80_000, 100_000))]  # 7: no window; [100000, 120000): nobody's
+    base = 1_764_000_000_000_000 - 1_764_000_000_000_000 % 120_000
+    assert schedule.holder_at(120_000, windows, base) == 3
+    assert schedule.holder_at(120_000, windows, base + 79_999) == 3
+    assert schedule.holder_at(120_000, windows, base + 80_000) == 5  # start inclusive, end exclusive
+    assert schedule.holder_at(120_000, windows, base + 100_000) is None
+    assert schedule.holder_at(120_000, windows, base + 120_000 + 80_001) == 5  # the phase: t mod period
+    assert schedule.holder_at(120_000, [], base) is None
 
 
 def test_members_need_alive_active_and_valid_weight() -> None:

@@ -94,6 +94,17 @@ async def until(pilot, pred: Callable[[], object], timeout: float = 10.0, what: 
         await pilot.pause(0.02)
 
 
+def test_the_widget_reads_the_clock_it_is_given():
+    """The cursor's instant is the given clock's current strobe frame (no App attribute looked up)."""
+    clock = [NOW + 95_000]
+    tl = Timeline(snap(SLOTS), clock=lambda: clock[0])
+    st = Strobe(160_000)
+    assert tl.cursor_us == st.sample_us(st.frame(clock[0]))
+    clock[0] += 10 * st.frame_us
+    assert tl.cursor_us == st.sample_us(st.frame(clock[0]))
+    assert Timeline(snap([slot(0, 1)]), clock=lambda: 42).cursor_us == 42  # no schedule: the clock's now
+
+
 def app_at(clock: list[int], share_weights=(2, 1)) -> DashboardApp:
     return DashboardApp(FixedSource([model_at(0, share_weights)]), interval_s=3600, host="h", clock=lambda: clock[0])
 

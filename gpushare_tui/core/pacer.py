@@ -10,7 +10,7 @@ from .abi import SlotRecord
 from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 
-BUSY_WINDOW_US = 1_000_000  # busy_ppm is the busy fraction over consecutive windows this long
+BUSY_WINDOW_US = 1_000_000  # busy_ppm is the busy fraction over consecutive windows this long (pacer and supervisor)
 BUSY_EARLY_US = 200_000  # after resuming from idle, the first this-long part of the window is published at once
 
 

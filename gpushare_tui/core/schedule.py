@@ -100,15 +100,21 @@ def _build_schedule(members: tuple[tuple[int, float], ...]) -> Schedule | None:
     )
 
 
+def holder_at(period_us: int, windows_us: Iterable[tuple[int, tuple[int, int] | None]], t_us: int) -> int | None:
+    """The slot whose window [start, end) contains instant t_us's phase, t_us mod period_us (spec §5);
+    None when none does. `windows_us`: (slot, its window within the period, or None) pairs."""
+    pos = t_us % period_us
+    for slot, w in windows_us:  # a plain loop: the pacer asks at every decode step
+        if w is not None and w[0] <= pos < w[1]:
+            return slot
+    return None
+
+
 def may_run(schedule: Schedule | None, slot: int, now_us: int) -> bool:
     """True when there is no schedule, `slot` is not a member, or now is in its window."""
-    if schedule is None:
+    if schedule is None or slot not in schedule.slots:
         return True
-    window = schedule.window_of(slot)
-    if window is None:
-        return True
-    pos = now_us % schedule.period_us
-    return window[0] <= pos < window[1]
+    return holder_at(schedule.period_us, zip(schedule.slots, schedule.windows_us), now_us) == slot
 
 
 def next_window_start_us(schedule: Schedule | None, slot: int, now_us: int) -> int:

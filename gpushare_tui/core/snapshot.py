@@ -45,16 +45,6 @@ class GpuSnapshot:
         """Group or world may write (and shrink) this segment: anyone of them can steer the schedule."""
         return bool(self.mode & 0o022)
 
-    def running_slot(self) -> int | None:
-        """Which member's window contains now (None without a schedule)."""
-        if self.period_ms is None:
-            return None
-        pos = self.now_us % (self.period_ms * 1000)
-        for p in self.peers:
-            if p.window_us and p.window_us[0] <= pos < p.window_us[1]:
-                return p.slot
-        return None
-
 
 @dataclass(frozen=True)
 class SegmentProblem:

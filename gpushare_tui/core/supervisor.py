@@ -28,6 +28,7 @@ from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply
 from .engines import llama_server as ls
 from .ownership import Owner
+from .pacer import BUSY_WINDOW_US
 from .rate import StepRate
 from .registry import Membership
 from .snapshot import own_peer, sole_member
@@ -39,7 +40,6 @@ MONITOR_TICK_S = 0.050
 CPU_ACTIVE_CORES = 0.25  # engine CPU use (in cores) that counts as decoding
 PROBE_TIMEOUT_S = 0.25
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
-STATS_EVERY_S = 1.0
 STOP_GRACE_S = 10.0
 MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (PROBE_TIMEOUT_S)
 
@@ -264,7 +264,7 @@ class Supervisor:
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
         activity = EngineActivity()
-        rate = StepRate(STATS_EVERY_S)
+        rate = StepRate()
         n_decode: int | None = None  # the last probe's n_decode_total
 
         def alone() -> bool:
@@ -299,8 +299,8 @@ class Supervisor:
                 self.status.tok_s = rate.rate if m.active else 0.0  # None: working, first window not complete
                 self.status.solo_tok_s = rate.solo
                 if t >= next_stats:
-                    next_stats = t + STATS_EVERY_S
-                    since_us = wall_us() - int(STATS_EVERY_S * 1e6)  # NVML samples carry wall-clock stamps
+                    next_stats = t + BUSY_WINDOW_US / 1e6
+                    since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
                     busy = self._gpu_busy(proc.pid, since_us) if self._gpu_busy else None
                     frac = busy / 100 if busy is not None else cpu_stats.fraction()
                     self.status.busy_pct = 100 * frac

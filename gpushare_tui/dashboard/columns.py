@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.pacer import BUSY_WINDOW_US
+from ..core.rate import RATE_WINDOW_S
 from .model import PeerRow
-
-BUSY_WINDOW_S = BUSY_WINDOW_US / 1e6  # what BSY% is averaged over (supervisors measure over the same 1 s)
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ COLUMNS: tuple[Column, ...] = (
         lambda r: r.peer.busy_pct,
         True,
         True,
-        help=f"measured busy time, averaged over the last {BUSY_WINDOW_S:g} s",
+        help=f"measured busy time, averaged over the last {BUSY_WINDOW_US / 1e6:g} s",
     ),
     Column(
         "ach",
@@ -148,7 +147,7 @@ COLUMNS: tuple[Column, ...] = (
         lambda r: _num_or(r.tok_s),
         True,
         True,
-        help="tokens/s over the last 1 s of work (- until measured)",
+        help=f"tokens/s over the last {RATE_WINDOW_S:g} s of work (- until measured)",
     ),
     Column(
         "speed",

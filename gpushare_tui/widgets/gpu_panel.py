@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
+from ..core.clock import ClockUs, wall_us
 from ..core.gpu import DeviceStats
 from ..core.snapshot import GpuSnapshot
 from ..dashboard.model import GpuView
@@ -82,7 +83,7 @@ def subtitle(snap: GpuSnapshot) -> Text:
 
 
 class GpuPanel(Vertical):
-    """Updated in place with `show(view)`; never re-created per tick."""
+    """Updated in place with `show(view)`; never re-created per tick. `clock`: its timeline's (see Timeline)."""
 
     DEFAULT_CSS = """
     GpuPanel {
@@ -97,12 +98,12 @@ class GpuPanel(Vertical):
     GpuPanel > .gpu-info { height: 1; }
     """
 
-    def __init__(self, view: GpuView, **kwargs) -> None:
+    def __init__(self, view: GpuView, *, clock: ClockUs = wall_us, **kwargs) -> None:
         super().__init__(**kwargs)
         self.gpu_key = view.gpu_key
         self._view = view
         self._info = InfoLine(view, classes="gpu-info")
-        self._timeline = Timeline(view.snapshot)
+        self._timeline = Timeline(view.snapshot, clock=clock)
         self._set_titles(view)
 
     def compose(self) -> ComposeResult:

@@ -12,7 +12,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..dashboard.columns import BUSY_WINDOW_S
+from ..core.pacer import BUSY_WINDOW_US
+from ..core.rate import RATE_WINDOW_S
 from .dialog import Dialog
 
 NAVIGATION = (
@@ -83,12 +84,12 @@ class HelpScreen(Dialog[None]):
             yield Static(
                 "Timeline: each active peer's window in one TDM period, in its colour; ▼ marks now "
                 "(who may run this instant). SHR% = weight ÷ Σ weights of active peers; BSY% = the "
-                f"peer's measured busy time, averaged over its last {BUSY_WINDOW_S:g} s. ACH% (achieved "
+                f"peer's measured busy time, averaged over its last {BUSY_WINDOW_US / 1e6:g} s. ACH% (achieved "
                 "share) = busy ÷ Σ busy of the active peers: time on the device, whatever the model "
                 "(plotted as a 5 s average against the configured share, dashed). TOK/S: over the "
-                "engine's last 1 s of work (- until measured); SPD% = TOK/S ÷ its best tok/s alone (its "
-                "solo speed; - until it has run alone). ENGINE: the engine's state (running, loading, exiting; "
-                '"up …" under gpushare-tui up, "up ≠file" when its weight differs from the file); pacing '
+                f"engine's last {RATE_WINDOW_S:g} s of work (- until measured); SPD% = TOK/S ÷ its best tok/s "
+                "alone (its solo speed; - until it has run alone). ENGINE: the engine's state (running, loading, "
+                'exiting; "up …" under gpushare-tui up, "up ≠file" when its weight differs from the file); pacing '
                 "pauses are not a state: the timeline shows who runs. Foreign peers (no gpushare-tui control "
                 "socket) are read-only. On a "
                 "narrow terminal GPU, VRAM and HB are left out. Esc / ? closes.",

@@ -18,6 +18,7 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
+from textual.cache import LRUCache
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
@@ -27,13 +28,13 @@ from ..dashboard.columns import COLUMN_BY_KEY, COLUMNS, GAP, Column, fit_columns
 from ..dashboard.model import PeerRow
 from .palette import slot_colour
 
-_NO_STYLE = Style()
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
 _JUSTIFY = {c.key: "right" if c.right else "left" for c in COLUMNS}
 _ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
 # engine_text's cases other than a state (dead, foreign, not asked yet, no reply, differs from its file)
 _ENGINE_CASE_STYLE = {"-": "dim", "read-only": "dim italic", "…": "dim", "no reply": "red", "up ≠file": "yellow"}
+STRIP_CACHE_SIZE = 1024  # row strips kept (as Textual's Log): more than a screen shows, however many rows come and go
 
 
 def _engine_style(r: PeerRow, text: str) -> str:
@@ -98,11 +99,6 @@ def cell_text(r: PeerRow, column: str) -> str:
     return row_cells(r)[_INDEX[column]].plain
 
 
-def name_width(available: int) -> int:
-    """Width of NAME in `available` cells (see `dashboard.columns.fit_columns`)."""
-    return fit_columns(available)[1]
-
-
 class PeersTable(ScrollView, can_focus=True):
     """`show(rows)` replaces the data; the header stays on line 0 while rows scroll."""
 
@@ -144,7 +140,7 @@ class PeersTable(ScrollView, can_focus=True):
         self._cells: dict[str, tuple[Text, ...]] = {}
         self._keys: dict[str, tuple] = {}
         self._order: list[str] = []
-        self._strips: dict[tuple[str, int], Strip] = {}
+        self._strips: LRUCache[tuple[str, int], Strip] = LRUCache(STRIP_CACHE_SIZE)  # (row key, selection)
         self._header_strip: Strip | None = None
         self._styles: tuple[Style, Style, Style] | None = None
         self._style_cache: dict[tuple[Style, object], Style] = {}
@@ -198,14 +194,14 @@ class PeersTable(ScrollView, can_focus=True):
         for gone in removed:
             del self._rows[gone], self._keys[gone]
             self._cells.pop(gone, None)
+            self._drop_strips(gone)
         for k, r in new.items():
             dk = display_key(r)
             if self._keys.get(k) != dk:
                 self._keys[k] = dk
                 self._cells.pop(k, None)
                 changed.append(k)
-                for sel in (0, 1, 2):
-                    self._strips.pop((k, sel), None)
+                self._drop_strips(k)
             self._rows[k] = r
         if not changed and not removed:
             return
@@ -225,6 +221,10 @@ class PeersTable(ScrollView, can_focus=True):
             y = index[k] - top + 1
             if 1 <= y < height:
                 self.refresh(Region(0, y, self.size.width, 1))
+
+    def _drop_strips(self, key: str) -> None:
+        for selected in (0, 1, 2):
+            self._strips.discard((key, selected))
 
     def _sorted_keys(self) -> list[str]:
         col = COLUMN_BY_KEY[self.sort_column]

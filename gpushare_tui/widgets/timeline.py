@@ -1,11 +1,12 @@
 """The TDM timeline: each member's window across one period, and a stroboscopic cursor.
 
 The cursor is computed here, from the schedule the snapshot carries (period,
-windows) and the App's clock, not from the snapshot's time: the widget redraws
-its cursor line on its own timer, one frame of `dashboard.strobe.Strobe` at a
-time (a true sample of the phase; the sweep 17× to 65× slower than real
-time), while the 1 s refresh only updates the windows when they change. The
-line's right-hand legend says so: `strobe 33× slower` above `period 160 ms`.
+windows) and the clock the widget is given (the App's), not from the snapshot's
+time: the widget redraws its cursor line on its own timer, one frame of
+`dashboard.strobe.Strobe` at a time (a true sample of the phase; the sweep 17×
+to 65× slower than real time), while the 1 s refresh only updates the windows
+when they change. The line's right-hand legend says so: `strobe 33× slower`
+above `period 160 ms`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widget import Widget
 
+from ..core import schedule
 from ..core.clock import ClockUs, wall_us
 from ..core.snapshot import GpuSnapshot, PeerSnapshot
 from ..dashboard.strobe import Strobe
@@ -41,14 +43,6 @@ def _segments(snap: GpuSnapshot) -> list[tuple[int, int, int, str]]:
     return segs
 
 
-def holder_at(snap: GpuSnapshot, t_us: int) -> int | None:
-    """The member whose window contains instant t_us (spec §5: phase = t_us mod period); None without one."""
-    if snap.period_ms is None:
-        return None
-    pos = t_us % (snap.period_ms * 1000)
-    return next((p.slot for p in snap.peers if p.window_us and p.window_us[0] <= pos < p.window_us[1]), None)
-
-
 def legends(snap: GpuSnapshot) -> tuple[str, str]:
     """The right-hand legend: above the cursor line, what the cursor shows; beside the bar, the period."""
     if snap.period_ms is None:
@@ -69,7 +63,7 @@ def _lone_member(snap: GpuSnapshot) -> PeerSnapshot | None:
     return next((p for p in snap.peers if p.alive and p.active and p.weight is not None), None)
 
 
-def cursor_line(snap: GpuSnapshot | None, width: int, cursor_us: int, no_color: bool = False) -> Text:
+def cursor_line(snap: GpuSnapshot | None, width: int, cursor_us: int) -> Text:
     """▼ at instant cursor_us's phase, naming who may run then; the strobe legend at the right."""
     width = max(width, 10)
     if snap is None:
@@ -83,7 +77,7 @@ def cursor_line(snap: GpuSnapshot | None, width: int, cursor_us: int, no_color: 
     bar_w = bar_width(snap, width)
     period_us = snap.period_ms * 1000
     cursor_col = min(bar_w - 1, (cursor_us % period_us) * bar_w // period_us)
-    running = holder_at(snap, cursor_us)
+    running = schedule.holder_at(period_us, ((p.slot, p.window_us) for p in snap.peers), cursor_us)
     runner = next((p for p in snap.peers if p.slot == running), None)
 
     label = f"now: {runner.name or runner.pid} may run" if runner else "now"
@@ -138,14 +132,6 @@ def bar_line(snap: GpuSnapshot | None, width: int, no_color: bool = False) -> Te
     return bar
 
 
-def render_timeline(snap: GpuSnapshot | None, width: int, no_color: bool = False, now_us: int | None = None) -> Text:
-    """Both lines: the cursor at now_us (default: the snapshot's time), then the window bar."""
-    if snap is None:
-        return Text("")
-    t = snap.now_us if now_us is None else now_us
-    return Text("\n").join([cursor_line(snap, width, t, no_color), bar_line(snap, width, no_color)])
-
-
 def _fit(s: str, n: int) -> str:
     return s[:n].ljust(n)
 
@@ -169,14 +155,17 @@ def drawn_key(snap: GpuSnapshot | None) -> tuple | None:
 class Timeline(Widget):
     """`show(snapshot)` updates the windows when they change; a one-shot timer per strobe frame
     redraws only the cursor line. No timer without a schedule; none while scrolled out of view
-    (it looks again every OFFSCREEN_RECHECK_S). The clock is the App's `clock` (frozen in tests)."""
+    (it looks again every OFFSCREEN_RECHECK_S). `clock`: the cursor's, CLOCK_REALTIME as the phase is
+    (spec §5); the App passes its own (frozen in tests). A remote host's GPU is drawn on our clock
+    (NTP keeps them ms apart)."""
 
     DEFAULT_CSS = """
     Timeline { height: 2; width: 1fr; }
     """
 
-    def __init__(self, snapshot: GpuSnapshot | None = None, **kwargs) -> None:
+    def __init__(self, snapshot: GpuSnapshot | None = None, *, clock: ClockUs = wall_us, **kwargs) -> None:
         super().__init__(**kwargs)
+        self._clock = clock
         self._snap = snapshot
         self._key = drawn_key(snapshot)
         self._strobe = _strobe_of(snapshot)
@@ -200,11 +189,6 @@ class Timeline(Widget):
             return now
         frame = self._frame if self._frame is not None else self._strobe.frame(now)
         return self._strobe.sample_us(frame)
-
-    def _clock(self) -> int:
-        # The phase is CLOCK_REALTIME (spec §5); a remote host's GPU is drawn on our clock (NTP keeps them ms apart).
-        clock: ClockUs = getattr(self.app, "clock", wall_us)
-        return clock()
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._arm)
@@ -267,7 +251,7 @@ class Timeline(Widget):
             t = self.cursor_us
             key = (width, self._key, t if self._strobe is not None else None, no_color)
             if self._head is None or self._head[0] != key:
-                self._head = (key, self._strip(cursor_line(self._snap, width, t, no_color), width))
+                self._head = (key, self._strip(cursor_line(self._snap, width, t), width))
             return self._head[1]
         if y == 1:
             key = (width, self._key, no_color)
