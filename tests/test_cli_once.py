@@ -8,13 +8,15 @@ import socket
 import time
 
 import pytest
-from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
 from gpushare_tui.dashboard.columns import COLUMNS, legend
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 TOP_KEYS = ["schema_version", "hostname", "timestamp", "gpus", "errors"]
 GPU_TYPES = {

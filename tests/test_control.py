@@ -9,12 +9,14 @@ import socket
 import stat
 
 import pytest
-from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import control
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 
 def _raw(path: str, payload: bytes) -> dict:

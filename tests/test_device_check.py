@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+
+from testkit.paths import REPO
 
 SCRIPT = str(Path(REPO) / "scripts" / "device-check.sh")
 

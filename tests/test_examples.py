@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, wait_for
-
 from gpushare_tui.core.control import request
+from testkit.paths import REPO
+from testkit.wait import wait_for
 
 EXAMPLE = str(Path(REPO) / "examples" / "share_loop.py")
 

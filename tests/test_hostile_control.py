@@ -19,13 +19,15 @@ import time
 
 import psutil
 import pytest
-from conftest import cli_argv, read_json_file, shm_file, wait_for
 
 from gpushare_tui.core import control
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.control import ControlError
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.demo import start_demo, stop_demo
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import read_json_file, wait_for
 
 IDLE = ("--busy-idle", "0.001:100000")  # one short busy spell, then asleep: the engine's own CPU use is ~0
 MAX_THREADS = 22  # main + heartbeat + accept loop + 16 workers, and a little slack

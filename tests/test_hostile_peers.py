@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-from conftest import cli_argv, read_json_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
@@ -19,6 +18,8 @@ from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import build_gpu_snapshot
 from gpushare_tui.core.text import printable
+from testkit.cli import cli_argv
+from testkit.wait import read_json_file, wait_for
 
 DEAD_PID = 4_000_321  # above the default pid_max range of this box: never a live process
 HOUR_US = 3_600_000_000

@@ -16,13 +16,17 @@ import subprocess
 import sys
 
 import pytest
-from conftest import OTHER_GID, OTHER_UID, SYSTEM_PYTHON, Procs, cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment, SegmentError
 from gpushare_tui.core.snapshot import SegmentReader
+from testkit.cli import cli_argv
+from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON
+from testkit.procs import Procs
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 # Stdlib helpers for the attacker's scripts (its interpreter has no access to this package).
 LIB = r"""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO
+from testkit.paths import REPO
 
 LINT = "from importlinter.cli import lint_imports; raise SystemExit(lint_imports(no_cache=True))"
 

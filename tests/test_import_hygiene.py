@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from gpushare_tui.core.segment import Segment
+from testkit.paths import REPO
 
 UI_MODULES = ("textual", "textual_plotext", "plotext", "gpushare_tui.app", "gpushare_tui.widgets")
 

@@ -9,13 +9,15 @@ import sys
 import time
 
 import pytest
-from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.registry import Membership, RegistryFullError
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 FAKE_PID = 3_999_000  # above any real pid here; liveness is by heartbeat, never by pid
 

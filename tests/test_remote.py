@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from conftest import cli_argv
 from serve_env import start_serve, start_writer
 
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.dashboard.remote import RemoteSource, parse_remote_url
+from testkit.cli import cli_argv
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import threading
 import time
 
 import pytest
-from conftest import shm_file
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.segment import Segment, SegmentError, list_segment_paths, shm_path
+from testkit.shm import shm_file
 
 
 def _bytes(path: str) -> bytes:

@@ -7,7 +7,6 @@ import socket
 import time
 
 import pytest
-from conftest import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from serve_env import get, start_serve, start_writer
 
@@ -16,6 +15,7 @@ from gpushare_tui.serve.exposition import METRIC_NAMES
 from gpushare_tui.serve.listen import DEFAULT_LISTEN, is_loopback, parse_listen
 from gpushare_tui.serve.peers import SEED_PEER_FIELDS
 from gpushare_tui.serve.server import MAX_CONNECTIONS, REQUEST_DEADLINE_S
+from testkit.wait import wait_for
 
 SEED_KEYS = {"gpu_key", "period_ms", "self", "peers"}
 

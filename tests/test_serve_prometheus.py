@@ -15,8 +15,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import cli_argv, wait_for
 from serve_env import get, start_serve, start_writer
+
+from testkit.cli import cli_argv
+from testkit.wait import wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"

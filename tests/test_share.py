@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, shm_file, wait_for
 
 from gpushare_tui.core import abi, schedule
 from gpushare_tui.core.clock import wall_us
@@ -21,6 +20,9 @@ from gpushare_tui.core.errors import GpushareError
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
+from testkit.paths import REPO
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 
 def slot_of(key: str, slot: int) -> abi.SlotRecord:

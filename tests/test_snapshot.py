@@ -8,7 +8,6 @@ import os
 import socket
 
 import pytest
-from conftest import shm_file
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
@@ -24,6 +23,7 @@ from gpushare_tui.core.snapshot import (
     own_peer,
     report_to_json,
 )
+from testkit.shm import shm_file
 
 NOW = 1_764_000_000_123_456
 PEER_KEYS = {

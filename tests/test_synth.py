@@ -10,13 +10,15 @@ import threading
 import time
 
 import pytest
-from conftest import cli_argv, cli_argv_threads_at_exit, read_json_file, shm_file, wait_for
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.core import control
 from gpushare_tui.core.engines import synthetic
 from gpushare_tui.core.engines.synthetic import DutyPattern
 from gpushare_tui.core.segment import Segment
+from testkit.cli import cli_argv, cli_argv_threads_at_exit
+from testkit.shm import shm_file
+from testkit.wait import read_json_file, wait_for
 
 BAD_WEIGHTS = ["nan", "NaN", "inf", "-inf", "0", "-0", "-1", "abc", "", "1e39"]
 BAD_KEYS = ["../x", "a/b", "", "x" * 65, "sp ace", ".."]

@@ -13,10 +13,11 @@ import subprocess
 import time
 
 import pytest
-from conftest import run_cli, wait_for
 from up_env import UpProc, alive_slots, used_slots, write
 
 from gpushare_tui.core import control
+from testkit.cli import run_cli
+from testkit.wait import wait_for
 
 TWO = """\
 gpu_key = "{key}"
