@@ -112,14 +112,23 @@ def other_user() -> Callable[..., subprocess.CompletedProcess]:
     return run
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say up front which llama-server the llama tests use, or why they skip."""
+    if any(item.get_closest_marker("llama") for item in session.items):
+        path, why = find_llama_server()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"llama-server: {path}" if path else f"{why}; the llama tests skip")
+
+
 @pytest.fixture(scope="session")
 def llama_server() -> str:
     """The llama-server binary ($LLAMA_SERVER, on PATH, or cached by scripts/install-llama-server.sh).
     Never builds one (a build takes 6-26 min, far past a test's timeout): skips when none is
-    provisioned; scripts/test.sh builds it first."""
+    provisioned (scripts/test.sh builds it first), fails when $LLAMA_SERVER names no executable."""
     path, why = find_llama_server()
     if path is None:
-        pytest.skip(why)
+        (pytest.fail if os.environ.get("LLAMA_SERVER") else pytest.skip)(why)
     return path
 
 
