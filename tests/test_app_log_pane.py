@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+import pytest
 from test_app_pilot import _row_ready, notes, start_synth, until
 from textual.widgets import Log
 
@@ -16,6 +17,8 @@ from gpushare_tui.widgets.log_pane import FIRST_LINES, LogPane
 from gpushare_tui.widgets.peers_table import PeersTable
 from testkit.cli import cli_argv
 from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def start_logging_synth(procs, key: str, log: str):

@@ -41,6 +41,8 @@ from testkit.cli import cli_argv
 from testkit.shm import shm_file
 from testkit.wait import wait_for
 
+pytestmark = pytest.mark.slow
+
 SIZE = (120, 40)
 
 

@@ -23,6 +23,8 @@ from testkit.cli import cli_argv, run_cli
 from testkit.shm import unique_key
 from testkit.wait import wait_for
 
+pytestmark = pytest.mark.slow
+
 NO_LOG = "reports no log file (its output goes to a terminal or a pipe)"
 
 

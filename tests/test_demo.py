@@ -24,6 +24,8 @@ from gpushare_tui.demo import DEMO_ENGINES, start_demo, stop_demo
 from testkit.shm import shm_file, unique_key
 from testkit.wait import wait_for
 
+pytestmark = pytest.mark.slow
+
 
 def peers(key: str) -> list:
     try:

@@ -237,6 +237,7 @@ def test_registry_full_error(gpu_key: str) -> None:
             m.leave()
 
 
+@pytest.mark.slow
 def test_cli_reports_registry_full(gpu_key: str, cli) -> None:
     ms = [Membership(gpu_key, 1.0, f"m{i}", pid=FAKE_PID + i, heartbeat_s=0.5) for i in range(16)]
     try:
@@ -290,6 +291,7 @@ m.leave()
 """
 
 
+@pytest.mark.slow
 def test_twenty_racers_exactly_sixteen_win(gpu_key: str, procs, tmp_path) -> None:
     go, stop = tmp_path / "go", tmp_path / "stop"
     racers = [procs.start([sys.executable, "-c", RACER, gpu_key, str(go), str(stop)]) for _ in range(20)]
@@ -334,6 +336,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_killed_member_ages_out_and_its_slot_is_reclaimed(gpu_key: str, procs) -> None:
     keep = Membership(gpu_key, 1.0, "keeper", pid=FAKE_PID)  # slot 0 stays live
     keep.join()
@@ -373,6 +376,7 @@ def test_killed_member_ages_out_and_its_slot_is_reclaimed(gpu_key: str, procs) -
         keep.leave()
 
 
+@pytest.mark.slow
 def test_sigterm_member_leaves_cleanly(gpu_key: str, procs) -> None:
     p = procs.start(cli_argv("synth", "--weight", "1", "--gpu-key", gpu_key, "--step-ms", "1", "-q"))
     with Segment.create_or_attach(gpu_key) as seg:

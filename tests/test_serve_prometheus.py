@@ -24,10 +24,13 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 GONE_WITHIN_S = 6.0  # the bound: 3 s liveness + 1 s scrape + slack
 
-pytestmark = pytest.mark.skipif(
-    not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
-    reason="prometheus/promtool not installed (Debian package `prometheus`; .ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
+        reason="prometheus/promtool not installed (Debian package `prometheus`; scripts/test.sh installs it)",
+    ),
+]
 
 
 def _free_port() -> int:

@@ -19,6 +19,8 @@ from gpushare_tui.core import control
 from testkit.cli import run_cli
 from testkit.wait import wait_for
 
+pytestmark = pytest.mark.slow
+
 TWO = """\
 gpu_key = "{key}"
 
