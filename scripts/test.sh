@@ -9,7 +9,7 @@
 # The inner loop needs neither: python -m pytest -m "not slow and not llama"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-$(command -v python || command -v python3)}"  # the one `pip install` used, in a venv
+PYTHON="${PYTHON:-$(command -v python || command -v python3)}"  # a venv's `python`, else python3
 
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
