@@ -2,7 +2,7 @@
 # The test command: provision what the tests need, then run pytest with these arguments.
 #   scripts/test.sh [PYTEST ARGS...]        (run it where `pip install -e '.[test]'` installed)
 # - llama-server (the supervisor tests): $LLAMA_SERVER, else built once and cached by
-#   scripts/install-llama-server.sh (about 10 min on 2 cores; its progress on stderr). A failed
+#   scripts/install-llama-server.sh (6-26 min on 2 cores; its progress on stderr). A failed
 #   build fails this command: the suite is not run without its llama-server tests.
 # - Prometheus + promtool (the exporter tests): installed with apt-get when missing and we are
 #   root; otherwise those tests skip.
