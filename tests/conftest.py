@@ -1,4 +1,5 @@
-"""Shared fixtures: unique registry keys, subprocesses that never outlive a test, the CLI.
+"""Shared fixtures: unique registry keys, subprocesses that never outlive a test, the CLI, a real
+llama-server and a tiny model. The helpers behind them live in testkit/.
 
 Every test that touches /dev/shm uses its own key (removed afterwards), and every
 process a test starts is killed by pid at teardown (SIGCONT first, so nothing is
@@ -7,41 +8,19 @@ ever left stopped, then SIGKILL, then reaped).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
+from llama_env import find_llama_server
 
-from gpushare_tui.core import abi
-
-REPO = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data"
-SHM_DIR = "/dev/shm"
-
-
-def shm_file(key: str) -> str:
-    """Path of the segment file for `key`."""
-    return os.path.join(SHM_DIR, abi.SEGMENT_PREFIX + key)
-
-
-def unique_key(tag: str = "t") -> str:
-    return f"{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+from testkit.cli import run_cli
+from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON, why_not_other_user
+from testkit.procs import Procs
+from testkit.shm import SHM_DIR, remove, shm_file, unique_key
 
 
 @pytest.fixture
@@ -49,7 +28,7 @@ def gpu_key() -> Iterator[str]:
     """A registry key no other test uses; its segment is removed afterwards."""
     key = unique_key()
     yield key
-    _remove(shm_file(key))
+    remove(shm_file(key))
 
 
 @pytest.fixture
@@ -64,7 +43,7 @@ def new_gpu_key() -> Iterator[Callable[[], str]]:
 
     yield make
     for key in made:
-        _remove(shm_file(key))
+        remove(shm_file(key))
 
 
 @pytest.fixture
@@ -79,43 +58,7 @@ def shm_files() -> Iterator[Callable[[str], str]]:
 
     yield register
     for path in made:
-        _remove(path)
-
-
-class Procs:
-    """Starts subprocesses and guarantees none survives the test (kill by pid)."""
-
-    def __init__(self) -> None:
-        self.started: list[subprocess.Popen] = []
-
-    def start(self, argv: Sequence[str], **kw: object) -> subprocess.Popen:
-        kw.setdefault("stdin", subprocess.DEVNULL)
-        kw.setdefault("stdout", subprocess.PIPE)
-        kw.setdefault("stderr", subprocess.PIPE)
-        kw.setdefault("text", True)
-        p = subprocess.Popen(list(argv), **kw)  # type: ignore[call-overload]
-        self.started.append(p)
-        return p
-
-    @staticmethod
-    def kill(p: subprocess.Popen) -> None:
-        if p.poll() is None:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(p.pid, sig)
-                except ProcessLookupError:
-                    break
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be ignored
-            pass
-        for f in (p.stdout, p.stderr, p.stdin):
-            if f is not None:
-                f.close()
-
-    def kill_all(self) -> None:
-        for p in self.started:
-            self.kill(p)
+        remove(path)
 
 
 @pytest.fixture
@@ -125,32 +68,6 @@ def procs() -> Iterator[Procs]:
         yield ps
     finally:
         ps.kill_all()
-
-
-def cli_argv(*args: str) -> list[str]:
-    """argv that runs the gpushare-tui CLI with this interpreter."""
-    return [sys.executable, "-m", "gpushare_tui", *args]
-
-
-# atexit runs after threading's shutdown (non-daemon threads joined), just before finalization: a
-# (daemon) thread still running then races exit() itself. A supervisor's monitor thread caught inside
-# OpenSSL there (httpx.Client loading the CA store) crashed it with SIGSEGV/SIGABRT in OPENSSL_cleanup.
-_THREADS_AT_EXIT = (
-    "import atexit, runpy, sys, threading\n"
-    "atexit.register(lambda: print('threads at exit:', sorted(t.name for t in threading.enumerate()"
-    " if t is not threading.main_thread()), file=sys.stderr, flush=True))\n"
-    "runpy.run_module('gpushare_tui', run_name='__main__', alter_sys=True)\n"
-)
-
-
-def cli_argv_threads_at_exit(*args: str) -> list[str]:
-    """cli_argv, but the process says on stderr, last, `threads at exit: [names]`: its threads
-    other than the main one still alive when it exits (an orderly exit leaves none: `[]`)."""
-    return [sys.executable, "-c", _THREADS_AT_EXIT, *args]
-
-
-def run_cli(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
 
 
 @pytest.fixture
@@ -169,44 +86,11 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def wait_for(pred: Callable[[], object], timeout: float, interval: float = 0.02, what: str = "condition") -> object:
-    """Poll `pred` until truthy; fail the test with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def read_json_file(path: str | os.PathLike) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-OTHER_UID = OTHER_GID = 65534  # nobody / nogroup: the hostile local user
-SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter may live where uid 65534 cannot read
-
-
-def _can_play_other_user() -> str | None:
-    """Why the hostile-user tests cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "needs root: the attacker's steps run as uid 65534"
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        return f"{SYSTEM_PYTHON} not found (the attacker's interpreter)"
-    return None
-
-
 @pytest.fixture
 def other_user() -> Callable[..., subprocess.CompletedProcess]:
     """other_user(code, *args) runs Python `code` as uid/gid 65534 (stdlib only; argv in sys.argv[1:]).
     Skips the test when not root."""
-    why = _can_play_other_user()
+    why = why_not_other_user()
     if why:
         pytest.skip(why)
 
@@ -226,3 +110,30 @@ def other_user() -> Callable[..., subprocess.CompletedProcess]:
         return r
 
     return run
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say up front which llama-server the llama tests use, or why they skip."""
+    if any(item.get_closest_marker("llama") for item in session.items):
+        path, why = find_llama_server()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"llama-server: {path}" if path else f"{why}; the llama tests skip")
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> str:
+    """The llama-server binary ($LLAMA_SERVER, on PATH, or cached by scripts/install-llama-server.sh).
+    Never builds one (a build takes 6-26 min, far past a test's timeout): skips when none is
+    provisioned (scripts/test.sh builds it first), fails when $LLAMA_SERVER names no executable."""
+    path, why = find_llama_server()
+    if path is None:
+        (pytest.fail if os.environ.get("LLAMA_SERVER") else pytest.skip)(why)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from testkit.tiny_gguf import write_tiny_llama
+
+    return write_tiny_llama(str(tmp_path_factory.mktemp("models") / "tiny-llama.gguf"), 256, 4)

@@ -8,7 +8,10 @@ import subprocess
 import sys
 
 import httpx
-from conftest import REPO, Procs, cli_argv
+
+from testkit.cli import cli_argv
+from testkit.paths import REPO
+from testkit.procs import Procs
 
 RAW_WRITER = str(REPO / "tests" / "raw_writer.py")
 

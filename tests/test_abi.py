@@ -11,12 +11,12 @@ import subprocess
 import time
 
 import pytest
-from conftest import shm_file
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import build_gpu_snapshot
+from testkit.shm import shm_file
 
 # -- constants and pure pack/unpack -----------------------------------------
 

@@ -85,6 +85,7 @@ async def loaded(pilot, app: DashboardApp) -> None:
 # -- p at 80×24 ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_p_at_80x24_toggles_the_plots_only_and_everything_fits():
     async def main():
         app = DashboardApp(FixedSource(history(share_weights=(2, 1, 1))), interval_s=3600)
@@ -159,6 +160,7 @@ def test_time_ticks_are_round_values_in_one_unit(span_s, cols):
     assert cols * step / span_s >= max(map(len, labels)) + 1, "labels fit between ticks"
 
 
+@pytest.mark.slow
 def test_every_span_labels_its_axis_in_one_unit_on_screen():
     async def main():
         app = DashboardApp(FixedSource(history()), interval_s=3600)
@@ -229,6 +231,7 @@ def test_plot_titles_and_legends_are_never_cut(size, no_color, monkeypatch):
 # -- toasts ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_only_one_toast_at_a_time():
     async def main():
         app = DashboardApp(FixedSource(history()), interval_s=3600)
@@ -247,6 +250,7 @@ def test_only_one_toast_at_a_time():
 # -- weight dialog -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_weight_dialog_previews_the_share_as_you_type():
     async def main():
         app = DashboardApp(FixedSource(history(share_weights=(2, 1, 1))), interval_s=3600)
@@ -275,6 +279,7 @@ def test_the_weight_dialog_previews_the_share_as_you_type():
 # -- GPU panels -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_gpus_at_80x24_fit_without_a_scrollbar():
     a, b = model_at(0, key="gpu-a"), model_at(0, key="gpu-b")
     both = DashboardModel(a.now_us, a.gpus + b.gpus)
@@ -311,6 +316,7 @@ def test_the_gpu_info_line_leaves_readings_out_rather_than_cut():
     assert info_line(writable, 40).plain.startswith("⚠ world-writable · period")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)])
 def test_empty_plots_and_gpu_notes_fit(size):
     uuid = "GPU-3f9c2a4e-7d1b-4c55-9e0a-5b2f8c1d6e77"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from conftest import cli_argv, wait_for
+import pytest
 from test_app_pilot import _row_ready, notes, start_synth, until
 from textual.widgets import Log
 
@@ -15,6 +15,10 @@ from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.widgets.log_pane import FIRST_LINES, LogPane
 from gpushare_tui.widgets.peers_table import PeersTable
+from testkit.cli import cli_argv
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def start_logging_synth(procs, key: str, log: str):

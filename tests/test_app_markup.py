@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from slots import NOW, slot, snap
 from textual.widgets._toast import Toast
 
@@ -13,6 +14,8 @@ from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, Pe
 from gpushare_tui.dashboard.source import FixedSource
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.weight_modal import WeightModal
+
+pytestmark = pytest.mark.slow
 
 HOSTILE = "[/x]a[b]c[link=x]"
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from conftest import cli_argv, shm_file, wait_for
 from slots import NOW, model_at, slot, snap
 from textual.geometry import Region
 
@@ -38,6 +37,11 @@ from gpushare_tui.widgets.peers_table import PeersTable, cell_text
 from gpushare_tui.widgets.share_plot import SharePlot
 from gpushare_tui.widgets.timeline import Timeline
 from gpushare_tui.widgets.weight_modal import WeightModal
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
 
 SIZE = (120, 40)
 

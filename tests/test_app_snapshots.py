@@ -21,6 +21,8 @@ from gpushare_tui.core.snapshot import SegmentProblem, build_gpu_snapshot
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 from gpushare_tui.dashboard.source import FixedSource
 
+pytestmark = pytest.mark.slow
+
 NOW_US = 1_767_225_600_000_000 + 13 * 3_600_000_000 + 37 * 60_000_000 + 42_000_000 + 61_000  # 13:37:42 UTC
 GPU_A = "GPU-3f9c2a4e-7d1b-4c55-9e0a-5b2f8c1d6e77"
 GPU_B = "cpu-lab"

@@ -8,7 +8,7 @@ import os
 import pytest
 import typer
 import typer.main
-from conftest import shm_file
+from testkit.shm import shm_file
 
 from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE

@@ -12,14 +12,18 @@ import subprocess
 import threading
 
 import pytest
-from conftest import cli_argv, run_cli, unique_key, wait_for
-from llama_env import end_pid, llama_server, tiny_model  # noqa: F401
+from llama_env import end_pid
 from up_env import UpProc, write
 
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment, shm_path
 from gpushare_tui.demo import start_demo, stop_demo
+from testkit.cli import cli_argv, run_cli
+from testkit.shm import unique_key
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
 
 NO_LOG = "reports no log file (its output goes to a terminal or a pipe)"
 

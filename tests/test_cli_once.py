@@ -8,13 +8,15 @@ import socket
 import time
 
 import pytest
-from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
 from gpushare_tui.dashboard.columns import COLUMNS, legend
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 TOP_KEYS = ["schema_version", "hostname", "timestamp", "gpus", "errors"]
 GPU_TYPES = {
@@ -89,6 +91,7 @@ def _corrupt(shm_files, key: str) -> dict[str, tuple[bytes, str]]:
     return cases
 
 
+@pytest.mark.slow
 def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir: str) -> None:
     a, b = _start_pair(procs, gpu_key)
     corrupt = _corrupt(shm_files, gpu_key)
@@ -179,6 +182,7 @@ def _busy(key: str) -> bool:
         reader.close()
 
 
+@pytest.mark.slow
 def test_once_json_filtered_by_key(procs, gpu_key: str, cli) -> None:
     a, b = _start_pair(procs, gpu_key)
     wait_for(lambda: _busy(gpu_key), 15, what="both peers report busy time")
@@ -209,6 +213,7 @@ def test_once_json_filtered_by_key(procs, gpu_key: str, cli) -> None:
     assert all(row[col["engine"]] == "running" and row[col["gpu"]] == gpu_key for row in rows.values())
 
 
+@pytest.mark.slow
 def test_once_without_segments(cli, gpu_key: str) -> None:
     """A --gpu-key that matches nothing is a runtime error (a typo must not look like success)."""
     for extra in (["--json"], []):
@@ -237,6 +242,7 @@ def test_bad_gpu_key_is_a_usage_error(cli, key: str) -> None:
     assert line.startswith("gpushare-tui: invalid gpu key")
 
 
+@pytest.mark.slow
 def test_json_without_once_is_a_usage_error(cli) -> None:
     r = cli("--json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -244,6 +250,7 @@ def test_json_without_once_is_a_usage_error(cli) -> None:
     assert "--json needs --once" in line
 
 
+@pytest.mark.slow
 def test_segment_file_name_not_utf8_is_tolerated(shm_files, gpu_key: str, cli) -> None:
     # anyone can drop such a file into /dev/shm: neither output may crash on it
     raw = os.fsencode(f"{abi.SEGMENT_PREFIX}{gpu_key}-") + b"\xff\xfe"
@@ -260,6 +267,7 @@ def test_segment_file_name_not_utf8_is_tolerated(shm_files, gpu_key: str, cli) -
     assert f"error: {shown}: wrong size 4 (expected 4096)" in r.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_table_hides_segments_without_live_peers(gpu_key: str, cli) -> None:
     """Left-over segments (no live peer) are hidden from the table unless --all or --gpu-key names them;
     the JSON lists them all; nothing is unlinked."""

@@ -9,12 +9,14 @@ import socket
 import stat
 
 import pytest
-from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import control
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 
 def _raw(path: str, payload: bytes) -> dict:
@@ -30,6 +32,7 @@ def engine(procs, gpu_key: str, runtime_dir: str):
     return p
 
 
+@pytest.mark.slow
 def test_socket_is_private(engine, runtime_dir: str) -> None:
     d = os.path.join(runtime_dir, "gpushare-tui")
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
@@ -37,6 +40,7 @@ def test_socket_is_private(engine, runtime_dir: str) -> None:
     assert control.is_managed(engine.pid) and not control.is_managed(os.getpid())
 
 
+@pytest.mark.slow
 def test_status(engine, gpu_key: str) -> None:
     r = control.request(engine.pid, "status")
     assert r["ok"] is True
@@ -85,6 +89,7 @@ def test_status_reply_from_json_is_tolerant() -> None:
         assert StatusReply.from_json(junk) == StatusReply()
 
 
+@pytest.mark.slow
 def test_set_weight(engine, gpu_key: str) -> None:
     with Segment.attach_readonly(shm_file(gpu_key)) as seg:
         assert seg.read_slot(0).weight == 1.5
@@ -102,6 +107,7 @@ def test_set_weight(engine, gpu_key: str) -> None:
         assert control.request(engine.pid, "status")["weight"] == r["weight"]
 
 
+@pytest.mark.slow
 def test_bad_requests(engine) -> None:
     path = control.socket_path(engine.pid)
     assert _raw(path, b"not json\n") == {"ok": False, "error": "bad request: expected one JSON object with a 'cmd'"}
@@ -114,6 +120,7 @@ def test_bad_requests(engine) -> None:
     assert control.request(engine.pid, "status")["ok"]  # still serving
 
 
+@pytest.mark.slow
 def test_stop(engine, gpu_key: str, runtime_dir: str) -> None:
     with Segment.attach_readonly(shm_file(gpu_key)) as seg:
         assert seg.read_slot(0).pid == engine.pid
@@ -191,6 +198,7 @@ def test_runtime_dir_must_be_private(runtime_dir: str) -> None:
         os.chmod(d, 0o700)
 
 
+@pytest.mark.slow
 def test_status_command_leaves_out_unknown_fields(engine, cli) -> None:
     """A synth engine has no port, model or log: `status` does not print `port: None`."""
     r = cli("status", str(engine.pid))

@@ -17,11 +17,14 @@ import time
 
 import psutil
 import pytest
-from conftest import shm_file, unique_key, wait_for
 
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.demo import DEMO_ENGINES, start_demo, stop_demo
+from testkit.shm import shm_file, unique_key
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
 
 
 def peers(key: str) -> list:

@@ -8,9 +8,9 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
 
 from gpushare_tui.serve.exposition import METRIC_NAMES
+from testkit.paths import REPO
 
 DEPLOY = REPO / "deploy"
 METRIC = re.compile(r"\bgpushare_[a-z0-9_]+\b")

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+
+from testkit.paths import REPO
 
 SCRIPT = str(Path(REPO) / "scripts" / "device-check.sh")
 
@@ -36,6 +37,7 @@ def run(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+@pytest.mark.slow
 def test_cpu_quick_dry_run(tmp_path: Path) -> None:
     r = run("--cpu", "--quick", "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -95,6 +97,7 @@ def test_quick_without_a_cached_llama_server_skips_c_and_d(tmp_path: Path) -> No
     assert "stage d (pacing bench) skipped: no llama-server from stage c" in r.stdout
 
 
+@pytest.mark.slow
 def test_gpu_mode_without_a_gpu_or_kit_fails_each_stage_with_a_clear_line(tmp_path: Path) -> None:
     """The GPU path's checks, on a box without a GPU: a clear failure per stage, not a crash."""
     kit = tmp_path / "kit"

@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, wait_for
+import pytest
 
 from gpushare_tui.core.control import request
+from testkit.paths import REPO
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
 
 EXAMPLE = str(Path(REPO) / "examples" / "share_loop.py")
 

@@ -19,13 +19,15 @@ import time
 
 import psutil
 import pytest
-from conftest import cli_argv, read_json_file, shm_file, wait_for
 
 from gpushare_tui.core import control
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.control import ControlError
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.demo import start_demo, stop_demo
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import read_json_file, wait_for
 
 IDLE = ("--busy-idle", "0.001:100000")  # one short busy spell, then asleep: the engine's own CPU use is ~0
 MAX_THREADS = 22  # main + heartbeat + accept loop + 16 workers, and a little slack
@@ -91,6 +93,7 @@ def _no_traceback(p) -> str:
 # -- the server ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_idle_flood_keeps_threads_bounded(procs, gpu_key: str, runtime_dir: str) -> None:
     p, path = _synth(procs, runtime_dir, gpu_key, *IDLE)
     proc = psutil.Process(p.pid)
@@ -118,6 +121,7 @@ def test_idle_flood_keeps_threads_bounded(procs, gpu_key: str, runtime_dir: str)
     _no_traceback(p)
 
 
+@pytest.mark.slow
 def test_busy_reply_beyond_the_connection_limit(procs, gpu_key: str, runtime_dir: str) -> None:
     p, path = _synth(procs, runtime_dir, gpu_key, *IDLE)
     idle = [s for s in (_connect(path) for _ in range(control.MAX_CONNECTIONS)) if s is not None]
@@ -151,6 +155,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.slow
 def test_malformed_requests_get_error_replies(procs, gpu_key: str, runtime_dir: str) -> None:
     p, path = _synth(procs, runtime_dir, gpu_key, *IDLE)
     for payload in MALFORMED:
@@ -160,6 +165,7 @@ def test_malformed_requests_get_error_replies(procs, gpu_key: str, runtime_dir: 
     _no_traceback(p)
 
 
+@pytest.mark.slow
 def test_oversized_request(procs, gpu_key: str, runtime_dir: str) -> None:
     p, path = _synth(procs, runtime_dir, gpu_key, *IDLE)
     pad = b"x" * (control.MAX_REQUEST_BYTES + 100)
@@ -182,6 +188,7 @@ def test_oversized_request(procs, gpu_key: str, runtime_dir: str) -> None:
     _no_traceback(p)
 
 
+@pytest.mark.slow
 def test_silent_and_slow_connections_are_closed(procs, gpu_key: str, runtime_dir: str) -> None:
     p, path = _synth(procs, runtime_dir, gpu_key, *IDLE)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -216,6 +223,7 @@ def _low_nofile(limit: int):
     return set_limit
 
 
+@pytest.mark.slow
 def test_fd_exhaustion_does_not_spin(procs, gpu_key: str, runtime_dir: str) -> None:
     limit = 20  # about 8 in use at rest: exhausted before the 16-connection limit is
     p, path = _synth(procs, runtime_dir, gpu_key, *IDLE, preexec_fn=_low_nofile(limit))
@@ -303,18 +311,21 @@ def test_bad_runtime_dir_api(bad_runtime_dir: str) -> None:
     assert control.is_managed(os.getpid()) is False
 
 
+@pytest.mark.slow
 def test_bad_runtime_dir_synth(bad_runtime_dir: str, gpu_key: str, cli) -> None:
     r = cli("synth", "--weight", "1", "--gpu-key", gpu_key, "--duration", "0.5", "-q", timeout=60)
     print(_one_error_line(r, bad_runtime_dir))
     assert not os.path.exists(shm_file(gpu_key))  # refused before joining
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["status", "{pid}"], ["weight", "{pid}", "2"], ["stop", "{pid}"]])
 def test_bad_runtime_dir_engine_commands(bad_runtime_dir: str, args: list[str], cli) -> None:
     r = cli(*(a.format(pid=os.getpid()) for a in args), timeout=60)
     _one_error_line(r, bad_runtime_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "launch"])
 def test_bad_runtime_dir_supervised_engine(
     bad_runtime_dir: str, command: str, gpu_key: str, tmp_path, monkeypatch: pytest.MonkeyPatch, cli
@@ -326,6 +337,7 @@ def test_bad_runtime_dir_supervised_engine(
     assert not os.path.exists(shm_file(gpu_key))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "launch"])
 def test_bad_state_dir_supervised_engine(
     command: str, runtime_dir: str, gpu_key: str, tmp_path, monkeypatch: pytest.MonkeyPatch, cli
@@ -351,6 +363,7 @@ def test_bad_runtime_dir_once_is_unaffected(bad_runtime_dir: str, gpu_key: str, 
 # -- synth: status file, signals during start-up --------------------------------------
 
 
+@pytest.mark.slow
 def test_status_file_write_error_later(procs, gpu_key: str, runtime_dir: str, tmp_path) -> None:
     d = tmp_path / "status"
     d.mkdir()
@@ -368,6 +381,7 @@ def test_status_file_write_error_later(procs, gpu_key: str, runtime_dir: str, tm
         assert all(r.pid != p.pid for r in seg.read_slots())  # left its slot
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "stop", "duration"])
 def test_status_file_records_the_final_state(procs, gpu_key: str, runtime_dir: str, tmp_path, how: str) -> None:
     status = tmp_path / "s.json"
@@ -412,6 +426,7 @@ def _startup_run(procs, key: str, runtime_dir: str, delay_s: float | None) -> tu
     return p.returncode, "; ".join(left)
 
 
+@pytest.mark.slow
 def test_sigterm_during_startup_leaves_nothing(procs, gpu_key: str, runtime_dir: str) -> None:
     # how long a start-up takes here, to spread the signals over all of it
     t0 = time.monotonic()
@@ -433,6 +448,7 @@ def test_sigterm_during_startup_leaves_nothing(procs, gpu_key: str, runtime_dir:
 # -- demo beside a foreign peer -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_keeps_a_segment_with_foreign_peers(procs, gpu_key: str, runtime_dir: str) -> None:
     foreign, _ = _synth(procs, runtime_dir, gpu_key, "--name", "foreign", *IDLE)
 

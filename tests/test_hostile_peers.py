@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-from conftest import cli_argv, read_json_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
@@ -19,6 +18,8 @@ from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import build_gpu_snapshot
 from gpushare_tui.core.text import printable
+from testkit.cli import cli_argv
+from testkit.wait import read_json_file, wait_for
 
 DEAD_PID = 4_000_321  # above the default pid_max range of this box: never a live process
 HOUR_US = 3_600_000_000
@@ -43,6 +44,7 @@ def _ghost(seg: Segment, slot: int, heartbeat_us: int, *, name: str = "ghost", b
 # -- heartbeats in the future --------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ahead", ["hour", "int64_max"])
 def test_future_heartbeat_ghost_is_dead_and_never_paces_a_lone_peer(ahead, procs, gpu_key, runtime_dir, tmp_path, cli):
     hb = wall_us() + HOUR_US if ahead == "hour" else INT64_MAX
@@ -148,6 +150,7 @@ def _evil_peer(seg: Segment, slot: int = 0) -> None:
     )
 
 
+@pytest.mark.slow
 def test_once_table_strips_escapes_json_keeps_them(gpu_key, cli) -> None:
     with Segment.create_or_attach(gpu_key) as seg:
         _evil_peer(seg)
@@ -160,6 +163,7 @@ def test_once_table_strips_escapes_json_keeps_them(gpu_key, cli) -> None:
     assert json.loads(doc.stdout)["gpus"][0]["peers"][0]["name"] == EVIL_NAME  # ... and the data kept
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_dashboard_in_a_real_terminal_does_not_obey_a_peer_name(gpu_key, tmp_path) -> None:
     session = f"gst-{os.getpid()}-{gpu_key[-8:]}"
@@ -194,6 +198,7 @@ def test_dashboard_in_a_real_terminal_does_not_obey_a_peer_name(gpu_key, tmp_pat
 # -- absurd values are clamped or marked invalid --------------------------------------
 
 
+@pytest.mark.slow
 def test_absurd_busy_and_heartbeat_are_not_shown_as_numbers(gpu_key, cli) -> None:
     with Segment.create_or_attach(gpu_key) as seg:
         _ghost(seg, 0, wall_us(), name="busy", busy_ppm=0xFFFFFFFF)

@@ -16,13 +16,17 @@ import subprocess
 import sys
 
 import pytest
-from conftest import OTHER_GID, OTHER_UID, SYSTEM_PYTHON, Procs, cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment, SegmentError
 from gpushare_tui.core.snapshot import SegmentReader
+from testkit.cli import cli_argv
+from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON
+from testkit.procs import Procs
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 # Stdlib helpers for the attacker's scripts (its interpreter has no access to this package).
 LIB = r"""
@@ -125,6 +129,7 @@ for line in sys.stdin:  # one read per line: the test truncates/restores in betw
 """
 
 
+@pytest.mark.slow
 def test_truncated_under_readers_is_an_error_row_never_sigbus(other_user, procs, gpu_key: str) -> None:
     path = shm_file(gpu_key)
     _attacker_segment(other_user, path)
@@ -178,6 +183,7 @@ def test_truncated_under_readers_is_an_error_row_never_sigbus(other_user, procs,
 # -- a FIFO where a segment should be ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_fifo_segment_never_hangs_once(other_user, procs, gpu_key: str, shm_files, runtime_dir: str) -> None:
     fifo_key = f"{gpu_key}-fifo"
     fifo = shm_files(abi.SEGMENT_PREFIX + fifo_key)
@@ -201,6 +207,7 @@ def test_fifo_segment_never_hangs_once(other_user, procs, gpu_key: str, shm_file
 # -- joiners refuse segments others may write --------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [0o666, 0o644])
 def test_joiner_refuses_the_attackers_segment(other_user, procs, gpu_key: str, runtime_dir: str, mode: int) -> None:
     path = shm_file(gpu_key)
@@ -220,6 +227,7 @@ def test_joiner_refuses_the_attackers_segment(other_user, procs, gpu_key: str, r
     assert _bytes(path) == before
 
 
+@pytest.mark.slow
 def test_joiner_never_follows_a_symlink(other_user, procs, gpu_key: str, tmp_path, runtime_dir: str) -> None:
     # root's file looks like a free registry (so code that followed the link would join and write into it)
     secret = bytearray(abi.pack_header() + bytes(4096 - 64))
@@ -243,6 +251,7 @@ def test_joiner_never_follows_a_symlink(other_user, procs, gpu_key: str, tmp_pat
     assert target.read_bytes() == bytes(secret)
 
 
+@pytest.mark.slow
 def test_reader_never_follows_a_symlink_nor_leaks_the_target_size(other_user, procs, gpu_key: str, tmp_path) -> None:
     target = tmp_path / "root-private"
     target.write_bytes(b"\x5a" * 12345)
@@ -322,6 +331,7 @@ def test_share_group_joins_the_groups_segment_never_a_world_writable_one(other_u
         Segment.create_or_attach(key, share_group=0)
 
 
+@pytest.mark.slow
 def test_share_group_creates_0660_for_the_group(procs, new_gpu_key, runtime_dir: str, monkeypatch) -> None:
     _need_group()
     monkeypatch.delenv("GPUSHARE_GROUP", raising=False)
@@ -345,6 +355,7 @@ def test_share_group_creates_0660_for_the_group(procs, new_gpu_key, runtime_dir:
         Procs.kill(p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", ["synth", "run", "launch"])
 def test_unknown_share_group_is_a_usage_error(cli, gpu_key: str, cmd: str) -> None:
     group = f"no-such-group-{os.getpid()}"
@@ -356,6 +367,7 @@ def test_unknown_share_group_is_a_usage_error(cli, gpu_key: str, cmd: str) -> No
     assert not os.path.exists(shm_file(gpu_key))
 
 
+@pytest.mark.slow
 def test_launch_passes_the_share_group_on_to_run(monkeypatch, tmp_path) -> None:
     from gpushare_tui.cli import main
     from gpushare_tui.core import launcher
@@ -535,6 +547,7 @@ print(json.dumps({**out, "max_n_early": max_n_early, "max_n": max_n}))
 """
 
 
+@pytest.mark.slow
 def test_storm_of_truncations_and_recreations(procs, gpu_key: str, other_user) -> None:
     path = shm_file(gpu_key)
     storm_s = 10.0
@@ -558,6 +571,7 @@ def test_storm_of_truncations_and_recreations(procs, gpu_key: str, other_user) -
 # -- owner and mode on the dashboard and in --once ----------------------------------
 
 
+@pytest.mark.slow
 def test_once_and_dashboard_show_owner_and_flag_writable_segments(other_user, procs, new_gpu_key) -> None:
     from gpushare_tui.dashboard.model import GpuView
     from gpushare_tui.widgets.gpu_panel import GpuPanel, subtitle

@@ -7,7 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import REPO
+import pytest
+
+from testkit.paths import REPO
+
+pytestmark = pytest.mark.slow
 
 LINT = "from importlinter.cli import lint_imports; raise SystemExit(lint_imports(no_cache=True))"
 

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from gpushare_tui.core.segment import Segment
+from testkit.paths import REPO
 
 UI_MODULES = ("textual", "textual_plotext", "plotext", "gpushare_tui.app", "gpushare_tui.widgets")
 
@@ -42,6 +42,7 @@ def _ui_loaded(mods: list[str]) -> list[str]:
     return [m for m in mods if any(m == u or m.startswith(u + ".") for u in UI_MODULES)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [CLIRUNNER, AS_MODULE], ids=["clirunner", "python-m"])
 def test_once_json_does_not_import_textual(script: str, gpu_key: str) -> None:
     Segment.create_or_attach(gpu_key).close()  # a filter that matches nothing is an error (exit 1)

@@ -32,6 +32,7 @@ def log(tmp_path):
     return str(tmp_path / "engine.log")
 
 
+@pytest.mark.slow
 def test_last_lines_of_a_big_file(log):
     n_lines = 300_000  # ~4 MB: many chunks
     write(log, "".join(f"line {i}\n" for i in range(n_lines)), "w")
@@ -123,6 +124,7 @@ def test_a_burst_beyond_the_read_bound_skips_ahead(log):
         assert up.lines == ["calm"] and up.skipped_bytes == 0
 
 
+@pytest.mark.slow
 def test_a_big_append_is_read_over_several_polls_without_loss(log):
     write(log, "", "w")
     with LogFollower(log, 10) as f:

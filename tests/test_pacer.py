@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import shm_file
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
+from testkit.shm import shm_file
 
 OTHER_PID = 3_999_500
 PERIOD = 120_000  # weights 2 (us, slot 0) : 1 (other, slot 1) -> [0, 80000) [80000, 120000)

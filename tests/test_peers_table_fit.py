@@ -35,6 +35,7 @@ def _header(table: PeersTable) -> list[str]:
     return table.render_line(0).text.replace("▲", " ").replace("▼", " ").split()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("size", "rows"), [((80, 24), 16), ((80, 24), 2), ((100, 30), 16), ((120, 40), 16)])
 def test_no_horizontal_scrollbar_and_the_key_columns_shown(size: tuple[int, int], rows: int) -> None:
     async def main() -> None:

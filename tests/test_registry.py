@@ -9,13 +9,15 @@ import sys
 import time
 
 import pytest
-from conftest import cli_argv, shm_file, wait_for
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.registry import Membership, RegistryFullError
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
+from testkit.cli import cli_argv
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 FAKE_PID = 3_999_000  # above any real pid here; liveness is by heartbeat, never by pid
 
@@ -235,6 +237,7 @@ def test_registry_full_error(gpu_key: str) -> None:
             m.leave()
 
 
+@pytest.mark.slow
 def test_cli_reports_registry_full(gpu_key: str, cli) -> None:
     ms = [Membership(gpu_key, 1.0, f"m{i}", pid=FAKE_PID + i, heartbeat_s=0.5) for i in range(16)]
     try:
@@ -288,6 +291,7 @@ m.leave()
 """
 
 
+@pytest.mark.slow
 def test_twenty_racers_exactly_sixteen_win(gpu_key: str, procs, tmp_path) -> None:
     go, stop = tmp_path / "go", tmp_path / "stop"
     racers = [procs.start([sys.executable, "-c", RACER, gpu_key, str(go), str(stop)]) for _ in range(20)]
@@ -332,6 +336,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_killed_member_ages_out_and_its_slot_is_reclaimed(gpu_key: str, procs) -> None:
     keep = Membership(gpu_key, 1.0, "keeper", pid=FAKE_PID)  # slot 0 stays live
     keep.join()
@@ -371,6 +376,7 @@ def test_killed_member_ages_out_and_its_slot_is_reclaimed(gpu_key: str, procs) -
         keep.leave()
 
 
+@pytest.mark.slow
 def test_sigterm_member_leaves_cleanly(gpu_key: str, procs) -> None:
     p = procs.start(cli_argv("synth", "--weight", "1", "--gpu-key", gpu_key, "--step-ms", "1", "-q"))
     with Segment.create_or_attach(gpu_key) as seg:

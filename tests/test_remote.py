@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from conftest import cli_argv
 from serve_env import start_serve, start_writer
 
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.dashboard.remote import RemoteSource, parse_remote_url
+from testkit.cli import cli_argv
 
 
 @pytest.fixture
@@ -72,6 +72,7 @@ def mute() -> Iterator[str]:
     s.close()
 
 
+@pytest.mark.slow
 def test_once_json_two_remotes(cli, two_hosts, unreachable) -> None:
     (a, ka), (b, kb) = two_hosts
     r = cli("--once", "--json", "--no-local", "--remote", a, "--remote", b, "--remote", unreachable)
@@ -85,6 +86,7 @@ def test_once_json_two_remotes(cli, two_hosts, unreachable) -> None:
     assert doc["errors"][0]["error"].startswith("unreachable")
 
 
+@pytest.mark.slow
 def test_once_includes_the_local_host_unless_no_local(cli, two_hosts) -> None:
     (a, ka), _ = two_hosts
     doc = json.loads(cli("--once", "--json", "--remote", a).stdout)
@@ -95,6 +97,7 @@ def test_once_includes_the_local_host_unless_no_local(cli, two_hosts) -> None:
     assert [ln.split()[0] for ln in table.stdout.splitlines() if "/opencoti-gpu-" in ln] == [doc["hostname"], a]
 
 
+@pytest.mark.slow
 def test_bad_json_and_timeout_are_error_rows(cli, two_hosts, garbage, mute) -> None:
     (a, ka), _ = two_hosts
     t0 = time.monotonic()
@@ -108,6 +111,7 @@ def test_bad_json_and_timeout_are_error_rows(cli, two_hosts, garbage, mute) -> N
     assert took_s < 30  # the mute host costs its 2 s timeout, not a hang
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url", ["127.0.0.1:9464", "ftp://h:1", "http://", "http://h:99999", "http://h:1/?q=1"])
 def test_malformed_remote(cli, url) -> None:
     for args in (["--once", "--remote", url], ["--remote", url]):
@@ -119,6 +123,7 @@ def test_malformed_remote(cli, url) -> None:
         )
 
 
+@pytest.mark.slow
 def test_no_local_needs_remote(cli) -> None:
     r = cli("--once", "--no-local")
     assert r.returncode == 2 and "--no-local needs --remote" in r.stderr
@@ -129,6 +134,7 @@ def test_parse_remote_url() -> None:
     assert parse_remote_url("https://[::1]:9464/gs") == "https://[::1]:9464/gs"
 
 
+@pytest.mark.slow
 def test_remote_source_merges_hosts(two_hosts, unreachable) -> None:
     """The dashboard's source: local model + each host's GPUs keyed HOST/KEY (the host column), unmanaged
     rows (no admin action can reach another host), and an error row per unreadable host."""
@@ -147,6 +153,7 @@ def test_remote_source_merges_hosts(two_hosts, unreachable) -> None:
         src.close()
 
 
+@pytest.mark.slow
 def test_dashboard_shows_remote_rows_read_only(two_hosts, unreachable) -> None:
     """The App over a RemoteSource: a remote host's peers are rows whose GPU column names the host,
     admin actions on them are refused, and an unreachable host is an error, not a failure."""
@@ -186,6 +193,7 @@ def _imports(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     return r, mods
 
 
+@pytest.mark.slow
 def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
     """The headless snapshot imports neither httpx nor the exporter; --remote imports httpx, and no UI."""
     Segment.create_or_attach(gpu_key).close()  # a --gpu-key that matches nothing exits 1

@@ -6,11 +6,11 @@ import json
 import math
 
 import pytest
-from conftest import DATA
 
 from gpushare_tui.core import abi, schedule
 from gpushare_tui.core.abi import SlotRecord
 from gpushare_tui.core.snapshot import build_gpu_snapshot
+from testkit.paths import DATA
 
 VECTORS = json.loads((DATA / "tdm-vectors.json").read_text())
 CASES = VECTORS["cases"]

@@ -10,10 +10,10 @@ import threading
 import time
 
 import pytest
-from conftest import shm_file
 
 from gpushare_tui.core import abi
 from gpushare_tui.core.segment import Segment, SegmentError, list_segment_paths, shm_path
+from testkit.shm import shm_file
 
 
 def _bytes(path: str) -> bytes:
@@ -97,6 +97,7 @@ def test_joiner_waits_for_magic_written_last(gpu_key: str) -> None:
     assert 0.15 <= waited < 1.0  # it waited for the magic, and took it as soon as it was there
 
 
+@pytest.mark.slow
 def test_joiner_gives_up_after_one_second_and_never_overwrites(gpu_key: str) -> None:
     path = shm_file(gpu_key)
     _write_file(path, b"\0" * 4096)
@@ -141,6 +142,7 @@ def test_bad_segment_refused_by_observer_unmodified(tag: str, data: bytes, why: 
     assert _bytes(path) == data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tag", ["badversion", "small", "random", "toolarge-layout"])
 def test_bad_segment_refused_by_joiner_unmodified(tag: str, gpu_key: str) -> None:
     _, data, why = next(c for c in _corrupt_cases() if c[0] == tag)
@@ -261,6 +263,7 @@ def _consistent(r: abi.SlotRecord) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_seqlock_reader_never_sees_a_torn_slot(gpu_key: str, procs) -> None:
     slots = [0, 7, 15]  # first, middle and last slot (the last is the tail of the bulk copy)
     with Segment.create_or_attach(gpu_key):

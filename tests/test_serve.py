@@ -8,13 +8,14 @@ import socket
 import time
 
 import pytest
-from conftest import cli_argv, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from serve_env import get, start_serve, start_writer
 
 from gpushare_tui.serve.exposition import METRIC_NAMES
 from gpushare_tui.serve.listen import DEFAULT_LISTEN, is_loopback, parse_listen
 from gpushare_tui.serve.server import MAX_CONNECTIONS, REQUEST_DEADLINE_S
+from testkit.cli import cli_argv
+from testkit.wait import wait_for
 
 SEED_KEYS = {"gpu_key", "period_ms", "self", "peers"}  # spec §6: a seed engine's /gpu/peers, never renamed
 SEED_PEER_FIELDS = {"slot", "pid", "name", "weight", "share_pct", "busy_pct", "active", "alive", "heartbeat_age_ms"}
@@ -33,6 +34,7 @@ def _value(samples: list[tuple[dict[str, str], float]], **labels: str) -> float 
     return next((v for got, v in samples if all(got.get(k) == x for k, x in labels.items())), None)
 
 
+@pytest.mark.slow
 def test_metrics_peers_and_healthz(procs, gpu_key) -> None:
     start_writer(procs, gpu_key, "2:big", "1:small", "1:ghost:dead")
     _, url = start_serve(procs, "--gpu-key", gpu_key)
@@ -83,6 +85,7 @@ def test_metrics_peers_and_healthz(procs, gpu_key) -> None:
     assert get(url + "/nope").status_code == 404
 
 
+@pytest.mark.slow
 def test_gpu_peers_is_the_once_json_report(procs, gpu_key, cli, runtime_dir) -> None:
     """One report builder: `/gpu/peers` carries what `--once --json` does (`managed`, `engine`, ...) for a
     managed engine, and `?gpu_key=K` is that report's entry for K (the seed's fields, and the rest)."""
@@ -114,6 +117,7 @@ def test_gpu_peers_is_the_once_json_report(procs, gpu_key, cli, runtime_dir) -> 
     assert SEED_PEER_FIELDS <= set(one["peers"][0]) and one["peers"][0]["engine"]["state"] == "running"
 
 
+@pytest.mark.slow
 def test_dead_peer_series_disappear(procs, gpu_key) -> None:
     """A SIGKILLed writer: its share, weight and busy series are gone once its heartbeat is stale."""
     w = start_writer(procs, gpu_key, "1:victim")
@@ -128,6 +132,7 @@ def test_dead_peer_series_disappear(procs, gpu_key) -> None:
     wait_for(gone, timeout=20, interval=0.2, what="the killed peer's share to disappear")
 
 
+@pytest.mark.slow
 def test_once_format_prometheus_is_a_scrape(procs, gpu_key, cli) -> None:
     """`--once --format prometheus` prints what /metrics serves for the same segment (heartbeat ages,
     the only values that move between the two reads, left out)."""
@@ -144,6 +149,7 @@ def test_once_format_prometheus_is_a_scrape(procs, gpu_key, cli) -> None:
     assert f'gpushare_peer_share_ratio{{gpu_key="{gpu_key}",name="a",pid=' in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -162,6 +168,7 @@ def test_default_listen_is_loopback() -> None:
     assert is_loopback(parse_listen(DEFAULT_LISTEN)[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["nonsense", "127.0.0.1", ":9464", "127.0.0.1:http", "127.0.0.1:70000", "[::1"])
 def test_listen_unparseable(cli, text) -> None:
     r = cli("serve", "--listen", text)
@@ -169,6 +176,7 @@ def test_listen_unparseable(cli, text) -> None:
     assert len(r.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["999.1.1.1:9464", "example.com:9464", "192.0.2.123:9464"])
 def test_listen_bad_address(cli, text) -> None:
     """Not an address, a name (never resolved), an address this host does not have."""
@@ -177,6 +185,7 @@ def test_listen_bad_address(cli, text) -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_listen_port_taken(cli) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,6 +206,7 @@ def _reply(s: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_hostile_clients(procs, gpu_key) -> None:
     """Bounded: MAX_CONNECTIONS silent clients hold every slot, the next gets 503 at once; a silent
     client is cut off at the request deadline; garbage gets a JSON 400; nothing prints a traceback."""

@@ -15,17 +15,22 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import cli_argv, wait_for
 from serve_env import get, start_serve, start_writer
+
+from testkit.cli import cli_argv
+from testkit.wait import wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 GONE_WITHIN_S = 6.0  # the bound: 3 s liveness + 1 s scrape + slack
 
-pytestmark = pytest.mark.skipif(
-    not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
-    reason="prometheus/promtool not installed (Debian package `prometheus`; .ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (os.access(PROMETHEUS, os.X_OK) and os.access(PROMTOOL, os.X_OK)),
+        reason="prometheus/promtool not installed (Debian package `prometheus`; scripts/test.sh installs it)",
+    ),
+]
 
 
 def _free_port() -> int:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import REPO, shm_file, wait_for
 
 from gpushare_tui.core import abi, schedule
 from gpushare_tui.core.clock import wall_us
@@ -21,6 +20,9 @@ from gpushare_tui.core.errors import GpushareError
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
+from testkit.paths import REPO
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 
 def slot_of(key: str, slot: int) -> abi.SlotRecord:
@@ -88,6 +90,7 @@ def test_open_is_idempotent_one_slot(gpu_key: str, runtime_dir: str) -> None:
         assert [r.index for r in _slots(gpu_key) if r.pid == os.getpid()] == [share.slot]
 
 
+@pytest.mark.slow
 def test_pace_marks_active_then_idle_two_seconds_after_the_last(gpu_key: str, runtime_dir: str) -> None:
     from gpushare_tui import GpuShare
 
@@ -112,6 +115,7 @@ def _run_loop(share, seconds: float, work_s: float = 0.002) -> tuple[float, list
     return time.monotonic() - t0, phases
 
 
+@pytest.mark.slow
 def test_pace_sleeps_outside_its_window_and_publishes_busy(gpu_key: str, peer: Membership, runtime_dir: str) -> None:
     from gpushare_tui import GpuShare
 
@@ -131,6 +135,7 @@ def test_pace_sleeps_outside_its_window_and_publishes_busy(gpu_key: str, peer: M
         assert 20 < busy < 80, busy
 
 
+@pytest.mark.slow
 def test_busy_is_near_full_alone(gpu_key: str, runtime_dir: str) -> None:
     from gpushare_tui import GpuShare
 
@@ -165,6 +170,7 @@ def test_control_socket_status_reweight_and_stop(gpu_key: str, runtime_dir: str)
         assert share.stop_requested.is_set() and stopped == [1]
 
 
+@pytest.mark.slow
 def test_pace_is_thread_safe(gpu_key: str, peer: Membership, runtime_dir: str) -> None:
     from gpushare_tui import GpuShare
 

@@ -6,13 +6,13 @@ import math
 import os
 
 import pytest
-from conftest import shm_file
 
 from gpushare_tui.core import abi, schedule
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import GpuSnapshot, SegmentReader, build_gpu_snapshot, own_peer
+from testkit.shm import shm_file
 
 NOW = 1_764_000_000_123_456
 

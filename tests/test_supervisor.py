@@ -14,63 +14,16 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import cli_argv, cli_argv_threads_at_exit, run_cli, wait_for
-from llama_env import end_pid, llama_server, proc_state, tiny_model  # noqa: F401 (fixtures)
+from llama_env import Engines, end_pid, proc_state, read_join_line
 
 from gpushare_tui.core.engines.llama_server import port_in_use
 from gpushare_tui.core.segment import Segment, shm_path
+from testkit.cli import cli_argv, cli_argv_threads_at_exit, run_cli
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
+from testkit.wait import wait_for
 
 pytestmark = pytest.mark.llama
-
-
-class Engines:
-    """Supervisors started by a test and their engines; all ended at teardown."""
-
-    def __init__(self, procs, key: str, server: str, model: str) -> None:
-        self.procs, self.key, self.server, self.model = procs, key, server, model
-        self.engine_pids: list[int] = []
-
-    def run(
-        self,
-        weight: float = 1.0,
-        *extra_engine: str,
-        name: str | None = None,
-        threads: int = 1,
-        python: list[str] | None = None,
-    ):
-        """`python`: the CLI's argv before its arguments, instead of `python -m gpushare_tui`."""
-        argv = [*python, "run"] if python else cli_argv("run")
-        argv += ["--weight", str(weight), "--gpu-key", self.key]
-        if name:
-            argv += ["--name", name]
-        argv += ["--", self.server, "-m", self.model, "-t", str(threads), "-c", "4096", "-np", "1", *extra_engine]
-        sup = self.procs.start(argv)
-        line = wait_for(lambda: _read_join_line(sup), 60, what="supervisor join line")
-        pid = self.slot_pid_of(line)
-        self.engine_pids.append(pid)
-        return sup, pid, line
-
-    def slot_pid_of(self, join_line: str) -> int:
-        slot = int(join_line.split(" slot ")[1].split()[0])
-        with Segment.attach_readonly(shm_path(self.key)) as seg:
-            return seg.read_slot(slot).pid
-
-    def slot_of(self, pid: int):
-        with Segment.attach_readonly(shm_path(self.key)) as seg:
-            return next((r for r in seg.read_slots() if r.pid == pid), None)
-
-    def end(self) -> None:
-        for pid in self.engine_pids:
-            end_pid(pid)
-
-
-def _read_join_line(sup) -> str | None:
-    if sup.poll() is not None:
-        pytest.fail(f"supervisor exited {sup.returncode}: {sup.stderr.read()}")
-    line = sup.stderr.readline()
-    return line if "joined" in line else None
 
 
 @pytest.fixture
@@ -339,7 +292,7 @@ def test_cpu_time_alone_never_raises_active(procs, gpu_key, runtime_dir):
     fake = str(Path(__file__).parent / "data" / "busy_idle_engine.py")
     argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--name", "busy", "--", sys.executable, fake)
     sup = procs.start(argv)
-    wait_for(lambda: _read_join_line(sup), 30, what="supervisor join line")
+    wait_for(lambda: read_join_line(sup), 30, what="supervisor join line")
     with Segment.attach_readonly(shm_path(gpu_key)) as seg:
         pid = next(r.pid for r in seg.read_slots() if r.name == "busy")
         try:

@@ -10,13 +10,15 @@ import threading
 import time
 
 import pytest
-from conftest import cli_argv, cli_argv_threads_at_exit, read_json_file, shm_file, wait_for
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.core import control
 from gpushare_tui.core.engines import synthetic
 from gpushare_tui.core.engines.synthetic import DutyPattern
 from gpushare_tui.core.segment import Segment
+from testkit.cli import cli_argv, cli_argv_threads_at_exit
+from testkit.shm import shm_file
+from testkit.wait import read_json_file, wait_for
 
 BAD_WEIGHTS = ["nan", "NaN", "inf", "-inf", "0", "-0", "-1", "abc", "", "1e39"]
 BAD_KEYS = ["../x", "a/b", "", "x" * 65, "sp ace", ".."]
@@ -37,6 +39,7 @@ def test_synth_bad_key_in_process(key: str, capsys) -> None:
     assert line.startswith("gpushare-tui: invalid gpu key")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args",
     [
@@ -104,6 +107,7 @@ def test_work_units_scale() -> None:
     assert 0.0005 < one < 0.1
 
 
+@pytest.mark.slow
 def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> None:
     """The engine's life in-process: join, control socket while running, leave; nothing left after."""
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}  # it installs its own
@@ -128,6 +132,7 @@ def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> 
         assert all(r.pid != os.getpid() for r in seg.read_slots())
 
 
+@pytest.mark.slow
 def test_idle_spell_is_said_at_once_and_resuming_reads_unmeasured(gpu_key: str) -> None:
     """A duty-cycled synth entering an idle spell drops `active` and busy at once (not 2 s later, while
     its tok/s already reads 0: the demo's "active, BUSY 1, TOK/S 0.0"), and on resuming its tok/s is
@@ -209,6 +214,7 @@ def units() -> int:
     return synthetic.calibrate_units(2.0)
 
 
+@pytest.mark.slow
 def test_two_to_one_ratio(procs, new_gpu_key, tmp_path, units: int) -> None:
     key = new_gpu_key()
     sa, sb = tmp_path / "a.json", tmp_path / "b.json"
@@ -229,6 +235,7 @@ def _steps_per_cpu_s(proc, status) -> float:
     return d["steps_total"] / (ru.ru_utime + ru.ru_stime)
 
 
+@pytest.mark.slow
 def test_lone_paced_engine_never_sleeps_and_costs_little_per_step(procs, new_gpu_key, tmp_path, units: int) -> None:
     # Alone, the pacer must never sleep. Its overhead is compared per CPU second (rusage), not per wall
     # second: on a loaded box the two engines get different shares of the cores, but a step costs what it
@@ -252,6 +259,7 @@ def _status(pid: int) -> control.StatusReply:
         return control.StatusReply()
 
 
+@pytest.mark.slow
 def test_solo_tok_s_is_reached_alone_and_kept_while_sharing(procs, gpu_key, runtime_dir, cli) -> None:
     """A synth alone learns its solo rate (the best tok/s as the only active member); once it shares the
     GPU (equal weights) its tok/s drops below it, and a peer that never ran alone has none. --once --json
@@ -276,6 +284,7 @@ def test_solo_tok_s_is_reached_alone_and_kept_while_sharing(procs, gpu_key, runt
     assert eb["solo_tok_s"] is None and eb["speed_pct"] is None
 
 
+@pytest.mark.slow
 def test_sigterm_soon_after_join_exits_in_order_every_time(procs, gpu_key: str, runtime_dir: str) -> None:
     """SIGTERM 0-300 ms after the join line, again and again: every run exits 128+15 with no thread
     left running into finalization (see conftest), its slot left and its socket removed."""

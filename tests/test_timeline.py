@@ -109,6 +109,7 @@ def app_at(clock: list[int], share_weights=(2, 1)) -> DashboardApp:
     return DashboardApp(FixedSource([model_at(0, share_weights)]), interval_s=3600, host="h", clock=lambda: clock[0])
 
 
+@pytest.mark.slow
 def test_app_cursor_follows_the_injected_clock_frame_by_frame():
     clock = [NOW]
     slots = [slot(0, 2), slot(1, 1)]  # model_at(0, (2, 1)): 80 + 40 ms windows, a 120 ms period
@@ -138,6 +139,7 @@ def test_app_cursor_follows_the_injected_clock_frame_by_frame():
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_cursor_ticks_redraw_only_the_timeline(monkeypatch):
     # what each widget actually draws (Textual serves unchanged lines from its cache without calling these)
     drawn: Counter[str] = Counter()
@@ -176,6 +178,7 @@ def _counting(counter: Counter[str], name: str, method: Callable) -> Callable:
     return counted
 
 
+@pytest.mark.slow
 def test_no_timer_work_without_a_schedule():
     clock = [NOW]
 
@@ -195,6 +198,7 @@ def test_no_timer_work_without_a_schedule():
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_timeline_scrolled_out_of_view_draws_no_frames_until_it_is_back():
     clock = [NOW]
     views = tuple(g for i in range(4) for g in model_at(0, key=f"gpu-{i}").gpus)
@@ -221,6 +225,7 @@ def test_a_timeline_scrolled_out_of_view_draws_no_frames_until_it_is_back():
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_live_segment_each_frame_is_the_schedule_at_its_instant(tmp_path, monkeypatch):
     """Real segment, real peers, the real wall clock: frames advance and each shows who may run then."""
     shm = tmp_path / "shm"

@@ -13,10 +13,13 @@ import subprocess
 import time
 
 import pytest
-from conftest import run_cli, wait_for
 from up_env import UpProc, alive_slots, used_slots, write
 
 from gpushare_tui.core import control
+from testkit.cli import run_cli
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
 
 TWO = """\
 gpu_key = "{key}"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from conftest import REPO
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.up import config
 from gpushare_tui.up.backoff import Backoff
 from gpushare_tui.up.lines import key_line
+from testkit.paths import REPO
 
 GOOD = """\
 gpu_key = "@KEY@"

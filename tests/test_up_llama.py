@@ -11,13 +11,13 @@ import signal
 import time
 
 import pytest
-from conftest import wait_for
-from llama_env import llama_server, proc_state, tiny_model  # noqa: F401 (fixtures)
+from llama_env import proc_state
 from up_env import UpProc, alive_slots, used_slots, write
 
 from gpushare_tui.core import control
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
+from testkit.wait import wait_for
 
 pytestmark = pytest.mark.llama
 

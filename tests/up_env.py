@@ -10,10 +10,11 @@ import threading
 import time
 
 import psutil
-from conftest import cli_argv, wait_for
 
 from gpushare_tui.core import control
 from gpushare_tui.core.segment import Segment, SegmentError, shm_path
+from testkit.cli import cli_argv
+from testkit.wait import wait_for
 
 
 def alive_slots(key: str) -> dict[str, tuple[int, float]]:

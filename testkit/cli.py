@@ -1,0 +1,32 @@
+"""The gpushare-tui command line run by tests, with this interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def cli_argv(*args: str) -> list[str]:
+    """argv that runs the gpushare-tui CLI with this interpreter."""
+    return [sys.executable, "-m", "gpushare_tui", *args]
+
+
+# atexit runs after threading's shutdown (non-daemon threads joined), just before finalization: a
+# (daemon) thread still running then races exit() itself. A supervisor's monitor thread caught inside
+# OpenSSL there (httpx.Client loading the CA store) crashed it with SIGSEGV/SIGABRT in OPENSSL_cleanup.
+_THREADS_AT_EXIT = (
+    "import atexit, runpy, sys, threading\n"
+    "atexit.register(lambda: print('threads at exit:', sorted(t.name for t in threading.enumerate()"
+    " if t is not threading.main_thread()), file=sys.stderr, flush=True))\n"
+    "runpy.run_module('gpushare_tui', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def cli_argv_threads_at_exit(*args: str) -> list[str]:
+    """cli_argv, but the process says on stderr, last, `threads at exit: [names]`: its threads
+    other than the main one still alive when it exits (an orderly exit leaves none: `[]`)."""
+    return [sys.executable, "-c", _THREADS_AT_EXIT, *args]
+
+
+def run_cli(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
