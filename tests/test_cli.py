@@ -8,11 +8,11 @@ import os
 import pytest
 import typer
 import typer.main
-from testkit.shm import shm_file
 
 from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE
 from gpushare_tui.cli.once import headless_args
+from testkit.shm import shm_file
 
 
 @pytest.mark.parametrize(
