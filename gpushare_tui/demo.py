@@ -209,7 +209,8 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
     if demo.janitor is not None:
         demo.janitor.kill()  # nothing left for it to do
         demo.janitor.wait()
-        demo.janitor.stdin.close()
+        if demo.janitor.stdin is not None:  # (always: it is started with stdin=PIPE)
+            demo.janitor.stdin.close()
         demo.janitor = None
 
 

@@ -160,13 +160,13 @@ class Up:
                 c.stop(then="remove")
                 done.append(f"stopped {name}")
         for d in new.engines:
-            c = self.children.get(d.name)
-            if c is None:
-                c = self.children[d.name] = Child(d, keys[d.name], new, self.log_dir, self.say)
-                c.start()
-                done.append(f"started {d.name}")
+            known = self.children.get(d.name)
+            if known is not None:
+                done += known.redeclare(d, keys[d.name], new)
                 continue
-            done += c.redeclare(d, keys[d.name], new)
+            added = self.children[d.name] = Child(d, keys[d.name], new, self.log_dir, self.say)
+            added.start()
+            done.append(f"started {d.name}")
         if new.serve != self.cfg.serve:
             if self.serve is not None:
                 self.serve.stop(then="remove")
