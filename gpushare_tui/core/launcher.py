@@ -37,15 +37,10 @@ class LaunchSpec:
 
 
 @dataclass(frozen=True)
-class LaunchReply:
-    """A launched engine, healthy and joined; its supervisor runs on in its own session."""
+class LaunchReply(spawn.Ready):
+    """A launched engine, healthy and joined (the supervisor's notice); its supervisor runs on in
+    its own session, writing `supervisor_log`."""
 
-    engine_pid: int
-    port: int
-    host: str
-    log: str
-    slot: int | None
-    supervisor_pid: int
     supervisor_log: str
 
     def to_json(self) -> dict:
