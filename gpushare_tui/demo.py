@@ -16,7 +16,6 @@ close of a pipe, removes the segment and logs.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -30,7 +29,9 @@ from .core.clock import wall_us
 from .core.control import is_managed
 from .core.engines.synthetic import calibrate_units
 from .core.errors import GpushareError
+from .core.logtail import tail_text
 from .core.segment import Segment, SegmentError, shm_path
+from .core.spawn import spawn, synth_argv
 
 # (name, weight, --busy-idle): a little idle/busy variation so the plots move.
 DEMO_ENGINES: tuple[tuple[str, float, str | None], ...] = (
@@ -38,7 +39,6 @@ DEMO_ENGINES: tuple[tuple[str, float, str | None], ...] = (
     ("batch", 1.0, None),
     ("agent", 1.0, "25:10"),
 )
-PR_SET_PDEATHSIG = 1
 
 
 class DemoError(GpushareError, RuntimeError):
@@ -66,24 +66,6 @@ def default_key() -> str:
     return f"demo-{os.getpid()}"
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the demo process dies, even on SIGKILL (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def synth_argv(key: str, name: str, weight: float, busy_idle: str | None, units: int) -> list[str]:
-    """`gpushare-tui synth` with a fixed amount of work per step (`units`)."""
-    argv = [sys.executable, "-m", "gpushare_tui", "synth", "--weight", f"{weight:g}", "--name", name]
-    argv += ["--gpu-key", key, "--work-units", str(units), "--quiet"]
-    if busy_idle:
-        argv += ["--busy-idle", busy_idle]
-    return argv
-
-
 def alive_peers(key: str) -> list[int]:
     """Pids of the live peers on `key` (read-only); [] if there is no readable segment."""
     try:
@@ -102,26 +84,19 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
     units = calibrate_units(step_ms)
     try:
         for name, weight, busy_idle in engines:
-            log = tempfile.NamedTemporaryFile(prefix=f"gpushare-demo-{demo.key}-{name}-", suffix=".log", delete=False)
-            demo.logs.append(log.name)
-            with log:
-                demo.procs.append(
-                    subprocess.Popen(
-                        synth_argv(demo.key, name, weight, busy_idle, units),
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=log,
-                        start_new_session=True,
-                        preexec_fn=_die_with_parent,
-                    )
-                )
+            fd, log = tempfile.mkstemp(prefix=f"gpushare-demo-{demo.key}-{name}-", suffix=".log")
+            os.close(fd)
+            demo.logs.append(log)
+            argv = synth_argv(gpu_key=demo.key, name=name, weight=weight, busy_idle=busy_idle, work_units=units)
+            demo.procs.append(spawn(argv, log, parent_death=signal.SIGTERM))
         demo.janitor = _start_janitor(demo)
         deadline = time.monotonic() + timeout_s
         # registered and serving their control sockets (the dashboard manages them at once)
         while not set(demo.pids) <= set(alive_peers(demo.key)) or not all(is_managed(p.pid) for p in demo.procs):
             for p, path in zip(demo.procs, demo.logs):
                 if p.poll() is not None:
-                    raise DemoError(f"demo engine {p.pid} exited (code {p.returncode}): {_tail(path)}")
+                    last = tail_text(path, 1) or "no output"
+                    raise DemoError(f"demo engine {p.pid} exited (code {p.returncode}): {last}")
             if time.monotonic() > deadline:
                 raise DemoError(f"demo engines did not register on {demo.key} within {timeout_s:g} s")
             time.sleep(0.05)
@@ -205,15 +180,6 @@ def _remove_leftovers(key: str, pids: list[int], logs: list[str]) -> None:
             pass
 
 
-def _tail(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
-        return lines[-1] if lines else "no output"
-    except OSError:
-        return "no output"
-
-
 def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
     """End every engine (SIGTERM, then SIGCONT+SIGKILL by pid), remove the segment and logs. Idempotent.
 
@@ -243,7 +209,8 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
     if demo.janitor is not None:
         demo.janitor.kill()  # nothing left for it to do
         demo.janitor.wait()
-        demo.janitor.stdin.close()
+        if demo.janitor.stdin is not None:  # (always: it is started with stdin=PIPE)
+            demo.janitor.stdin.close()
         demo.janitor = None
 
 

@@ -17,14 +17,17 @@ from gpushare_tui.core.launcher import LaunchReply, LaunchSpec, launch_detached
 SPEC = LaunchSpec(("llama-server", "-m", "x.gguf"), "k", 0.5, name="big", share_group="grp")
 
 
-def _fake_supervisor(monkeypatch, procs, tmp_path, notice: dict | None, spawned: list[list[str]]) -> None:
-    """Popen that starts a stand-in supervisor: it writes `notice` (if any) on the notify fd, then lingers."""
+def _fake_supervisor(
+    monkeypatch, procs, tmp_path, notice: dict | None, spawned: list[list[str]], then: str = "time.sleep(30)"
+) -> None:
+    """Popen that starts a stand-in supervisor: it writes `notice` (if any) on the notify fd, then
+    runs `then` (by default it lingers)."""
 
     def popen(argv: list[str], **kw: object):
         spawned.append(argv)
         fd = argv[argv.index("--notify-fd") + 1]
         say = f"os.write({fd}, {json.dumps(json.dumps(notice) + chr(10))}.encode()); " if notice else ""
-        code = f"import os, time; {say}time.sleep(30)"
+        code = f"import os, sys, time; {say}{then}"
         p = real_popen([sys.executable, "-c", code], pass_fds=kw["pass_fds"])
         procs.started.append(p)  # killed at teardown
         return p
@@ -32,15 +35,6 @@ def _fake_supervisor(monkeypatch, procs, tmp_path, notice: dict | None, spawned:
     real_popen = subprocess.Popen  # the patch below replaces it for everyone
     monkeypatch.setattr(launcher.subprocess, "Popen", popen)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
-
-
-def test_supervisor_argv() -> None:
-    argv = launcher.supervisor_argv(SPEC, 7)
-    assert argv[:3] == [sys.executable, "-m", "gpushare_tui"]
-    assert argv[3:] == [
-        "run", "--weight", "0.5", "--gpu-key", "k", "--load-timeout", "600.0", "--notify-fd", "7",
-        "--name", "big", "--share-group", "grp", "--", "llama-server", "-m", "x.gguf",
-    ]  # fmt: skip
 
 
 def test_ready_notice_is_the_reply(monkeypatch, procs, tmp_path) -> None:
@@ -51,7 +45,19 @@ def test_ready_notice_is_the_reply(monkeypatch, procs, tmp_path) -> None:
     assert reply == LaunchReply(41, 8081, "127.0.0.1", "/e.log", 2, 40, reply.supervisor_log)
     assert reply.supervisor_log.startswith(str(tmp_path / "gpushare-tui" / "supervisor-"))
     assert reply.to_json() == {"ok": True, **notice, "supervisor_pid": 40, "supervisor_log": reply.supervisor_log}
-    assert len(spawned) == 1
+    assert len(spawned) == 1 and spawned[0][3:5] == ["run", "--weight"]
+
+
+def test_a_bad_notice_is_one_line(monkeypatch, procs, tmp_path) -> None:
+    _fake_supervisor(monkeypatch, procs, tmp_path, {"ok": True, "engine_pid": "41"}, [])
+    with pytest.raises(GpushareError, match=r"^supervisor \d+ sent a bad notice; see .*supervisor-"):
+        launch_detached(SPEC)
+
+
+def test_a_supervisor_gone_without_a_notice_says_its_exit_code(monkeypatch, procs, tmp_path) -> None:
+    _fake_supervisor(monkeypatch, procs, tmp_path, None, [], then="sys.exit(3)")
+    with pytest.raises(GpushareError, match=r"^supervisor exited \(code 3\) before the engine was ready"):
+        launch_detached(SPEC)
 
 
 def test_failed_notice_is_an_engine_error_with_the_tail(monkeypatch, procs, tmp_path) -> None:

@@ -18,6 +18,7 @@ from gpushare_tui.core.logtail import (
     last_lines,
     open_log,
     reported_log,
+    tail_text,
 )
 
 
@@ -207,3 +208,16 @@ def test_reported_log():
         with pytest.raises(GpushareError) as e:
             reported_log(7, reply)
         assert str(e.value) == "engine 7 reports no log file (its output goes to a terminal or a pipe)"
+
+
+def test_tail_text_for_an_error_message(log, tmp_path):
+    write(log, "".join(f"line {i}\n" for i in range(100)) + "\n  \nlast words   \n\n", "w")
+    assert tail_text(log, 3) == "line 98\nline 99\nlast words"  # blank lines skipped, trailing blanks cut
+    assert tail_text(log) == "\n".join([*(f"line {i}" for i in range(86, 100)), "last words"])  # 15 by default
+    assert tail_text(log, 5, max_bytes=27) == "line 99\nlast words"  # only whole lines within the bound
+    assert tail_text(log, 5, max_bytes=26) == "last words"
+    assert tail_text(str(tmp_path / "missing.log")) == ""
+    os.symlink(log, tmp_path / "link.log")
+    assert tail_text(str(tmp_path / "link.log")) == ""  # not followed, like every log read here
+    write(log, "", "w")
+    assert tail_text(log) == ""

@@ -5,6 +5,7 @@ The same behaviours with real llama-servers: test_up_llama.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,10 @@ import pytest
 from up_env import UpProc, alive_slots, used_slots, write
 
 from gpushare_tui.core import control
+from gpushare_tui.up import config as up_config
+from gpushare_tui.up.child import PREDECESSORS, Child, IllegalTransition, State
 from testkit.cli import run_cli
+from testkit.procs import Procs
 from testkit.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -243,3 +247,99 @@ def _get(httpx, url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# -- up/child.Child: the state machine, driven directly (real synth processes) ------------------
+
+
+@pytest.fixture
+def make_child(gpu_key, runtime_dir, state_home, tmp_path):
+    """make_child(text) -> (Child of the file's first engine, the lines it said); its processes
+    are ended at teardown."""
+    made: list[Child] = []
+
+    def make(text: str = TWO) -> tuple[Child, list[str]]:
+        cfg = up_config.load(write(tmp_path / "gpushare.toml", text.format(key=gpu_key)))
+        lines: list[str] = []
+        c = Child(cfg.engines[0], gpu_key, cfg, state_home, lines.append)
+        made.append(c)
+        return c, lines
+
+    yield make
+    for c in made:
+        if c.proc is not None:
+            Procs.kill(c.proc)
+        c._close_pipes()
+
+
+def _tick_until(c: Child, state: State, timeout: float = 30) -> None:
+    def reached() -> bool:
+        c.tick(time.monotonic())
+        return c.state is state
+
+    wait_for(reached, timeout, 0.05, f"{c.name} {state.value} (now {c.state.value})")
+
+
+def test_child_goes_new_starting_running_stopping_stopped_saying_each(make_child) -> None:
+    c, lines = make_child()
+    assert c.state is State.NEW
+    c.start()
+    assert c.state is State.STARTING and lines[-1].startswith(f"a: starting (pid {c.proc.pid}, log ")
+    pid = c.proc.pid
+    _tick_until(c, State.RUNNING)
+    assert lines[-1].startswith(f"a: ready: engine pid {pid}, slot ") and ", weight 2, " in lines[-1]
+    c.stop()
+    assert c.state is State.STOPPING and lines[-1] == f"a: stopping (SIGTERM to pid {pid})"
+    _tick_until(c, State.STOPPED)
+    assert lines[-1].startswith("a: stopped (") and c.proc is None
+    assert len(lines) == 4  # one line per change
+    with pytest.raises(IllegalTransition, match="stopped -> running"):
+        c._to(State.RUNNING)
+
+
+def test_illegal_transitions_are_refused() -> None:
+    assert all(State.REMOVED not in before for before in PREDECESSORS.values())  # REMOVED is final
+    assert all(PREDECESSORS[s] for s in State if s is not State.NEW)  # every other state is reachable
+    assert PREDECESSORS[State.RUNNING] == {State.STARTING}
+    cfg = up_config.UpConfig("x.toml", engines=(up_config.EngineDecl("a", synth=up_config.SynthDecl()),))
+    c = Child(cfg.engines[0], "k", cfg, "/nonexistent", lambda _line: None)
+    with pytest.raises(IllegalTransition, match="a: new -> running"):
+        c._to(State.RUNNING)
+    c.stop(then="remove")  # never started: removed at once
+    assert c.state is State.REMOVED
+    with pytest.raises(IllegalTransition, match="a: removed -> starting"):
+        c.start()  # refused before anything is spawned
+    assert c.proc is None
+
+
+def test_redeclare_reweights_live_restarts_on_change_and_starts_a_stopped_one(make_child) -> None:
+    c, lines = make_child()
+    c.start()
+    _tick_until(c, State.RUNNING)
+    pid, cfg = c.proc.pid, c.cfg
+    decl = c.decl
+    heavier = dataclasses.replace(decl, weight=3.0)
+    assert c.redeclare(heavier, c.key, cfg) == ["a weight 3"]
+    assert c.state is State.RUNNING and c.proc.pid == pid and c.decl == heavier
+    assert control.StatusReply.from_json(control.request(pid, "status")).config_weight == 3.0
+    assert c.redeclare(heavier, c.key, cfg) == []  # no change, nothing done
+    slower = dataclasses.replace(heavier, synth=up_config.SynthDecl(step_ms=6.0))
+    assert c.redeclare(slower, c.key, cfg) == ["restarted a"]
+    assert c.state is State.STOPPING
+    _tick_until(c, State.STARTING)  # stopped, then started again at once
+    assert c.proc.pid != pid and "--step-ms" in c.argv(-1) and "6.0" in c.argv(-1)
+    _tick_until(c, State.RUNNING)
+    c.stop()
+    _tick_until(c, State.STOPPED)
+    assert c.redeclare(slower, c.key, cfg) == ["started a again"] and c.state is State.STARTING
+
+
+def test_redeclared_while_being_removed_it_restarts_instead(make_child) -> None:
+    c, lines = make_child()
+    c.start()
+    _tick_until(c, State.RUNNING)
+    pid = c.proc.pid
+    c.stop(then="remove")
+    assert c.redeclare(c.decl, c.key, c.cfg) == ["restarted a"]
+    _tick_until(c, State.RUNNING)
+    assert c.proc.pid != pid

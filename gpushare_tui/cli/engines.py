@@ -35,7 +35,7 @@ def run(
     share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
-    from ..core.launcher import notify_failed, notify_ready
+    from ..core.spawn import notify_failed, notify_ready
 
     # First of all: from here on a SIGTERM/SIGINT/SIGHUP stops us in order (nothing started, or the
     # engine ended and the slot left), never kills us half-way.

@@ -1,4 +1,5 @@
-"""Reading an engine's log: its last lines, then what is appended (`tail -n N -F`), UI-free.
+"""Reading an engine's log: its last lines, then what is appended (`tail -n N -F`), UI-free;
+the one reader of a log's tail (`logs`, the dashboard's log pane, the tail an error carries).
 
 The path comes from another process (an engine's `status` reply), so a log is opened with
 O_NOFOLLOW | O_NONBLOCK and must be a regular file: a symbolic link, a FIFO or a device is
@@ -12,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import sys
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -21,6 +24,8 @@ from .text import printable
 CHUNK_BYTES = 64 * 1024
 MAX_LINE_BYTES = 64 * 1024  # a longer line (no newline yet) is returned in pieces of this size
 POLL_READ_BYTES = 1024 * 1024  # one poll reads at most this much (without max_read_bytes: the rest next poll)
+TAIL_TEXT_LINES = 15  # an error message's log tail: this many lines, within the last TAIL_TEXT_BYTES
+TAIL_TEXT_BYTES = 16 * 1024
 
 
 class LogError(GpushareError):
@@ -143,6 +148,17 @@ def tail_lines(path: str, n: int, max_bytes: int | None = None) -> Iterator[str]
 def last_lines(path: str, n: int, max_bytes: int | None = None) -> list[str]:
     """`tail_lines` as a list."""
     return list(tail_lines(path, n, max_bytes))
+
+
+def tail_text(path: str, n: int = TAIL_TEXT_LINES, max_bytes: int = TAIL_TEXT_BYTES) -> str:
+    """For an error message (an engine that failed to start): the last `n` non-blank lines within
+    the last `max_bytes` of the log at `path`, without trailing blanks, joined by newlines; "" if
+    it cannot be read."""
+    try:
+        lines = deque((s for line in tail_lines(path, sys.maxsize, max_bytes) if (s := line.rstrip())), maxlen=n)
+    except LogError:
+        return ""
+    return "\n".join(lines)
 
 
 @dataclass

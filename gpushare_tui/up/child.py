@@ -1,46 +1,60 @@
 """One process `up` owns: a declared engine (a `gpushare-tui run` supervisor of its command, or a
 `gpushare-tui synth`) or the embedded `gpushare-tui serve`. Non-blocking: the owner loop calls
-`tick()`; every state change is said in one line."""
+`tick()`. An explicit state machine (`State`, `PREDECESSORS`): every change goes through
+`Child._to`, which refuses an illegal one and says the change in one line."""
 
 from __future__ import annotations
 
-import ctypes
-import json
+import enum
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 
-from ..core import control
+from ..core import control, spawn
 from ..core.ownership import ENV, STOP_EVENT, Owner
-from .backoff import Backoff
+from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig
 
-PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 13.0  # a supervisor gives its engine 10 s after SIGTERM before SIGKILL; then ours
 READY_STATUS_TIMEOUT_S = 1.0
+
+
+class State(enum.Enum):
+    NEW = "new"  # declared, never started
+    STARTING = "starting"  # its process runs; not ready yet (no notice / control socket)
+    RUNNING = "running"  # ready: the engine is healthy and joined (serve: started)
+    STOPPING = "stopping"  # SIGTERM sent; SIGKILL after STOP_GRACE_S
+    BACKOFF = "backoff"  # exited or failed to start; started again at `next_start_mono`
+    STOPPED = "stopped"  # not restarted until a reload (by request, by its restart policy, or by a stop)
+    REMOVED = "removed"  # stopped for good: no longer declared (the owner drops it)
+
+
+# the states each state may be entered from
+PREDECESSORS: dict[State, frozenset[State]] = {
+    State.NEW: frozenset(),
+    State.STARTING: frozenset({State.NEW, State.BACKOFF, State.STOPPED}),
+    State.RUNNING: frozenset({State.STARTING}),
+    State.STOPPING: frozenset({State.STARTING, State.RUNNING, State.STOPPING}),
+    State.BACKOFF: frozenset({State.NEW, State.STARTING, State.RUNNING, State.BACKOFF, State.STOPPED}),
+    State.STOPPED: frozenset(set(State) - {State.REMOVED}),
+    State.REMOVED: frozenset(set(State) - {State.REMOVED}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A programming error: a state change its predecessor does not allow."""
 
 
 def _say_default(line: str) -> None:
     print(f"gpushare-tui up: {line}", file=sys.stderr, flush=True)
 
 
-def _pdeathsig(parent: int) -> Callable[[], None]:
-    def setup() -> None:
-        # `up` SIGKILLed: each supervisor gets SIGTERM and ends its engine (SIGCONT first), so
-        # nothing is left stopped, nor running unowned for a restarted `up` to collide with.
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # `up` died before the prctl
-            os._exit(1)
-
-    return setup
-
-
 class Child:
-    """states: starting → running → (exit) → backoff → starting ...; stopping; stopped (not
-    restarted until a reload: by request, by policy, or removed)."""
+    """A declared engine (`decl`, on registry key `key`) or, with `decl` None, `up`'s serve."""
 
     def __init__(
         self,
@@ -55,7 +69,7 @@ class Child:
         self.serve_listen = serve_listen
         self.name = decl.name if decl else "serve"
         self.log_dir, self.say = log_dir, say
-        self.state = "new"
+        self.state = State.NEW
         self.proc: subprocess.Popen | None = None
         self.engine_pid: int | None = None
         self.backoff = Backoff()
@@ -63,44 +77,56 @@ class Child:
         self.ready_mono: float | None = None
         self.next_start_mono = 0.0
         self.stop_deadline = 0.0
-        self.then: str | None = None  # after stopping: "restart" | "remove" | None
         self.ever_resolved = False  # first start ready or failed (sd_notify READY)
+        self._then: str | None = None  # after stopping: "restart" | "remove" | None
         self._notify_r: int | None = None
         self._events_r: int | None = None
         self._stop_seen = False
         self._started_weight: float | None = None
 
+    # -- the state machine ----------------------------------------------------------
+
+    def _check(self, new: State) -> None:
+        if self.state not in PREDECESSORS[new]:
+            raise IllegalTransition(f"{self.name}: {self.state.value} -> {new.value}")
+
+    def _to(self, new: State, line: str | None = None) -> None:
+        """Enter `new` (IllegalTransition if the current state does not lead there), saying `line`."""
+        self._check(new)
+        self.state = new
+        if line is not None:
+            self.say(f"{self.name}: {line}")
+
     # -- argv ----------------------------------------------------------------
 
     def argv(self, notify_fd: int) -> list[str]:
-        base = [sys.executable, "-m", "gpushare_tui"]
         if self.decl is None:
-            return [*base, "serve", "--listen", self.serve_listen or ""]
-        d = self.decl
-        common = ["--weight", repr(d.weight), "--gpu-key", self.key or "", "--name", d.name]
-        if self.cfg.share_group:
-            common += ["--share-group", self.cfg.share_group]
+            return spawn.serve_argv(self.serve_listen or "")
+        d, key, group = self.decl, self.key or "", self.cfg.share_group
         if d.synth is not None:
-            extra = ["--step-ms", repr(d.synth.step_ms), "--quiet"]
-            if d.synth.work_units:
-                extra += ["--work-units", str(d.synth.work_units)]
-            return [*base, "synth", *common, *extra]
-        return [
-            *base,
-            "run",
-            *common,
-            "--load-timeout",
-            repr(d.load_timeout_s),
-            "--notify-fd",
-            str(notify_fd),
-            "--",
-            *d.command,
-        ]
+            return spawn.synth_argv(
+                gpu_key=key,
+                weight=d.weight,
+                name=d.name,
+                share_group=group,
+                step_ms=d.synth.step_ms,
+                work_units=d.synth.work_units,
+            )
+        return spawn.run_argv(
+            d.command,
+            gpu_key=key,
+            weight=d.weight,
+            name=d.name,
+            load_timeout_s=d.load_timeout_s,
+            share_group=group,
+            notify_fd=notify_fd,
+        )
 
     # -- life ------------------------------------------------------------------
 
     def start(self) -> None:
         """Start now (from the main thread: PR_SET_PDEATHSIG follows the thread that forks)."""
+        self._check(State.STARTING)
         self._close_pipes()
         self._stop_seen = False
         self.engine_pid = None
@@ -120,18 +146,16 @@ class Child:
             ).to_env()
         log_path = os.path.join(self.log_dir, f"up-{_safe(self.name)}.log")
         try:
-            with open(log_path, "ab") as log:
-                self.proc = subprocess.Popen(
-                    self.argv(notify_w),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    env=env,
-                    cwd=self.cfg.directory,
-                    pass_fds=pass_fds,
-                    start_new_session=True,
-                    preexec_fn=_pdeathsig(os.getpid()),
-                )
+            # `up` SIGKILLed: each supervisor gets SIGTERM and ends its engine (SIGCONT first), so
+            # nothing is left stopped, nor running unowned for a restarted `up` to collide with.
+            self.proc = spawn.spawn(
+                self.argv(notify_w),
+                log_path,
+                env=env,
+                cwd=self.cfg.directory,
+                pass_fds=pass_fds,
+                parent_death=signal.SIGTERM,
+            )
         except OSError as e:
             self.say(f"{self.name}: cannot start: {e.strerror or e}")
             self._failed(None, 0.0)
@@ -140,48 +164,65 @@ class Child:
             for fd in (notify_w, events_w):
                 if fd >= 0:
                     os.close(fd)
-        self.state = "starting"
-        self.started_mono = time.monotonic()
-        self.say(f"{self.name}: starting (pid {self.proc.pid}, log {log_path})")
+        self._to(State.STARTING, f"starting (pid {self.proc.pid}, log {log_path})")
         if self.decl is None:
             self._ready(self.proc.pid, None)
 
     def stop(self, then: str | None = None) -> None:
-        """SIGTERM to the supervisor (it continues and ends its engine: TERM, 10 s, KILL), then ours."""
-        self.then = then
-        if self.proc is None or self.proc.poll() is not None or self.state in ("stopped", "backoff", "new"):
-            self._after_stop()
-            return
-        self.state = "stopping"
+        """SIGTERM to the supervisor (it continues and ends its engine: TERM, 10 s, KILL), then ours.
+        `then`: "restart" (start it again once stopped) or "remove" (it ends REMOVED)."""
+        self._then = then
+        if self.proc is None or self.proc.poll() is not None or self.state not in (State.STARTING, State.RUNNING):
+            if self.state is not State.STOPPING:
+                self._after_stop(None)
+            return  # (already stopping: `then` is what follows it now)
+        self._to(State.STOPPING, f"stopping (SIGTERM to pid {self.proc.pid})")
         self.stop_deadline = time.monotonic() + STOP_GRACE_S
         try:
             os.kill(self.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 
+    def redeclare(self, decl: EngineDecl, key: str, cfg: UpConfig) -> list[str]:
+        """Apply a reloaded file's declaration of this engine: a new weight is set live, a stopped
+        engine starts again, any other change restarts it. What was done, for the reload line."""
+        assert self.decl is not None, "a serve child is replaced, not redeclared"
+        old, self.decl, self.cfg = self.decl, decl, cfg
+        if self._then == "remove":  # removed by an earlier reload, declared again before it stopped
+            self.key, self._then = key, "restart"
+            return [f"restarted {decl.name}"]
+        if not (old.same_but_weight(decl) and self.key == key):
+            self.key = key
+            self.stop(then="restart")
+            return [f"restarted {decl.name}"]
+        done: list[str] = []
+        if decl.weight != old.weight:
+            self._reweight(decl.weight)
+            done.append(f"{decl.name} weight {decl.weight:g}")
+        if self.state is State.STOPPED:
+            self.start()
+            done.append(f"started {decl.name} again")
+        return done
+
     def tick(self, now: float) -> None:
-        if self.state == "backoff" and now >= self.next_start_mono:
+        if self.state is State.BACKOFF and now >= self.next_start_mono:
             self.start()
             return
-        if self.proc is None or self.state not in ("starting", "running", "stopping"):
+        if self.proc is None or self.state not in (State.STARTING, State.RUNNING, State.STOPPING):
             return
         code = self.proc.poll()
-        if self.state == "starting" and code is None:
+        if self.state is State.STARTING and code is None:
             self._check_ready()
         if code is not None:
             self._exited(code)
-        elif self.state == "stopping" and now > self.stop_deadline:
+        elif self.state is State.STOPPING and now > self.stop_deadline:
             self.say(f"{self.name}: still running {STOP_GRACE_S:g} s after SIGTERM: SIGKILL")
             self._kill_all()
-        elif self.state == "running" and self.ready_mono is not None and now - self.ready_mono >= 300:
+        elif self.state is State.RUNNING and self.ready_mono is not None and now - self.ready_mono >= RESET_AFTER_S:
             self.backoff.failures = 0
 
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def wait_fds(self) -> list[int]:
-        return [fd for fd in (self._notify_r,) if fd is not None and self.state == "starting"]
+        return [fd for fd in (self._notify_r,) if fd is not None and self.state is State.STARTING]
 
     # -- internals -------------------------------------------------------------
 
@@ -191,29 +232,25 @@ class Child:
             if os.path.exists(control.socket_path(self.proc.pid)):
                 self._ready(self.proc.pid, None)
             return
-        import select
-
         if self._notify_r is None or not select.select([self._notify_r], [], [], 0)[0]:
             return
-        data = os.read(self._notify_r, 65536)
+        try:
+            notice = spawn.read_notice(self._notify_r)
+        except spawn.NoticeError as e:
+            notice = spawn.Failed(str(e))
         os.close(self._notify_r)
         self._notify_r = None
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            return  # closed without a notice: it is exiting, _exited says so
-        if msg.get("ok"):
-            self._ready(int(msg["engine_pid"]), msg.get("slot"))
-        else:
-            self.say(f"{self.name}: failed to start: {msg.get('error')}")
+        if isinstance(notice, spawn.Ready):
+            self._ready(notice.engine_pid, notice.slot)
+        elif notice is not None:  # None: closed without a notice; it is exiting, _exited says so
+            self.say(f"{self.name}: failed to start: {notice.error}")
 
     def _ready(self, engine_pid: int, slot: int | None) -> None:
         self.engine_pid = engine_pid
-        self.state = "running"
         self.ready_mono = time.monotonic()
         self.ever_resolved = True
         if self.decl is None:
-            self.say(f"serve: listening on {self.serve_listen} (pid {engine_pid})")
+            self._to(State.RUNNING, f"listening on {self.serve_listen} (pid {engine_pid})")
             return
         weight: float | None = self.decl.weight
         try:
@@ -224,7 +261,15 @@ class Child:
         except control.ControlError as e:
             self.say(f"{self.name}: control socket: {e}")
         shown = "?" if weight is None else f"{weight:g}"
-        self.say(f"{self.name}: ready: engine pid {engine_pid}, slot {slot}, weight {shown}, gpu key {self.key}")
+        self._to(State.RUNNING, f"ready: engine pid {engine_pid}, slot {slot}, weight {shown}, gpu key {self.key}")
+
+    def _reweight(self, weight: float) -> None:
+        if self.state is not State.RUNNING or self.engine_pid is None:
+            return  # it starts with the file's weight
+        try:
+            control.request(self.engine_pid, "set_weight", weight=weight, config=True)
+        except control.ControlError as e:
+            self.say(f"{self.name}: weight {weight:g} not applied: {e}")
 
     def _exited(self, code: int) -> None:
         assert self.proc is not None
@@ -235,18 +280,15 @@ class Child:
         self.proc = None
         self.ever_resolved = True
         shown = f"code {code}" if code >= 0 else f"signal {-code}"
-        if self.state == "stopping":
-            self.say(f"{self.name}: stopped ({shown})")
-            self._after_stop()
+        if self.state is State.STOPPING:
+            self._after_stop(f"stopped ({shown})")
             return
         if self._stop_seen:
-            self.say(f"{self.name}: stopped on request ({shown}); not restarted until a reload")
-            self.state = "stopped"
+            self._to(State.STOPPED, f"stopped on request ({shown}); not restarted until a reload")
             return
         policy = self.decl.restart if self.decl else "on-failure"
         if policy == "never" or (policy == "on-failure" and code == 0):
-            self.say(f"{self.name}: exited ({shown}); restart = {policy}: not restarted")
-            self.state = "stopped"
+            self._to(State.STOPPED, f"exited ({shown}); restart = {policy}: not restarted")
             return
         self._failed(shown, healthy_s)
 
@@ -254,16 +296,15 @@ class Child:
         delay = self.backoff.on_exit(healthy_s)
         self.ever_resolved = True
         self.restarts += 1
-        self.state = "backoff"
         self.next_start_mono = time.monotonic() + delay
         loop = f"; crash loop: {self.backoff.failures} failures in a row" if self.backoff.crash_loop else ""
         what = f"exited ({shown}) after {healthy_s:.1f} s healthy" if shown else "failed"
-        self.say(f"{self.name}: {what}; restart {self.restarts} in {delay:g} s{loop}")
+        self._to(State.BACKOFF, f"{what}; restart {self.restarts} in {delay:g} s{loop}")
 
-    def _after_stop(self) -> None:
-        then, self.then = self.then, None
+    def _after_stop(self, line: str | None) -> None:
+        then, self._then = self._then, None
         self._close_pipes()
-        self.state = "removed" if then == "remove" else "stopped"
+        self._to(State.REMOVED if then == "remove" else State.STOPPED, line)
         if then == "restart":
             self.backoff = Backoff()
             self.start()
@@ -277,9 +318,8 @@ class Child:
             return False
 
     def _kill_all(self) -> None:
-        for pid in (self.engine_pid,):
-            if pid is not None:
-                _end_group(pid)
+        if self.engine_pid is not None:
+            _end_group(self.engine_pid)
         if self.proc is not None:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:

@@ -18,7 +18,7 @@ from ..core import control
 from ..core.errors import GpushareError
 from ..core.gpu import GpuKeyError, gpu_key_for_index
 from . import config as cfgmod
-from .child import Child
+from .child import Child, State
 from .config import ConfigError, EngineDecl, UpConfig
 from .lock import UpLock
 
@@ -118,8 +118,8 @@ class Up:
                 now = time.monotonic()
                 for c in self._all():
                     c.tick(now)
-                self.children = {n: c for n, c in self.children.items() if c.state != "removed"}
-                self._retiring = [c for c in self._retiring if c.state == "stopping"]
+                self.children = {n: c for n, c in self.children.items() if c.state is not State.REMOVED}
+                self._retiring = [c for c in self._retiring if c.state is State.STOPPING]
                 if not self._notified_ready and all(c.ever_resolved for c in self._all()):
                     self._notified_ready = True
                     sd_notify("READY=1")
@@ -137,7 +137,7 @@ class Up:
         self.say("stopping every engine")
         for c in self._all():
             c.stop()
-        while any(c.state == "stopping" for c in self._all()):
+        while any(c.state is State.STOPPING for c in self._all()):
             time.sleep(0.05)
             now = time.monotonic()
             for c in self._all():
@@ -160,29 +160,13 @@ class Up:
                 c.stop(then="remove")
                 done.append(f"stopped {name}")
         for d in new.engines:
-            c = self.children.get(d.name)
-            if c is None:
-                c = self.children[d.name] = Child(d, keys[d.name], new, self.log_dir, self.say)
-                c.start()
-                done.append(f"started {d.name}")
+            known = self.children.get(d.name)
+            if known is not None:
+                done += known.redeclare(d, keys[d.name], new)
                 continue
-            c.cfg = new
-            if c.then == "remove":  # removed by an earlier reload, declared again before it stopped
-                c.decl, c.key, c.then = d, keys[d.name], "restart"
-                done.append(f"restarted {d.name}")
-                continue
-            if c.decl is not None and c.decl.same_but_weight(d) and c.key == keys[d.name]:
-                if d.weight != c.decl.weight:
-                    c.decl = d
-                    self._reweight(c, d.weight)
-                    done.append(f"{d.name} weight {d.weight:g}")
-                if c.state == "stopped":
-                    c.start()
-                    done.append(f"started {d.name} again")
-                continue
-            c.decl, c.key = d, keys[d.name]
-            c.stop(then="restart")
-            done.append(f"restarted {d.name}")
+            added = self.children[d.name] = Child(d, keys[d.name], new, self.log_dir, self.say)
+            added.start()
+            done.append(f"started {d.name}")
         if new.serve != self.cfg.serve:
             if self.serve is not None:
                 self.serve.stop(then="remove")
@@ -194,14 +178,6 @@ class Up:
         self.cfg = new
         self.say(f"reloaded {self.path}: {', '.join(done) if done else 'no change'}")
         sd_notify("READY=1")
-
-    def _reweight(self, c: Child, weight: float) -> None:
-        if c.state != "running" or c.engine_pid is None:
-            return  # it starts with the file's weight
-        try:
-            control.request(c.engine_pid, "set_weight", weight=weight, config=True)
-        except control.ControlError as e:
-            self.say(f"{c.name}: weight {weight:g} not applied: {e}")
 
 
 def sd_notify(state: str) -> None:

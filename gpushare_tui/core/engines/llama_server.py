@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
-import os
 import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +15,10 @@ import httpx
 
 from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
 from ..errors import GpushareError
+from ..logtail import tail_text
+from ..spawn import die_with_parent
 
 HOST_DEFAULT = "127.0.0.1"
-PR_SET_PDEATHSIG = 1
 
 
 class EngineError(GpushareError, RuntimeError):
@@ -88,12 +86,6 @@ def resolve_binary(argv0: str) -> str:
     return path
 
 
-def _child_setup() -> None:
-    # Continued by the kernel when the supervisor dies, even by SIGKILL: a
-    # stopped engine whose supervisor vanished must not stay stopped.
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGCONT, 0, 0, 0)
-
-
 def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
     """Start the engine in its own process group, output to `log_path`."""
     binary = resolve_binary(args.argv[0])
@@ -107,23 +99,15 @@ def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
             stdout=log,
             stderr=subprocess.STDOUT,
             process_group=0,
-            preexec_fn=_child_setup,
+            # continued by the kernel when the supervisor dies, even by SIGKILL: a
+            # stopped engine whose supervisor vanished must not stay stopped
+            preexec_fn=die_with_parent(signal.SIGCONT),
             close_fds=True,
         )
     except OSError as e:
         raise EngineError(f"cannot start {binary}: {e.strerror}") from None
     finally:
         log.close()
-
-
-def log_tail(path: str, lines: int = 15) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            return "\n".join(x.decode("utf-8", "replace") for x in deque(f.read().splitlines(), lines))
-    except OSError:
-        return ""
 
 
 def wait_healthy(
@@ -135,16 +119,16 @@ def wait_healthy(
         while True:
             code = proc.poll()
             if code is not None:
-                raise EngineError(f"engine exited with code {code} while loading", log_tail(log_path))
+                raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
             try:
                 if client.get(base_url + "/health").status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise EngineError(f"engine not healthy after {timeout_s:.0f} s", log_tail(log_path))
+                raise EngineError(f"engine not healthy after {timeout_s:.0f} s", tail_text(log_path))
             if quit_event is not None and quit_event.wait(0.1):
-                raise EngineError("interrupted while the engine was loading", log_tail(log_path))
+                raise EngineError("interrupted while the engine was loading", tail_text(log_path))
             time.sleep(0 if quit_event else 0.1)
 
 
