@@ -11,7 +11,7 @@ import stat
 import pytest
 from conftest import cli_argv, shm_file, wait_for
 
-from gpushare_tui.core import control
+from gpushare_tui.core import control, paths
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
@@ -186,7 +186,7 @@ def test_runtime_dir_must_be_private(runtime_dir: str) -> None:
     os.chmod(d, 0o755)
     try:
         with pytest.raises(ControlError, match="not private"):
-            control.runtime_dir()
+            paths.runtime_dir()
     finally:
         os.chmod(d, 0o700)
 

@@ -72,9 +72,10 @@ def _start_supervisor(
     quit_event: threading.Event,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
-    from ..core.control import check_socket_dir, state_dir
+    from ..core.control import check_socket_dir
     from ..core.engines import llama_server as ls
     from ..core.ownership import Owner
+    from ..core.paths import state_dir
     from ..core.supervisor import Supervisor
 
     w = parse_weight(weight)

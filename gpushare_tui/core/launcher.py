@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from .control import state_dir
-from .errors import GpushareError, UsageError
+from .errors import EngineError, GpushareError, UsageError
+from .paths import state_dir
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
@@ -117,8 +117,6 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
         ) from None
     _reap_later(proc)
     if not msg.get("ok"):
-        from .engines.llama_server import EngineError  # not at the top: it imports httpx, the dashboard this
-
         raise EngineError(str(msg.get("error")), str(msg.get("log_tail") or ""))
     try:
         return LaunchReply(

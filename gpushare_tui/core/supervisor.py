@@ -27,6 +27,7 @@ from .activity import EngineActivity
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply
 from .engines import llama_server as ls
+from .errors import EngineError
 from .ownership import Owner
 from .rate import StepRate
 from .registry import Membership
@@ -98,7 +99,7 @@ class Supervisor:
     def start(self) -> None:
         """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
         if self._quit.is_set():
-            raise ls.EngineError("interrupted before the engine was started")
+            raise EngineError("interrupted before the engine was started")
         self.proc = ls.start(self.args, self.log_path)
         try:
             ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core import control
+from ..core import control, paths
 from ..core.errors import GpushareError
 from ..core.gpu import GpuKeyError, gpu_key_for_index
 from . import config as cfgmod
@@ -64,7 +64,7 @@ class Up:
         self.say = say
         self.cfg, keys = check(path)
         control.check_socket_dir()
-        self.log_dir = control.state_dir()
+        self.log_dir = paths.state_dir()
         self.lock = UpLock(path)  # last: nothing after it may fail
         self.children: dict[str, Child] = {
             d.name: Child(d, keys[d.name], self.cfg, self.log_dir, say) for d in self.cfg.engines

@@ -16,18 +16,10 @@ from pathlib import Path
 
 import httpx
 
-from ..errors import GpushareError
+from ..errors import EngineError
 
 HOST_DEFAULT = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
-
-
-class EngineError(GpushareError, RuntimeError):
-    """A launch failure with a one-line reason (and optionally the engine log's tail)."""
-
-    def __init__(self, msg: str, log_tail: str = "") -> None:
-        super().__init__(msg)
-        self.log_tail = log_tail
 
 
 @dataclass(frozen=True)
