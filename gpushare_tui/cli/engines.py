@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 
@@ -36,12 +35,12 @@ def run(
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
     from ..core.launcher import notify_failed, notify_ready
+    from ..core.lifecycle import on_signals
 
     # First of all: from here on a SIGTERM/SIGINT/SIGHUP stops us in order (nothing started, or the
     # engine ended and the slot left), never kills us half-way.
     quit_event = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: quit_event.set())
+    on_signals(lambda _signum: quit_event.set())
     try:
         sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, quit_event)
     except GpushareError as e:

@@ -23,12 +23,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
-from typing import get_args, get_type_hints
+from dataclasses import asdict, dataclass, is_dataclass, replace
+from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
+from .abi import parse_weight
 from .errors import ControlError, GpushareError
+from .ownership import Owner
 from .paths import runtime_dir, runtime_dir_path
 
 MAX_REQUEST_BYTES = 4096
@@ -143,6 +145,42 @@ def check_socket_dir() -> str:
 
 
 Handler = Callable[[dict], dict]
+
+
+@runtime_checkable
+class ManagedEngine(Protocol):
+    """What a control socket serves: a supervised llama-server (core/supervisor.py), a Python
+    engine (core/share.py's GpuShare) or a synthetic one (core/engines/synthetic.py)."""
+
+    def status(self) -> StatusReply:
+        """The `status` reply, without the owner's fields (control_handlers adds them)."""
+        ...
+
+    def set_weight(self, weight: float) -> float:
+        """Publish a valid weight (finite, > 0); the stored value."""
+        ...
+
+    def stop(self) -> str:
+        """Ask the engine to end (thread-safe, returns at once); the state the reply reports."""
+        ...
+
+
+def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[str, Handler]:
+    """The control socket's handlers for `engine`; with `owner` (`up` owns the engine) its status
+    fields are in every `status` reply and its hooks wrap `stop` and `set_weight` (Owner.wrap)."""
+
+    def status(_req: dict) -> dict:
+        reply = engine.status()
+        return (replace(reply, **owner.status_fields()) if owner else reply).to_json()
+
+    def set_weight(req: dict) -> dict:
+        return {"weight": engine.set_weight(parse_weight(req.get("weight")))}  # type: ignore[arg-type]
+
+    def stop(_req: dict) -> dict:
+        return {"state": engine.stop()}
+
+    handlers = {"status": status, "set_weight": set_weight, "stop": stop}
+    return owner.wrap(handlers) if owner else handlers
 
 
 class ControlServer:
