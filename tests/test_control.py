@@ -239,7 +239,7 @@ def test_every_engine_kind_is_a_managed_engine(gpu_key: str, tmp_path) -> None:
     args = ls.EngineArgs(("llama-server",), ls.HOST_DEFAULT, 8080, None, False)
     engines = [
         GpuShare(gpu_key=gpu_key, control=False),
-        _SynthShare(SynthStats(), None, 1.0, "synth", gpu_key=gpu_key, control=False),
+        _SynthShare(SynthStats(), None, gpu_key, 1.0, "synth", None),
         Supervisor(args, gpu_key=gpu_key, weight=1.0, name="llama", log_path=str(tmp_path / "e.log")),
     ]
     for engine in engines:

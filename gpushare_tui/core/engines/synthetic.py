@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from .. import abi
 from ..clock import mono_us
@@ -209,8 +208,10 @@ class _SynthShare(GpuShare):
     """The synthetic engine's GpuShare: its status tells the run's `stats` and log, a stop marks
     them exiting, and `owner` (`up`, when it owns the engine) hears of a stop first."""
 
-    def __init__(self, stats: SynthStats, owner: Owner | None, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, kind="synth", model="synthetic", **kw)
+    def __init__(
+        self, stats: SynthStats, owner: Owner | None, key: str, weight: float, name: str, share_group: str | None
+    ) -> None:
+        super().__init__(weight, name, gpu_key=key, share_group=share_group, kind="synth", model="synthetic")
         self._stats = stats
         self._owner = owner
 
@@ -252,7 +253,7 @@ def serve_synth(
     """
     exit_on_termination()
     stats = SynthStats()
-    share = _SynthShare(stats, owner, weight, name, gpu_key=key, share_group=share_group)
+    share = _SynthShare(stats, owner, key, weight, name, share_group)
     try:
         share.open()  # binds the control socket too: a ControlError here leaves nothing behind
         say(
