@@ -206,28 +206,7 @@ def test_status_command_leaves_out_unknown_fields(engine, cli) -> None:
 
 # -- one control surface: the engine kinds, the handler builder, up's owner hooks ------------------
 
-IDLE_ENGINE = """
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-METRICS = b"llamacpp:n_decode_total 0\\nllamacpp:requests_processing 0\\nllamacpp:tokens_predicted_total 0\\n"
-
-
-class Handler(BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = METRICS if self.path == "/metrics" else b'{"status":"ok"}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args):
-        pass
-
-
-host, port = sys.argv[sys.argv.index("--host") + 1], int(sys.argv[sys.argv.index("--port") + 1])
-ThreadingHTTPServer((host, port), Handler).serve_forever()
-"""  # a stand-in for llama-server: healthy, never decoding, idle on the CPU
+IDLE_ENGINE = os.path.join(os.path.dirname(__file__), "data", "idle_engine.py")
 
 
 def test_every_engine_kind_is_a_managed_engine(gpu_key: str, tmp_path) -> None:
@@ -300,9 +279,7 @@ def test_owner_hooks_apply_to_a_real_engine_process(kind: str, procs, gpu_key: s
     if kind == "synth":
         argv = cli_argv("synth", *common, "--step-ms", "1", "-q")
     else:
-        fake = tmp_path / "engine.py"
-        fake.write_text(IDLE_ENGINE)
-        argv = cli_argv("run", *common, "--", sys.executable, str(fake))
+        argv = cli_argv("run", *common, "--", sys.executable, IDLE_ENGINE)
     with open(tmp_path / "stderr", "w") as err:
         p = procs.start(argv, env=env, pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=err)
     os.close(w)
