@@ -29,6 +29,7 @@ from .core.clock import wall_us
 from .core.control import is_managed
 from .core.engines.synthetic import calibrate_units
 from .core.errors import GpushareError
+from .core.lifecycle import on_signals
 from .core.logtail import tail_text
 from .core.segment import Segment, SegmentError, shm_path
 from .core.spawn import spawn, synth_argv
@@ -221,7 +222,7 @@ def run_demo(
     engines could not be started."""
     state: dict = {"app": None, "signals": 0}
 
-    def on_signal(signum: int, _frame: object) -> None:
+    def on_signal(signum: int) -> None:
         state["signals"] += 1
         app = state["app"]
         loop = getattr(app, "_loop", None) if app is not None else None
@@ -230,7 +231,7 @@ def run_demo(
             return
         raise SystemExit(128 + signum)
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    restore_signals = on_signals(on_signal)
     demo = None
     try:
         print("gpushare-tui demo: starting 3 synthetic engines (weights 2/1/1)…", file=sys.stderr, flush=True)
@@ -243,5 +244,4 @@ def run_demo(
     finally:
         if demo is not None:
             stop_demo(demo)
-        for s, h in old.items():
-            signal.signal(s, h)
+        restore_signals()

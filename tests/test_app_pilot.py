@@ -22,7 +22,7 @@ from textual.geometry import Region
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
 from gpushare_tui.core import abi, segment
 from gpushare_tui.core.control import socket_path
-from gpushare_tui.core.engines.llama_server import EngineError
+from gpushare_tui.core.errors import EngineError
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment

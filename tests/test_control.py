@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import socket
 import stat
+import subprocess
+import sys
 
 import pytest
 
-from gpushare_tui.core import control
+from gpushare_tui.core import control, ownership, paths
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
+from gpushare_tui.core.ownership import Owner
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from testkit.cli import cli_argv
@@ -193,7 +197,7 @@ def test_runtime_dir_must_be_private(runtime_dir: str) -> None:
     os.chmod(d, 0o755)
     try:
         with pytest.raises(ControlError, match="not private"):
-            control.runtime_dir()
+            paths.runtime_dir()
     finally:
         os.chmod(d, 0o700)
 
@@ -206,3 +210,99 @@ def test_status_command_leaves_out_unknown_fields(engine, cli) -> None:
     lines = r.stdout.splitlines()
     assert "None" not in r.stdout and not any(line.split(":")[0].strip() in ("port", "log") for line in lines)
     assert any(line.split(":")[0].strip() == "name" and line.endswith(": ctl") for line in lines)
+
+
+# -- one control surface: the engine kinds, the handler builder, up's owner hooks ------------------
+
+IDLE_ENGINE = os.path.join(os.path.dirname(__file__), "data", "idle_engine.py")
+
+
+def test_every_engine_kind_is_a_managed_engine(gpu_key: str, tmp_path) -> None:
+    from gpushare_tui.core.engines import llama_server as ls
+    from gpushare_tui.core.engines.synthetic import SynthStats, _SynthShare
+    from gpushare_tui.core.share import GpuShare
+    from gpushare_tui.core.supervisor import Supervisor
+
+    args = ls.EngineArgs(("llama-server",), ls.HOST_DEFAULT, 8080, None, False)
+    engines = [
+        GpuShare(gpu_key=gpu_key, control=False),
+        _SynthShare(SynthStats(), None, gpu_key, 1.0, "synth", None),
+        Supervisor(args, gpu_key=gpu_key, weight=1.0, name="llama", log_path=str(tmp_path / "e.log")),
+    ]
+    for engine in engines:
+        assert isinstance(engine, control.ManagedEngine), type(engine)
+        assert isinstance(engine.status(), StatusReply)  # before it runs too: nothing joined, nothing raised
+    assert [e.status().kind for e in engines] == ["python", "synth", "llama-server"]
+
+
+def _check_owned(pid: int, owner: Owner, owner_r: int, kind: str, stop_state: str) -> None:
+    """What an engine `up` owns answers on its socket: the owner's fields in `status`, `config_weight`
+    moved by the owner's set_weight ("config": true) only, and a stop said on the owner's pipe first."""
+    st = control.request(pid, "status")
+    assert list(st) == ["ok", *StatusReply.__dataclass_fields__]  # the reply's bytes keep their order
+    assert (st["kind"], st["name"], st["weight"], st["state"]) == (kind, "owned", 2.0, "running")
+    owned = (st["owner"], st["owner_pid"], st["config"], st["config_weight"], st["restarts"])
+    assert owned == ("up", owner.pid, owner.config, 2.0, owner.restarts)
+    assert control.request(pid, "set_weight", weight=5) == {"ok": True, "weight": 5.0}
+    st = control.request(pid, "status")
+    assert (st["weight"], st["config_weight"]) == (5.0, 2.0)  # a live edit is not the file's
+    control.request(pid, "set_weight", weight=4, config=True)
+    st = control.request(pid, "status")
+    assert (st["weight"], st["config_weight"]) == (4.0, 4.0)  # a reload is
+    with pytest.raises(ControlError, match="invalid weight"):
+        control.request(pid, "set_weight", weight="nan", config=True)
+    assert control.request(pid, "status")["config_weight"] == 4.0
+    assert control.request(pid, "stop") == {"ok": True, "state": stop_state}
+    assert os.read(owner_r, 64) == ownership.STOP_EVENT  # written before the stop was carried out
+
+
+def test_owner_hooks_apply_to_a_python_engine_through_the_one_builder(gpu_key: str, runtime_dir: str) -> None:
+    from gpushare_tui.core.share import GpuShare
+
+    r, w = os.pipe()
+    owner = Owner("/x/up.toml", 4242, 2.0, 1, w)
+    try:
+        with GpuShare(weight=2, name="owned", gpu_key=gpu_key, control=False) as share:
+            server = ControlServer(os.getpid(), control.control_handlers(share, owner))
+            try:
+                _check_owned(os.getpid(), owner, r, "python", "exiting")
+                assert share.stop_requested.is_set() and share.state == "exiting"
+            finally:
+                server.close()
+        with GpuShare(weight=2, name="free", gpu_key=gpu_key):  # its own socket, no owner
+            st = control.request(os.getpid(), "status")
+            assert st["owner"] is None and st["config_weight"] is None and st["kind"] == "python"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.parametrize("kind", ["synth", "llama-server"])
+def test_owner_hooks_apply_to_a_real_engine_process(kind: str, procs, gpu_key: str, runtime_dir: str, tmp_path) -> None:
+    """`synth` and `run` (its supervisor, the engine a stand-in) started as `up` starts them."""
+    r, w = os.pipe()
+    owner = Owner(str(tmp_path / "up.toml"), os.getpid(), 2.0, 3, w)
+    env = {**os.environ, ownership.ENV: owner.to_env(), "XDG_STATE_HOME": str(tmp_path)}
+    common = ("--weight", "2", "--name", "owned", "--gpu-key", gpu_key)
+    if kind == "synth":
+        argv = cli_argv("synth", *common, "--step-ms", "1", "-q")
+    else:
+        argv = cli_argv("run", *common, "--", sys.executable, IDLE_ENGINE)
+    with open(tmp_path / "stderr", "w") as err:
+        p = procs.start(argv, env=env, pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=err)
+    os.close(w)
+    sockets = os.path.join(runtime_dir, "gpushare-tui")
+
+    def socket_pid() -> int | None:
+        assert p.poll() is None, (tmp_path / "stderr").read_text()
+        names = os.listdir(sockets) if os.path.isdir(sockets) else []
+        return next((int(n[:-5]) for n in names if n.endswith(".sock")), None)
+
+    try:
+        pid = wait_for(socket_pid, 60, what="the engine's control socket")
+        _check_owned(pid, owner, r, kind, {"synth": "exiting", "llama-server": "stopping"}[kind])
+        code = p.wait(timeout=30)
+        assert code == 0 if kind == "synth" else code == 128 + signal.SIGTERM  # the stand-in dies of its SIGTERM
+        assert not os.path.exists(os.path.join(sockets, f"{pid}.sock"))
+    finally:
+        os.close(r)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpushare_tui.core.abi import BadKeyError, BadWeightError
-from gpushare_tui.core.control import ControlError
 from gpushare_tui.core.declaration import DeclarationError
-from gpushare_tui.core.engines.llama_server import EngineError
 from gpushare_tui.core.engines.synthetic import StatusFileError
-from gpushare_tui.core.errors import GpushareError, UsageError
+from gpushare_tui.core.errors import ControlError, EngineError, GpushareError, UsageError
 from gpushare_tui.core.gpu import GpuKeyError
 from gpushare_tui.core.registry import RegistryFullError
 from gpushare_tui.core.segment import SegmentError, UnknownGroupError

@@ -10,8 +10,7 @@ import time
 import pytest
 
 from gpushare_tui.core import launcher
-from gpushare_tui.core.engines.llama_server import EngineError
-from gpushare_tui.core.errors import GpushareError, UsageError
+from gpushare_tui.core.errors import EngineError, GpushareError, UsageError
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec, launch_detached
 
 SPEC = LaunchSpec(("llama-server", "-m", "x.gguf"), "k", 0.5, name="big", share_group="grp")

@@ -170,6 +170,21 @@ def test_control_socket_status_reweight_and_stop(gpu_key: str, runtime_dir: str)
         assert share.stop_requested.is_set() and stopped == [1]
 
 
+def test_constructor_is_the_documented_one_and_stop_is_a_method(gpu_key: str) -> None:
+    """No internal seam of `up` in the public constructor (the owner's hooks are applied by
+    control.control_handlers); `stop()` does what the control socket's `stop` does."""
+    import inspect
+
+    from gpushare_tui import GpuShare
+
+    params = list(inspect.signature(GpuShare).parameters)
+    assert params == ["weight", "name", "gpu", "gpu_key", "share_group", "control", "kind", "model", "on_stop"]
+    stopped = []
+    with GpuShare(gpu_key=gpu_key, control=False, on_stop=lambda: stopped.append(1)) as share:
+        assert share.stop() == "exiting"
+        assert share.stop_requested.is_set() and stopped == [1] and share.status().state == "exiting"
+
+
 @pytest.mark.slow
 def test_pace_is_thread_safe(gpu_key: str, peer: Membership, runtime_dir: str) -> None:
     from gpushare_tui import GpuShare

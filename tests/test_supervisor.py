@@ -339,3 +339,22 @@ def test_lone_engine_learns_its_solo_rate(engines):
         lo.stop()
     st = wait_for(lambda: (s := _status(pid))["tok_s"] == 0.0 and s, 10, 0.2, "tok/s 0 once idle")
     assert st["solo_tok_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_termination_signal_stops_run_in_order(sig, procs, gpu_key, runtime_dir, tmp_path):
+    """SIGTERM, SIGINT or SIGHUP to `run` (lifecycle.on_signals: a flag its loops check) ends the
+    engine and leaves the slot and the socket; `run` exits with the engine's code."""
+    fake = str(Path(__file__).parent / "data" / "idle_engine.py")
+    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--name", "idle", "--", sys.executable, fake)
+    sup = procs.start(argv, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+    wait_for(lambda: read_join_line(sup), 30, what="supervisor join line")
+    with Segment.attach_readonly(shm_path(gpu_key)) as seg:
+        pid = next(r.pid for r in seg.read_slots() if r.name == "idle")
+        assert os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{pid}.sock"))
+        os.kill(sup.pid, sig)
+        assert sup.wait(30) == 128 + signal.SIGTERM, sup.stderr.read()  # the stand-in dies of the SIGTERM it gets
+        assert all(r.pid == 0 for r in seg.read_slots())
+    assert proc_state(pid) is None
+    assert not os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{pid}.sock"))

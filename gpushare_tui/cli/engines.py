@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 
@@ -35,13 +34,13 @@ def run(
     share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
+    from ..core.lifecycle import on_signals
     from ..core.spawn import notify_failed, notify_ready
 
     # First of all: from here on a SIGTERM/SIGINT/SIGHUP stops us in order (nothing started, or the
     # engine ended and the slot left), never kills us half-way.
     quit_event = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: quit_event.set())
+    on_signals(lambda _signum: quit_event.set())
     try:
         sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, quit_event)
     except GpushareError as e:
@@ -72,9 +71,10 @@ def _start_supervisor(
     quit_event: threading.Event,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
-    from ..core.control import check_socket_dir, state_dir
+    from ..core.control import check_socket_dir
     from ..core.engines import llama_server as ls
     from ..core.ownership import Owner
+    from ..core.paths import state_dir
     from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)

@@ -1,7 +1,7 @@
 """Per-engine control socket: one JSON request line, one JSON reply line.
 
-Socket: `<runtime dir>/<engine pid>.sock`, mode 0600, in a 0700 per-user
-directory (`$XDG_RUNTIME_DIR/gpushare-tui`, else `/tmp/gpushare-tui-<uid>`).
+Socket: `<runtime dir>/<engine pid>.sock`, mode 0600, in the 0700 per-user runtime
+directory (core/paths.py).
 Requests: {"cmd": "status"} | {"cmd": "set_weight", "weight": W} | {"cmd": "stop"}.
 Replies: {"ok": true, ...} or {"ok": false, "error": "..."}; the fields of a `status`
 reply are those of StatusReply (every one present, null when unknown).
@@ -20,16 +20,18 @@ import math
 import os
 import select
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
-from typing import get_args, get_type_hints
+from dataclasses import asdict, dataclass, is_dataclass, replace
+from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
-from .errors import GpushareError
+from .abi import parse_weight
+from .errors import ControlError, GpushareError
+from .ownership import Owner
+from .paths import runtime_dir, runtime_dir_path
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = 2.0
@@ -41,10 +43,6 @@ ACCEPT_BACKOFF_S = 0.05  # out of fds (EMFILE/ENFILE): wait for some to close in
 CLOSE_GRACE_S = 1.0  # close() waits this long for replies already being written (a `stop` reply)
 
 _BAD_REQUEST = "bad request: expected one JSON object with a 'cmd'"
-
-
-class ControlError(GpushareError, RuntimeError):
-    """A control socket that cannot be set up or reached, or a request it refused."""
 
 
 @dataclass(frozen=True)
@@ -123,50 +121,6 @@ def _typed(value: object, kind: type) -> object:
         return None
 
 
-def _runtime_dir_path() -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(base, "gpushare-tui") if base else f"/tmp/gpushare-tui-{os.getuid()}"
-
-
-def _fix_hint() -> str:
-    return "set XDG_RUNTIME_DIR to a private directory you can write" + (
-        "" if os.environ.get("XDG_RUNTIME_DIR") else " (it is unset)"
-    )
-
-
-def runtime_dir() -> str:
-    """The private per-user socket directory, created if missing. ControlError (one line
-    naming the path and the fix) when it cannot be created or is not a private directory."""
-    path = _runtime_dir_path()
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError as e:
-        raise ControlError(f"runtime directory {path} is unusable ({e.strerror}); {_fix_hint()}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"runtime directory {path} is not a directory; {_fix_hint()}")
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise ControlError(f"runtime directory {path} is not private to this user")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ControlError(f"runtime directory {path} is not writable; {_fix_hint()}")
-    return path
-
-
-def state_dir() -> str:
-    """Per-user state directory for supervisor logs, created if missing; ControlError (one line) if unusable."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    path = os.path.join(base, "gpushare-tui")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as e:
-        raise ControlError(
-            f"state directory {path} is unusable ({e.strerror}); set XDG_STATE_HOME to a writable directory"
-        ) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ControlError(f"state directory {path} is not writable; set XDG_STATE_HOME to a writable directory")
-    return path
-
-
 def _check_length(path: str) -> None:
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         raise ControlError(
@@ -177,7 +131,7 @@ def _check_length(path: str) -> None:
 
 def socket_path(engine_pid: int) -> str:
     """`<runtime dir>/<pid>.sock`; ControlError if the directory is unusable or the path too long to bind."""
-    path = os.path.join(_runtime_dir_path(), f"{engine_pid}.sock")
+    path = os.path.join(runtime_dir_path(), f"{engine_pid}.sock")
     _check_length(path)  # before runtime_dir(): no directory is created for a path that cannot work
     runtime_dir()
     return path
@@ -186,11 +140,47 @@ def socket_path(engine_pid: int) -> str:
 def check_socket_dir() -> str:
     """The runtime directory, if a socket for any pid fits in it; else ControlError (fail fast
     before an engine is started whose pid is not known yet)."""
-    _check_length(os.path.join(_runtime_dir_path(), "9" * PID_DIGITS_MAX + ".sock"))
+    _check_length(os.path.join(runtime_dir_path(), "9" * PID_DIGITS_MAX + ".sock"))
     return runtime_dir()
 
 
 Handler = Callable[[dict], dict]
+
+
+@runtime_checkable
+class ManagedEngine(Protocol):
+    """What a control socket serves: a supervised llama-server (core/supervisor.py), a Python
+    engine (core/share.py's GpuShare) or a synthetic one (core/engines/synthetic.py)."""
+
+    def status(self) -> StatusReply:
+        """The `status` reply, without the owner's fields (control_handlers adds them)."""
+        ...
+
+    def set_weight(self, weight: float) -> float:
+        """Publish a valid weight (finite, > 0); the stored value."""
+        ...
+
+    def stop(self) -> str:
+        """Ask the engine to end (thread-safe, returns at once); the state the reply reports."""
+        ...
+
+
+def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[str, Handler]:
+    """The control socket's handlers for `engine`; with `owner` (`up` owns the engine) its status
+    fields are in every `status` reply and its hooks wrap `stop` and `set_weight` (Owner.wrap)."""
+
+    def status(_req: dict) -> dict:
+        reply = engine.status()
+        return (replace(reply, **owner.status_fields()) if owner else reply).to_json()
+
+    def set_weight(req: dict) -> dict:
+        return {"weight": engine.set_weight(parse_weight(req.get("weight")))}  # type: ignore[arg-type]
+
+    def stop(_req: dict) -> dict:
+        return {"state": engine.stop()}
+
+    handlers = {"status": status, "set_weight": set_weight, "stop": stop}
+    return owner.wrap(handlers) if owner else handlers
 
 
 class ControlServer:

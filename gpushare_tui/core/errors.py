@@ -18,3 +18,16 @@ class GpushareError(Exception):
 
 class UsageError(GpushareError):
     """Invalid input from the user (or the caller): nothing was done."""
+
+
+class ControlError(GpushareError, RuntimeError):
+    """A control socket that cannot be set up or reached, or a request it refused; also a per-user
+    directory (runtime, state: core/paths.py) that cannot be used."""
+
+
+class EngineError(GpushareError, RuntimeError):
+    """A launch failure with a one-line reason (and optionally the engine log's tail)."""
+
+    def __init__(self, msg: str, log_tail: str = "") -> None:
+        super().__init__(msg)
+        self.log_tail = log_tail

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from . import spawn
-from .control import state_dir
-from .errors import GpushareError, UsageError
+from .errors import EngineError, GpushareError, UsageError
+from .paths import state_dir
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
@@ -100,8 +100,6 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
         raise GpushareError(f"supervisor exited (code {proc.returncode}) before the engine was ready; see {sup_log}")
     _reap_later(proc)
     if isinstance(notice, spawn.Failed):
-        from .engines.llama_server import EngineError  # not at the top: it imports httpx, the dashboard this
-
         raise EngineError(notice.error, notice.log_tail)
     return LaunchReply(**asdict(notice), supervisor_log=sup_log)
 

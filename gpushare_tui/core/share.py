@@ -20,10 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import abi
 from .clock import mono_us, wall_us
-from .control import ControlServer, StatusReply, socket_path
+from .control import ControlServer, StatusReply, control_handlers, socket_path
 from .lifecycle import termination_deferred
+from .ownership import Owner
 from .pacer import Pacer
 from .registry import Membership
 
@@ -32,16 +32,19 @@ SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (
 
 
 class GpuShare:
-    """One engine's share of one GPU. Thread-safe: `pace()`, `set_weight()` and `close()` may be
-    called from any thread; concurrent `pace()` calls outside the window all sleep until it opens.
+    """One engine's share of one GPU (a control.ManagedEngine). Thread-safe: `pace()`,
+    `set_weight()`, `stop()` and `close()` may be called from any thread; concurrent `pace()`
+    calls outside the window all sleep until it opens.
 
     Busy: the time between a `pace()` returning and the next `pace()` call is work; the time
     `pace()` spends asleep (outside our windows) is not. The fraction over each ~1 s is published
     in the registry (the dashboard's "busy"). With `control=True` a control socket answers
-    `status`, `set_weight` and `stop`; `stop` sets `stop_requested` (and calls `on_stop`): the
-    loop should check it and end. GpushareError (one clear line) if the key is bad, no slot is
-    free, or the socket cannot be bound; nothing is left behind then.
+    `status`, `set_weight` and `stop` (the methods of those names); `stop` sets `stop_requested`
+    (and calls `on_stop`): the loop should check it and end. GpushareError (one clear line) if
+    the key is bad, no slot is free, or the socket cannot be bound; nothing is left behind then.
     """
+
+    _owner: Owner | None = None  # `up`, when it owns this engine (set by the synthetic engine's subclass)
 
     def __init__(
         self,
@@ -55,8 +58,6 @@ class GpuShare:
         kind: str = "python",
         model: str | None = None,
         on_stop: Callable[[], None] | None = None,
-        status: Callable[[], dict] | None = None,
-        wrap_handlers: Callable[[dict], dict] | None = None,
     ) -> None:
         if gpu_key is None:
             from .gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
@@ -67,8 +68,6 @@ class GpuShare:
         self.model = model
         self.stop_requested = threading.Event()
         self._on_stop = on_stop
-        self._status_extra = status
-        self._wrap_handlers = wrap_handlers  # e.g. an owner (`up`) that must hear of a stop first
         self._control = control
         self._membership = Membership(gpu_key, weight, name, share_group=share_group)
         self._pacer = Pacer(self._membership, reread_us=SCHEDULE_REREAD_US)
@@ -94,7 +93,7 @@ class GpuShare:
         try:
             if self._control:
                 with termination_deferred():  # a signal between bind() and the assignment would leave the socket
-                    self._server = ControlServer(os.getpid(), self._handlers())
+                    self._server = ControlServer(os.getpid(), control_handlers(self, self._owner))
         except BaseException:
             self._membership.leave()
             raise
@@ -176,13 +175,22 @@ class GpuShare:
         """Validate (finite, > 0) and publish; returns the stored (f32) value."""
         return self._membership.set_weight(weight)
 
+    def stop(self) -> str:
+        """Ask the loop to end (what the control socket's `stop` does): sets `stop_requested`,
+        calls `on_stop`. Returns the state now reported, "exiting"."""
+        self.state = "exiting"
+        self.stop_requested.set()
+        if self._on_stop is not None:
+            self._on_stop()
+        return "exiting"
+
     def status(self) -> StatusReply:
         """What the control socket's `status` answers."""
         from .snapshot import own_peer
 
         m = self._membership
         me = own_peer(m.key, m.read_slots(), m.slot, wall_us()) if m.slot is not None else None
-        fields = dict(
+        return StatusReply(
             engine_pid=os.getpid(),
             model=self.model,
             name=self.name,
@@ -196,23 +204,3 @@ class GpuShare:
             slot=m.slot,
             gpu_key=m.key,
         )
-        if self._status_extra is not None:
-            fields.update(self._status_extra())
-        return StatusReply(**fields)
-
-    def _handlers(self) -> dict:
-        def status(_req: dict) -> dict:
-            return self.status().to_json()
-
-        def set_weight(req: dict) -> dict:
-            return {"weight": self.set_weight(abi.parse_weight(req.get("weight")))}  # type: ignore[arg-type]
-
-        def stop(_req: dict) -> dict:
-            self.state = "exiting"
-            self.stop_requested.set()
-            if self._on_stop is not None:
-                self._on_stop()
-            return {"state": "exiting"}
-
-        handlers = {"status": status, "set_weight": set_weight, "stop": stop}
-        return self._wrap_handlers(handlers) if self._wrap_handlers is not None else handlers

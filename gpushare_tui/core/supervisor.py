@@ -25,8 +25,9 @@ import psutil
 from . import abi, schedule
 from .activity import EngineActivity
 from .clock import mono_us, wall_us
-from .control import ControlServer, SignalLateness, StatusReply
+from .control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .engines import llama_server as ls
+from .errors import EngineError
 from .ownership import Owner
 from .pacer import BUSY_WINDOW_US
 from .rate import StepRate
@@ -80,7 +81,7 @@ class Supervisor:
         self.load_timeout_s = load_timeout_s
         self._gpu_busy = gpu_busy
         self._say = say
-        self.status = EngineStatus()
+        self.engine_status = EngineStatus()
         self.proc: subprocess.Popen | None = None
         self.membership: Membership | None = None
         self._control: ControlServer | None = None
@@ -98,7 +99,7 @@ class Supervisor:
     def start(self) -> None:
         """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
         if self._quit.is_set():
-            raise ls.EngineError("interrupted before the engine was started")
+            raise EngineError("interrupted before the engine was started")
         self.proc = ls.start(self.args, self.log_path)
         try:
             ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
@@ -106,11 +107,11 @@ class Supervisor:
                 self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group
             )
             slot = self.membership.join()
-            self._control = ControlServer(self.proc.pid, self._handlers())
+            self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
         except BaseException:
             self.shutdown()
             raise
-        self.status.state = "running"
+        self.engine_status.state = "running"
         self._say(
             f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
             f"(weight {self.weight:g}, {self.membership.peers_alive()} peers alive)"
@@ -124,11 +125,40 @@ class Supervisor:
             self._pace_loop()
         finally:
             self.shutdown()
-        return self.status.exit_code if self.status.exit_code is not None else 1
+        return self.engine_status.exit_code if self.engine_status.exit_code is not None else 1
 
-    def request_stop(self) -> None:
-        """Thread- and signal-safe: ends `run()`, which then stops the engine."""
+    def stop(self) -> str:
+        """Thread- and signal-safe: ends `run()`, which then stops the engine. "stopping"."""
         self._quit.set()
+        return "stopping"
+
+    def set_weight(self, weight: float) -> float:
+        """Publish a new weight (joined only); the stored (f32) value."""
+        self.weight = self.membership.set_weight(weight)  # type: ignore[union-attr]
+        return self.weight
+
+    def status(self) -> StatusReply:
+        """What the control socket's `status` answers (less the owner's fields)."""
+        m = self.membership
+        me = own_peer(m.key, m.read_slots(), m.slot, wall_us()) if m else None
+        return StatusReply(
+            engine_pid=self.proc.pid if self.proc else None,
+            port=self.args.port,
+            model=self.args.model,
+            name=self.name,
+            kind="llama-server",
+            state=self.engine_status.state,
+            tok_s=self.engine_status.tok_s,
+            solo_tok_s=self.engine_status.solo_tok_s,
+            weight=m.weight if m else self.weight,
+            share_pct=me.share_pct if me else 0.0,
+            busy_pct=self.engine_status.busy_pct,
+            uptime_s=(mono_us() - self._started_mono_us) / 1e6,
+            slot=m.slot if m else None,
+            gpu_key=self.gpu_key,
+            log=self.log_path,
+            signal_lateness=SignalLateness(**self.lateness_summary()),
+        )
 
     def shutdown(self) -> None:
         """Continue the engine, stop the monitor, leave, end it (TERM, then KILL after 10 s), close. Idempotent.
@@ -149,8 +179,8 @@ class Supervisor:
             if proc.poll() is None:
                 self._terminate(proc)
             code = proc.wait()
-            self.status.exit_code = 128 - code if code < 0 else code
-            self.status.state = "exited"
+            self.engine_status.exit_code = 128 - code if code < 0 else code
+            self.engine_status.state = "exited"
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -177,7 +207,7 @@ class Supervisor:
         with self._sig_lock:
             if not self._stopped:
                 self._stopped = True  # before the signal: the monitor must not probe now
-                # status.state stays "running": a pause outside its TDM window is pacing, many
+                # engine_status.state stays "running": a pause outside its TDM window is pacing, many
                 # times a second, not a stopped engine (the dashboard's timeline shows who runs)
                 self._signal(signal.SIGSTOP)
 
@@ -296,53 +326,16 @@ class Supervisor:
                 elif m.active:
                     m.mark_idle()
                     rate.idle()
-                self.status.tok_s = rate.rate if m.active else 0.0  # None: working, first window not complete
-                self.status.solo_tok_s = rate.solo
+                self.engine_status.tok_s = rate.rate if m.active else 0.0  # None: working, first window not complete
+                self.engine_status.solo_tok_s = rate.solo
                 if t >= next_stats:
                     next_stats = t + BUSY_WINDOW_US / 1e6
                     since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
                     busy = self._gpu_busy(proc.pid, since_us) if self._gpu_busy else None
                     frac = busy / 100 if busy is not None else cpu_stats.fraction()
-                    self.status.busy_pct = 100 * frac
+                    self.engine_status.busy_pct = 100 * frac
                     m.set_busy_ppm(int(frac * 1_000_000))
                 time.sleep(MONITOR_TICK_S)
-
-    # -- control socket ----------------------------------------------------
-
-    def _handlers(self) -> dict:
-        def status(_req: dict) -> dict:
-            m = self.membership
-            me = own_peer(m.key, m.read_slots(), m.slot, wall_us()) if m else None
-            return StatusReply(
-                engine_pid=self.proc.pid if self.proc else None,
-                port=self.args.port,
-                model=self.args.model,
-                name=self.name,
-                kind="llama-server",
-                state=self.status.state,
-                tok_s=self.status.tok_s,
-                solo_tok_s=self.status.solo_tok_s,
-                weight=m.weight if m else self.weight,
-                share_pct=me.share_pct if me else 0.0,
-                busy_pct=self.status.busy_pct,
-                uptime_s=(mono_us() - self._started_mono_us) / 1e6,
-                slot=m.slot if m else None,
-                gpu_key=self.gpu_key,
-                log=self.log_path,
-                signal_lateness=SignalLateness(**self.lateness_summary()),
-                **(self.owner.status_fields() if self.owner else {}),
-            ).to_json()
-
-        def set_weight(req: dict) -> dict:
-            self.weight = self.membership.set_weight(abi.parse_weight(req.get("weight")))  # type: ignore[union-attr]
-            return {"weight": self.weight}
-
-        def stop(_req: dict) -> dict:
-            self.request_stop()
-            return {"state": "stopping"}
-
-        handlers = {"status": status, "set_weight": set_weight, "stop": stop}
-        return self.owner.wrap(handlers) if self.owner else handlers
 
 
 def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
-from ..core import control
+from ..core import control, paths
 
 
 class ControlClient(Protocol):
@@ -40,7 +40,7 @@ class LocalControl:
     def socket_pids(self) -> set[int] | None:
         # one listdir per tick instead of a stat per peer
         try:
-            names = os.listdir(control.runtime_dir())
+            names = os.listdir(paths.runtime_dir())
         except (OSError, control.ControlError):
             return None
         return {int(n[:-5]) for n in names if n.endswith(".sock") and n[:-5].isdigit()}

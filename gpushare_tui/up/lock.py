@@ -8,8 +8,8 @@ import hashlib
 import os
 import signal
 
-from ..core.control import runtime_dir
 from ..core.errors import GpushareError
+from ..core.paths import runtime_dir
 
 
 def lock_path(config_path: str) -> str:

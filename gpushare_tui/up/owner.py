@@ -1,7 +1,7 @@
 """The `up` owner loop: start every declared engine, restart the ones that exit (per policy,
 with backoff), reload the file on SIGHUP, stop everything on SIGTERM/SIGINT.
 
-Runs in the main thread: signal handlers only set flags and wake the loop (set_wakeup_fd),
+Runs in the main thread: signal handlers only set flags and wake the loop (core/lifecycle.py),
 and every child is forked from this thread (their PR_SET_PDEATHSIG follows it)."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core import control
+from ..core import control, paths
 from ..core.errors import GpushareError
 from ..core.gpu import GpuKeyError, gpu_key_for_index
+from ..core.lifecycle import SignalWakeup, on_signals
 from . import config as cfgmod
 from .child import Child, State
 from .config import ConfigError, EngineDecl, UpConfig
@@ -64,7 +65,7 @@ class Up:
         self.say = say
         self.cfg, keys = check(path)
         control.check_socket_dir()
-        self.log_dir = control.state_dir()
+        self.log_dir = paths.state_dir()
         self.lock = UpLock(path)  # last: nothing after it may fail
         self.children: dict[str, Child] = {
             d.name: Child(d, keys[d.name], self.cfg, self.log_dir, say) for d in self.cfg.engines
@@ -84,19 +85,16 @@ class Up:
 
     # -- signals ---------------------------------------------------------------
 
-    def _on_quit(self, *_: object) -> None:
-        self._quit = True
-
-    def _on_hup(self, *_: object) -> None:
-        self._reload = True
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGHUP:
+            self._reload = True
+        else:
+            self._quit = True
 
     def run(self) -> int:
         """Until SIGTERM/SIGINT; 0 once every engine is stopped and its slot left."""
-        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        old_fd = signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGTERM, self._on_quit)
-        signal.signal(signal.SIGINT, self._on_quit)
-        signal.signal(signal.SIGHUP, self._on_hup)
+        wakeup = SignalWakeup()
+        on_signals(self._on_signal)
         try:
             self.say(
                 f"{self.path}: {len(self.children)} engine(s){', serve' if self.serve else ''} (pid {os.getpid()})"
@@ -104,12 +102,9 @@ class Up:
             for c in self._all():
                 c.start()
             while not self._quit:
-                fds = [wake_r] + [fd for c in self._all() for fd in c.wait_fds()]
+                fds = [wakeup.fd] + [fd for c in self._all() for fd in c.wait_fds()]
                 select.select(fds, [], [], TICK_S)
-                try:
-                    os.read(wake_r, 512)
-                except BlockingIOError:
-                    pass
+                wakeup.drain()
                 if self._quit:
                     break
                 if self._reload:
@@ -125,9 +120,7 @@ class Up:
                     sd_notify("READY=1")
             self._stop_all()
         finally:
-            signal.set_wakeup_fd(old_fd)
-            os.close(wake_r)
-            os.close(wake_w)
+            wakeup.close()
             self.lock.release()
         self.say("all engines stopped")
         return 0

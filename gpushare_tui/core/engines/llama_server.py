@@ -14,19 +14,11 @@ from pathlib import Path
 import httpx
 
 from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
-from ..errors import GpushareError
+from ..errors import EngineError
 from ..logtail import tail_text
 from ..spawn import die_with_parent
 
 HOST_DEFAULT = "127.0.0.1"
-
-
-class EngineError(GpushareError, RuntimeError):
-    """A launch failure with a one-line reason (and optionally the engine log's tail)."""
-
-    def __init__(self, msg: str, log_tail: str = "") -> None:
-        super().__init__(msg)
-        self.log_tail = log_tail
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import abi
 from ..clock import mono_us
+from ..control import StatusReply
 from ..errors import GpushareError
 from ..lifecycle import exit_on_termination, termination_deferred
 from ..ownership import Owner
@@ -203,6 +204,25 @@ def output_log() -> str | None:
     return None
 
 
+class _SynthShare(GpuShare):
+    """The synthetic engine's GpuShare: its status tells the run's `stats` and log, a stop marks
+    them exiting, and `owner` (`up`, when it owns the engine) hears of a stop first."""
+
+    def __init__(
+        self, stats: SynthStats, owner: Owner | None, key: str, weight: float, name: str, share_group: str | None
+    ) -> None:
+        super().__init__(weight, name, gpu_key=key, share_group=share_group, kind="synth", model="synthetic")
+        self._stats = stats
+        self._owner = owner
+
+    def status(self) -> StatusReply:
+        return replace(super().status(), **synth_status(self._stats), log=output_log())
+
+    def stop(self) -> str:
+        self._stats.state = "exiting"
+        return super().stop()
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -232,23 +252,8 @@ def serve_synth(
     ends, neither the slot nor the socket file is left behind.
     """
     exit_on_termination()
-    stats, stop = SynthStats(), threading.Event()
-
-    def on_stop() -> None:
-        stats.state = "exiting"
-        stop.set()
-
-    share = GpuShare(
-        weight,
-        name,
-        gpu_key=key,
-        share_group=share_group,
-        kind="synth",
-        model="synthetic",
-        on_stop=on_stop,
-        status=lambda: {**synth_status(stats), "log": output_log(), **(owner.status_fields() if owner else {})},
-        wrap_handlers=owner.wrap if owner else None,
-    )
+    stats = SynthStats()
+    share = _SynthShare(stats, owner, key, weight, name, share_group)
     try:
         share.open()  # binds the control socket too: a ControlError here leaves nothing behind
         say(
@@ -265,7 +270,7 @@ def serve_synth(
             report=report,
             units=units,
             stats=stats,
-            stop=stop,
+            stop=share.stop_requested,
         )
     except KeyboardInterrupt:
         pass
