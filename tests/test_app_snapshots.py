@@ -13,6 +13,7 @@ import os
 import time
 
 import pytest
+from textual.widgets import Input
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.core import abi
@@ -137,6 +138,13 @@ async def _loaded(pilot) -> None:
     await pilot.pause()
 
 
+async def _steady_cursor(pilot) -> None:
+    """Inputs' cursors shown and still: a blink (0.5 s) would make the frame depend on when it is taken."""
+    for field in pilot.app.screen.query(Input):
+        field.cursor_blink = False
+    await pilot.pause()
+
+
 def test_main_view_120x40(snap_compare):
     assert snap_compare(fixed_app(), terminal_size=(120, 40), run_before=_loaded)
 
@@ -150,6 +158,7 @@ def test_weight_modal(snap_compare):
         await _loaded(pilot)
         await pilot.press("w")
         await pilot.pause()
+        await _steady_cursor(pilot)
 
     assert snap_compare(fixed_app(), terminal_size=(120, 40), run_before=run_before)
 

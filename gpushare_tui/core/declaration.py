@@ -39,6 +39,12 @@ class DeclarationError(UsageError, ValueError):
         given = "" if value is None else f" {value!r}"
         super().__init__(f"invalid {self.label}{given}: {problem}")
 
+    @property
+    def at_field(self) -> str:
+        """The form's form, shown at the field it belongs to: `'VALUE': PROBLEM` (the value named, as
+        the field may show only its start), or PROBLEM when nothing was given."""
+        return self.problem if self.value is None else f"{self.value!r}: {self.problem}"
+
 
 def check_name(name: object, *, label: str = "name") -> str:
     """A display name: non-empty, at most abi.NAME_BYTES bytes of UTF-8 (the slot's name field:

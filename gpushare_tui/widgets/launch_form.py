@@ -105,7 +105,7 @@ def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, dict[str
     port = [PORT_FLAG, v["port"]] if v["port"] else []
     engine_argv = (v["binary"], "-m", os.path.expanduser(v["model"]), *port, *extra)
     for problem in launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None):
-        errors.setdefault(problem.part, problem.problem)
+        errors.setdefault(problem.part, problem.at_field)
     key = v["gpu_key"]
     if not key:
         errors["gpu_key"] = "required (the segment the engine joins)"
@@ -113,7 +113,7 @@ def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, dict[str
         try:
             check_gpu_key(key)
         except DeclarationError as e:
-            errors["gpu_key"] = e.problem
+            errors["gpu_key"] = e.at_field
     if errors:
         return None, errors
     return LaunchSpec(engine_argv, key, check_weight(v["weight"]), name=v["name"] or None), {}
