@@ -58,10 +58,6 @@ class Demo:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    @property
-    def segment_path(self) -> str:
-        return shm_path(self.key)
-
 
 def default_key() -> str:
     return f"demo-{os.getpid()}"

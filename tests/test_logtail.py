@@ -15,11 +15,15 @@ from gpushare_tui.core.logtail import (
     LogError,
     LogFollower,
     display_line,
-    last_lines,
     open_log,
     reported_log,
+    tail_lines,
     tail_text,
 )
+
+
+def _last_lines(path: str, n: int, max_bytes: int | None = None) -> list[str]:
+    return list(tail_lines(path, n, max_bytes))
 
 
 def write(path, text: str | bytes, mode: str = "a") -> None:
@@ -38,30 +42,30 @@ def test_last_lines_of_a_big_file(log):
     n_lines = 300_000  # ~4 MB: many chunks
     write(log, "".join(f"line {i}\n" for i in range(n_lines)), "w")
     assert os.path.getsize(log) > 40 * CHUNK_BYTES
-    assert last_lines(log, 3) == ["line 299997", "line 299998", "line 299999"]
-    assert last_lines(log, 1) == ["line 299999"]
-    assert last_lines(log, 0) == []
-    many = last_lines(log, 20_000)  # spans several chunks read backwards
+    assert _last_lines(log, 3) == ["line 299997", "line 299998", "line 299999"]
+    assert _last_lines(log, 1) == ["line 299999"]
+    assert _last_lines(log, 0) == []
+    many = _last_lines(log, 20_000)  # spans several chunks read backwards
     assert many == [f"line {i}" for i in range(n_lines - 20_000, n_lines)]
-    assert len(last_lines(log, 10**9)) == n_lines
+    assert len(_last_lines(log, 10**9)) == n_lines
     # bounded: only whole lines within the last 30 bytes ("line 299998\nline 299999\n" is 24)
-    assert last_lines(log, 10, max_bytes=30) == ["line 299998", "line 299999"]
-    assert last_lines(log, 10, max_bytes=24) == ["line 299998", "line 299999"]  # starts exactly at a line
-    assert last_lines(log, 10, max_bytes=23) == ["line 299999"]
+    assert _last_lines(log, 10, max_bytes=30) == ["line 299998", "line 299999"]
+    assert _last_lines(log, 10, max_bytes=24) == ["line 299998", "line 299999"]  # starts exactly at a line
+    assert _last_lines(log, 10, max_bytes=23) == ["line 299999"]
 
 
 def test_short_and_empty_files(log):
     write(log, "", "w")
-    assert last_lines(log, 10) == []
+    assert _last_lines(log, 10) == []
     write(log, "only\n", "w")
-    assert last_lines(log, 10) == ["only"]
+    assert _last_lines(log, 10) == ["only"]
     write(log, "\n\n", "w")
-    assert last_lines(log, 10) == ["", ""]
+    assert _last_lines(log, 10) == ["", ""]
 
 
 def test_a_final_line_without_newline(log):
     write(log, "a\nb\npart", "w")
-    assert last_lines(log, 2) == ["b", "part"]  # like tail: it counts as a line
+    assert _last_lines(log, 2) == ["b", "part"]  # like tail: it counts as a line
     with LogFollower(log, 2) as f:
         assert list(f.first_lines()) == ["a", "b"]  # following: held back until it ends
         assert f.poll().lines == []
@@ -160,7 +164,7 @@ def test_an_endless_line_comes_in_pieces(log):
 
 def test_crlf_and_invalid_utf8(log):
     write(log, b"dos\r\nbad \xff\xfe end\n\xc3\xa9t\xc3\xa9\n", "w")
-    assert last_lines(log, 5) == ["dos", "bad \ufffd\ufffd end", "été"]
+    assert _last_lines(log, 5) == ["dos", "bad \ufffd\ufffd end", "été"]
 
 
 def test_display_line_neutralises_terminal_sequences():
@@ -185,7 +189,7 @@ def test_only_regular_files_are_opened(tmp_path, log):
         done: list[str] = []
 
         def attempt(path: str = path, done: list[str] = done) -> None:
-            for call in (lambda: last_lines(path, 5), lambda: LogFollower(path, 5), lambda: open_log(path)):
+            for call in (lambda: _last_lines(path, 5), lambda: LogFollower(path, 5), lambda: open_log(path)):
                 try:
                     call()
                 except LogError as e:
@@ -198,7 +202,7 @@ def test_only_regular_files_are_opened(tmp_path, log):
     fd_count = len(os.listdir("/proc/self/fd"))
     for _ in range(20):
         with pytest.raises(LogError):
-            last_lines(fifo, 1)
+            _last_lines(fifo, 1)
     assert len(os.listdir("/proc/self/fd")) == fd_count  # nothing left open
 
 

@@ -145,11 +145,6 @@ def tail_lines(path: str, n: int, max_bytes: int | None = None) -> Iterator[str]
         os.close(fd)
 
 
-def last_lines(path: str, n: int, max_bytes: int | None = None) -> list[str]:
-    """`tail_lines` as a list."""
-    return list(tail_lines(path, n, max_bytes))
-
-
 def tail_text(path: str, n: int = TAIL_TEXT_LINES, max_bytes: int = TAIL_TEXT_BYTES) -> str:
     """For an error message (an engine that failed to start): the last `n` non-blank lines within
     the last `max_bytes` of the log at `path`, without trailing blanks, joined by newlines; "" if
