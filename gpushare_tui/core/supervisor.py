@@ -295,7 +295,7 @@ class Supervisor:
         assert m is not None and proc is not None
         activity = EngineActivity()
         rate = StepRate()
-        n_decode: int | None = None  # the last probe's n_decode_total
+        n_decode: float | None = None  # the last probe's n_decode_total (a Prometheus counter)
 
         def alone() -> bool:
             return sole_member(m.read_slots(), m.slot, wall_us())
