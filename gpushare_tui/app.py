@@ -504,6 +504,7 @@ class DashboardApp(App):
             except GpushareError as e:
                 self.call_from_thread(self.notify, str(e), title="log", severity="warning", timeout=8, markup=False)
                 return
+
             async def show() -> None:  # on the app's loop; returns once the pane is mounted
                 await self.push_screen(LogPane(row, log))
 
