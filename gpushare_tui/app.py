@@ -19,7 +19,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.notifications import Notify
+from textual.notifications import Notify, SeverityLevel
 from textual.reactive import var
 from textual.widgets import Footer, Static
 from textual.worker import Worker, get_current_worker
@@ -204,7 +204,7 @@ class DashboardApp(App):
             self.history.add(m)
         self._top = self.query_one(TopBar)
         self._errors = self.query_one(SegmentErrors)
-        self._empty = self.query_one("#empty")
+        self._empty = self.query_one("#empty", Static)
         self._table = self.query_one(PeersTable)
         self._gpus_box = self.query_one("#gpus", VerticalScroll)
         self._plots = self.query_one("#plots", Horizontal)
@@ -277,10 +277,18 @@ class DashboardApp(App):
         """Collect again now (any thread)."""
         self._wake.set()
 
-    def notify(self, message: str, *, markup: bool = False, **kwargs) -> None:  # type: ignore[override]
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
         """Textual's notify, markup off by default: messages carry peer names and engine replies,
         untrusted text in which a `[` must not be read as markup (a stray `[/x]` raised)."""
-        super().notify(message, markup=markup, **kwargs)
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def on_notify(self, message: Notify) -> None:
         """One toast at a time: a new notification replaces the shown one (they stacked over the
@@ -496,8 +504,13 @@ class DashboardApp(App):
             except GpushareError as e:
                 self.call_from_thread(self.notify, str(e), title="log", severity="warning", timeout=8, markup=False)
                 return
+
+            async def show() -> None:  # on the app's loop; returns once the pane is mounted
+                await self.push_screen(LogPane(row, log))
+
             try:
-                self.call_from_thread(lambda: self.push_screen(LogPane(row, log)))
+                # mypy cannot solve call_from_thread's `T | Awaitable[T]` callback type for an async one (Never)
+                self.call_from_thread(show)  # type: ignore[arg-type]
             except RuntimeError:  # the app is gone
                 log.close()
 

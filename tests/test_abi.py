@@ -128,19 +128,19 @@ def test_invalid_utf8_name_is_tolerated() -> None:
 def test_parse_weight_rejects(bad: object) -> None:
     why = f"^invalid weight {re.escape(repr(bad))}: must be a finite number > 0$"  # the one line the CLI prints
     with pytest.raises(abi.BadWeightError, match=why):
-        abi.parse_weight(bad)  # type: ignore[arg-type]
+        abi.parse_weight(bad)
     assert issubclass(abi.BadWeightError, ValueError)
 
 
 def test_parse_weight_rounds_to_f32() -> None:
     assert abi.parse_weight(0.1) == abi.to_f32(0.1) != 0.1
-    assert abi.parse_weight("2.5") == 2.5  # type: ignore[arg-type]
+    assert abi.parse_weight("2.5") == 2.5
     assert abi.parse_weight(3.4e38) == abi.to_f32(3.4e38)  # below FLT_MAX: fits
     assert abi.parse_weight(3.4028234e38) == abi.to_f32(3.4028234e38)
     assert abi.parse_weight(1e-30) > 0
     assert abi.parse_weight(" 2 ") == 2.0 and abi.parse_weight(3) == 3.0  # a user's text, a JSON int
     with pytest.raises(abi.BadWeightError):
-        abi.parse_weight(True)  # type: ignore[arg-type]
+        abi.parse_weight(True)
     assert abi.weight_is_valid(1.0) and not abi.weight_is_valid(math.nan) and not abi.weight_is_valid(0.0)
 
 

@@ -12,7 +12,6 @@ from testkit.paths import REPO
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.xfail(strict=False, reason="type errors fixed after the i16 merge")
 def test_mypy_passes() -> None:
     r = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True, timeout=240)
     if r.returncode != 0:

@@ -107,12 +107,12 @@ def weight_is_valid(w: float) -> bool:
     return math.isfinite(w) and w > 0
 
 
-def parse_weight(value: str | float) -> float:
+def parse_weight(value: object) -> float:
     """The f32 weight of a user's text (" 2", "0.5") or a number: finite and > 0, also once
     rounded to f32. Anything else (empty, not a number, NaN, inf, <= 0, beyond f32 or too
     small for it, a bool, None) is a BadWeightError with the one-line reason."""
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise TypeError
         w = float(value)
         w32 = to_f32(w) if weight_is_valid(w) else math.nan

@@ -174,7 +174,7 @@ def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[
         return (replace(reply, **owner.status_fields()) if owner else reply).to_json()
 
     def set_weight(req: dict) -> dict:
-        return {"weight": engine.set_weight(parse_weight(req.get("weight")))}  # type: ignore[arg-type]
+        return {"weight": engine.set_weight(parse_weight(req.get("weight")))}
 
     def stop(_req: dict) -> dict:
         return {"state": engine.stop()}

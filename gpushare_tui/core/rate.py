@@ -21,9 +21,9 @@ class StepRate:
         self.window_s = window_s
         self.rate: float | None = None
         self.solo: float | None = None
-        self._start: tuple[float, int, bool] | None = None  # (t_s, count, alone) where the window opened
+        self._start: tuple[float, float, bool] | None = None  # (t_s, count, alone) where the window opened
 
-    def update(self, now_s: float, count: int, alone: Callable[[], bool]) -> bool:
+    def update(self, now_s: float, count: float, alone: Callable[[], bool]) -> bool:
         """Note the count at `now_s` (monotonic s) while working; True when a window closed (a new `rate`).
         `alone` is asked only at window edges."""
         start = self._start

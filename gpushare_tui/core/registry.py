@@ -157,11 +157,11 @@ class Membership:
     def active(self) -> bool:
         return bool(self._active)
 
-    def read_slots(self) -> list[abi.SlotRecord]:
-        """Every slot of our segment, [] when not joined. Safe from any thread: `leave()` unmaps the
+    def read_slots(self) -> tuple[abi.SlotRecord, ...]:
+        """Every slot of our segment, () when not joined. Safe from any thread: `leave()` unmaps the
         segment under the same lock, and a read of an unmapped segment is a SIGSEGV, not an error."""
         with self._lock:
-            return [] if self._segment is None else self._segment.read_slots()
+            return () if self._segment is None else self._segment.read_slots()
 
     def peers_alive(self) -> int:
         now = self._clock()

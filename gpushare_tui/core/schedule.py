@@ -121,8 +121,10 @@ def next_window_start_us(schedule: Schedule | None, slot: int, now_us: int) -> i
     """now_us if `slot` may run now, else the absolute start of its next window."""
     if may_run(schedule, slot, now_us):
         return now_us
-    assert schedule is not None
-    start, _ = schedule.window_of(slot)  # type: ignore[misc]
+    assert schedule is not None  # may_run is True without one
+    window = schedule.window_of(slot)
+    assert window is not None  # and for a slot that is not a member
+    start, _ = window
     pos = now_us % schedule.period_us
     base = now_us - pos + start
     return base if pos < start else base + schedule.period_us
@@ -130,5 +132,7 @@ def next_window_start_us(schedule: Schedule | None, slot: int, now_us: int) -> i
 
 def window_end_us(schedule: Schedule, slot: int, now_us: int) -> int:
     """Absolute end of the window containing now_us (caller checked may_run)."""
-    _, end = schedule.window_of(slot)  # type: ignore[misc]
+    window = schedule.window_of(slot)
+    assert window is not None  # a member (the caller's may_run check)
+    _, end = window
     return now_us - now_us % schedule.period_us + end

@@ -22,9 +22,14 @@ import pwd
 import stat
 import struct
 import time
+from typing import TYPE_CHECKING
 
 from . import abi
 from .errors import GpushareError, UsageError
+
+if TYPE_CHECKING:
+    from atomics.ctx import AtomicViewContext
+    from atomics.view import AtomicIntegralView
 
 SHM_DIR = "/dev/shm"
 JOIN_WAIT_S = 1.0
@@ -133,7 +138,7 @@ class Segment:
         self._fd = fd
         self._mm = mm
         self._ident = (st.st_dev, st.st_ino)
-        self._views: dict[tuple[int, int], tuple[object, object]] = {}
+        self._views: dict[tuple[int, int], tuple[AtomicViewContext, AtomicIntegralView]] = {}
         self._last_good: dict[int, bytes] = {}
         self._mv = memoryview(mm) if mm is not None else None
         try:
@@ -243,7 +248,7 @@ class Segment:
 
     def close(self) -> None:
         for ctx, _ in self._views.values():
-            ctx.__exit__(None, None, None)  # type: ignore[attr-defined]
+            ctx.__exit__(None, None, None)
         self._views.clear()
         if self._mv is not None:
             self._mv.release()
@@ -358,7 +363,7 @@ class Segment:
 
     # -- writing (RW only) -------------------------------------------------
 
-    def _atomic(self, offset: int, width: int, signed: bool = False) -> object:
+    def _atomic(self, offset: int, width: int, signed: bool = False) -> AtomicIntegralView:
         view = self._views.get((offset, width))
         if view is None:
             if self._mv is None:
@@ -374,12 +379,12 @@ class Segment:
     def cas_pid(self, index: int, expected: int, desired: int) -> bool:
         """32-bit compare-and-swap on the slot's pid word."""
         word = self._atomic(self.slot_offset(index) + abi.OFF_PID, 4)
-        return word.cmpxchg_strong(expected=expected, desired=desired).success  # type: ignore[attr-defined]
+        return word.cmpxchg_strong(expected=expected, desired=desired).success
 
     def store_heartbeat(self, index: int, heartbeat_us: int) -> None:
         """Atomic 64-bit store of heartbeat_us (used before a claim CAS)."""
         word = self._atomic(self.slot_offset(index) + abi.OFF_HEARTBEAT_US, 8, signed=True)
-        word.store(heartbeat_us)  # type: ignore[attr-defined]
+        word.store(heartbeat_us)
 
     def write_slot_fields(
         self,
@@ -397,11 +402,11 @@ class Segment:
             raise PermissionError(f"segment {self.name} is mapped read-only")
         off = self.slot_offset(index)
         seq = self._atomic(off + abi.OFF_SEQ, 4)
-        seq.fetch_add(1)  # type: ignore[attr-defined]  # odd: writing
+        seq.fetch_add(1)  # odd: writing
         abi.OWNER_FIELDS_STRUCT.pack_into(
-            self._mm, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
+            self._mv, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
         )
-        seq.fetch_add(1)  # type: ignore[attr-defined]  # even: done (seq_cst, a release)
+        seq.fetch_add(1)  # even: done (seq_cst, a release)
 
 
 def _unlink_quietly(path: str) -> None:

@@ -109,13 +109,13 @@ def heartbeat_age_ms(heartbeat_us: int, now_us: int) -> float | None:
     return max(0, age_us) / 1000
 
 
-def own_peer(key: str, slots: list[SlotRecord], slot: int | None, now_us: int) -> PeerSnapshot | None:
+def own_peer(key: str, slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> PeerSnapshot | None:
     """Our own row (share, window) among `slots` of segment `key`, as every peer computes it."""
     snap = build_gpu_snapshot(key, segment_name(key), slots, now_us)
     return next((p for p in snap.peers if p.slot == slot), None)
 
 
-def sole_member(slots: list[SlotRecord], slot: int | None, now_us: int) -> bool:
+def sole_member(slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> bool:
     """Whether `slot` is the only member of the schedule of `slots` now (share 100 %: nobody to share with)."""
     members = schedule.member_weights(slots, now_us)
     return slot is not None and len(members) == 1 and members[0][0] == slot

@@ -134,7 +134,8 @@ class Supervisor:
 
     def set_weight(self, weight: float) -> float:
         """Publish a new weight (joined only); the stored (f32) value."""
-        self.weight = self.membership.set_weight(weight)  # type: ignore[union-attr]
+        assert self.membership is not None  # joined in start(), before the control socket is served
+        self.weight = self.membership.set_weight(weight)
         return self.weight
 
     def status(self) -> StatusReply:
@@ -198,8 +199,10 @@ class Supervisor:
     # -- signals -----------------------------------------------------------
 
     def _signal(self, sig: int) -> None:
+        proc = self.proc
+        assert proc is not None  # signals go out only once start() started the engine
         try:
-            os.killpg(self.proc.pid, sig)  # type: ignore[union-attr]
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
 
@@ -261,7 +264,9 @@ class Supervisor:
 
     def _note_lateness(self, sched: schedule.Schedule, slot: int, edge: int) -> None:
         """How late after its edge (0: window start, 1: window end less the stop lead) a signal went out."""
-        boundary = sched.window_of(slot)[edge] - (STOP_LEAD_US if edge else 0)  # type: ignore[index]
+        window = sched.window_of(slot)
+        assert window is not None  # at a window edge: a member
+        boundary = window[edge] - (STOP_LEAD_US if edge else 0)
         self.lateness_us.append((wall_us() - boundary) % sched.period_us)
 
     def lateness_summary(self) -> dict:
@@ -295,7 +300,7 @@ class Supervisor:
         assert m is not None and proc is not None
         activity = EngineActivity()
         rate = StepRate()
-        n_decode: int | None = None  # the last probe's n_decode_total
+        n_decode: float | None = None  # the last probe's n_decode_total (a Prometheus counter)
 
         def alone() -> bool:
             return sole_member(m.read_slots(), m.slot, wall_us())

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core.pacer import BUSY_WINDOW_US
 from ..core.rate import RATE_WINDOW_S
 from .model import PeerRow
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class Column:
     label: str  # header text
     width: int  # cells, in the dashboard (NAME's is its minimum)
     text: Callable[[PeerRow], str]  # the plain cell text (untrusted text as the row holds it)
-    sort: Callable[[PeerRow], object]
+    sort: Callable[[PeerRow], SupportsRichComparison]  # the sort key
     right: bool = False  # right-justified (numbers)
     descending: bool = False  # the first sort by it is high → low
     drop: int = 0  # 0: always shown; else dropped when the width is short, highest first

@@ -54,7 +54,9 @@ def fetch(url: str, timeout_s: float = TIMEOUT_S, client: httpx.Client | None = 
     try:
         doc = _get(client, url + "/gpu/peers", timeout_s)
         ts = doc.get("timestamp")
-        now_us = int(ts * 1e6) if type(ts) in (int, float) and math.isfinite(ts) else int(time.time() * 1e6)
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+            ts = time.time()  # no usable timestamp in the reply: ours
+        now_us = int(ts * 1e6)
         gpus = tuple(gpu_from_json(g, now_us) for g in _list(doc, "gpus"))
         errors = tuple(SegmentProblem(_str(e, "segment"), _str(e, "error")) for e in _list(doc, "errors"))
         return RemoteReport(url, gpus, errors)
@@ -109,14 +111,38 @@ def _str(d: object, key: str) -> str:
     return v
 
 
-def _num(d: dict, key: str, kind: type = float, optional: bool = False) -> float | int | None:
+def _opt_num(d: dict, key: str) -> float | None:
+    """A finite number as the JSON has it (an int stays an int), None when absent or null."""
     v = d.get(key)
-    if v is None and optional:
+    if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not isinstance(v, int)):
+    if isinstance(v, bool) or not isinstance(v, int | float):
         raise RemoteError(f"bad JSON: {key!r} is not a number")
     if not math.isfinite(v):
         raise RemoteError(f"bad JSON: {key!r} is not finite")
+    return v
+
+
+def _num(d: dict, key: str) -> float:
+    v = _opt_num(d, key)
+    if v is None:
+        raise RemoteError(f"bad JSON: {key!r} is not a number")
+    return v
+
+
+def _opt_int(d: dict, key: str) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RemoteError(f"bad JSON: {key!r} is not a number")
+    return v
+
+
+def _int(d: dict, key: str) -> int:
+    v = _opt_int(d, key)
+    if v is None:
+        raise RemoteError(f"bad JSON: {key!r} is not a number")
     return v
 
 
@@ -137,18 +163,18 @@ def peer_from_json(d: object) -> PeerSnapshot:
             raise RemoteError("bad JSON: 'window_us' is not [start, end]")
         window = (win[0], win[1])
     return PeerSnapshot(
-        slot=int(_num(d, "slot", int)),
-        pid=int(_num(d, "pid", int)),
+        slot=_int(d, "slot"),
+        pid=_int(d, "pid"),
         name=_str(d, "name"),
-        weight=_num(d, "weight", optional=True),
+        weight=_opt_num(d, "weight"),
         share_pct=float(_num(d, "share_pct")),
         window_us=window,
         busy_pct=float(_num(d, "busy_pct")),
         active=_bool(d, "active"),
         alive=_bool(d, "alive"),
-        heartbeat_age_ms=_num(d, "heartbeat_age_ms", optional=True),
-        boot_us=int(_num(d, "boot_us", int, optional=True) or 0),
-        achieved_pct=_num(d, "achieved_pct", optional=True),
+        heartbeat_age_ms=_opt_num(d, "heartbeat_age_ms"),
+        boot_us=_opt_int(d, "boot_us") or 0,
+        achieved_pct=_opt_num(d, "achieved_pct"),
     )
 
 
@@ -161,14 +187,15 @@ def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
         mode_bits = int(mode, 8) if isinstance(mode, str) else 0
     except ValueError:
         mode_bits = 0
+    owner, owner_uid = d.get("owner"), d.get("owner_uid")
     return GpuSnapshot(
         gpu_key=_str(d, "gpu_key"),
         segment=_str(d, "segment"),
-        period_ms=_num(d, "period_ms", int, optional=True),
+        period_ms=_opt_int(d, "period_ms"),
         peers=tuple(peer_from_json(p) for p in _list(d, "peers")),
         now_us=now_us,
-        owner=d.get("owner") if isinstance(d.get("owner"), str) else "",
-        owner_uid=d.get("owner_uid") if type(d.get("owner_uid")) is int else -1,
+        owner=owner if isinstance(owner, str) else "",
+        owner_uid=owner_uid if type(owner_uid) is int else -1,
         mode=mode_bits,
     )
 

@@ -104,6 +104,7 @@ class ExporterServer(HTTPServer):
     """An HTTPServer whose request threads are bounded (MAX_CONNECTIONS) and reaped (REQUEST_DEADLINE_S)."""
 
     request_queue_size = 64
+    server_address: tuple[str, int] | tuple[str, int, int, int]  # as bound: getsockname() of an AF_INET(6) socket
     allow_reuse_address = True  # a restart right after a stop: TIME_WAIT must not hold the port
 
     def __init__(
@@ -124,6 +125,7 @@ class ExporterServer(HTTPServer):
         super().__init__(address, Handler)
         threading.Thread(target=self._reap, name="serve-reaper", daemon=True).start()
 
+    # A TCPServer's request is a socket; typeshed types BaseServer's, a UDP (bytes, socket) pair included.
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         if not self._slots.acquire(blocking=False):
             self._refuse(request)

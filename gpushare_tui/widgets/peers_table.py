@@ -13,6 +13,7 @@ rebuilt only when that row's text (or its selection) changes.
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.console import JustifyMethod
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -30,7 +31,7 @@ from .palette import slot_colour
 
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
-_JUSTIFY = {c.key: "right" if c.right else "left" for c in COLUMNS}
+_JUSTIFY: dict[str, JustifyMethod] = {c.key: "right" if c.right else "left" for c in COLUMNS}
 _ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
 # engine_text's cases other than a state (dead, foreign, not asked yet, no reply, differs from its file)
 _ENGINE_CASE_STYLE = {"-": "dim", "read-only": "dim italic", "…": "dim", "no reply": "red", "up ≠file": "yellow"}
@@ -57,7 +58,7 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         status = Text(plain["status"], style="bold green" if p.active else "yellow")
     else:
         status = Text(plain["status"], style="bold red")
-    cells = {k: Text(v, justify=_JUSTIFY[k], style=base) for k, v in plain.items()}  # type: ignore[arg-type]
+    cells = {k: Text(v, justify=_JUSTIFY[k], style=base) for k, v in plain.items()}
     cells.update(
         slot=swatch,
         name=Text(plain["name"], style=f"{base} {colour}".strip(), overflow="ellipsis", no_wrap=True),
@@ -229,14 +230,14 @@ class PeersTable(ScrollView, can_focus=True):
     def _sorted_keys(self) -> list[str]:
         col = COLUMN_BY_KEY[self.sort_column]
         tie = COLUMN_BY_KEY["slot"].sort
-        keys = sorted(self._rows, key=lambda k: tie(self._rows[k]))  # type: ignore[arg-type, return-value]
-        keys.sort(key=lambda k: col.sort(self._rows[k]), reverse=self.sort_reverse)  # type: ignore[arg-type, return-value]
+        keys = sorted(self._rows, key=lambda k: tie(self._rows[k]))
+        keys.sort(key=lambda k: col.sort(self._rows[k]), reverse=self.sort_reverse)
         return keys
 
     def _restore_cursor(self) -> None:
         """Keep the selected key selected; if it left, keep the cursor's position."""
         if self.selected_key in self._rows:
-            self.cursor_row = self._order.index(self.selected_key)  # type: ignore[arg-type]
+            self.cursor_row = self._order.index(self.selected_key)
             return
         if not self._order:
             if self.selected_key is not None:

@@ -51,7 +51,7 @@ def interleave(series: tuple[Series, ...], span_s: float, cols: int, rows: int) 
     owns = [[y is not None for y in line] for line in ys]
     shared = [False] * len(series)
     for k in range(n):
-        present = sorted((ys[i][k], s.slot, i) for i, s in enumerate(series) if ys[i][k] is not None)
+        present = sorted((y, s.slot, i) for i, s in enumerate(series) if (y := ys[i][k]) is not None)
         group: list[int] = []
         for j, (y, _slot, i) in enumerate(present):
             if group and y - present[j - 1][0] >= tol:
@@ -66,16 +66,17 @@ def interleave(series: tuple[Series, ...], span_s: float, cols: int, rows: int) 
             continue
         dots_x: list[float] = []
         dots_y: list[float] = []
-        run: list[int] = []
+        run: list[tuple[float, float]] = []  # the owned (x, y) samples in a row (an owned sample has a y)
         for k in [*range(n), n]:
-            if k < n and owns[i][k]:
-                run.append(k)
+            y = ys[i][k] if k < n and owns[i][k] else None
+            if y is not None:
+                run.append((xs[k], y))
                 continue
             if len(run) >= MIN_JOINED:
-                out.append(Stroke(s.slot, tuple(xs[j] for j in run), tuple(ys[i][j] for j in run), True))  # type: ignore[misc]
+                out.append(Stroke(s.slot, tuple(x for x, _ in run), tuple(y for _, y in run), True))
             else:
-                dots_x += [xs[j] for j in run]
-                dots_y += [ys[i][j] for j in run]  # type: ignore[misc]
+                dots_x += [x for x, _ in run]
+                dots_y += [y for _, y in run]
             run = []
         if dots_x:
             out.append(Stroke(s.slot, tuple(dots_x), tuple(dots_y), False))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.text import Text
+from textual.app import RenderResult
 from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
@@ -121,7 +121,7 @@ class SharePlot(PlotextPlot):
         """Cells of the plotting area (without the axes and their labels), roughly."""
         return max(1, self.size.width - 5), max(1, self.size.height - 4)
 
-    def _line_cost(self, s: Stroke) -> int:
+    def _line_cost(self, s: Stroke) -> float:
         """Braille dots plotext steps through to join this line's points (its cost)."""
         w, h = self._canvas()
         kx, ky = 2 * w / self.span_s, 4 * h / 100
@@ -138,7 +138,7 @@ class SharePlot(PlotextPlot):
             out.append((s, slot_marker(s.slot) if no_color else "braille"))
         return out
 
-    def render(self) -> Text:  # type: ignore[override]
+    def render(self) -> RenderResult:
         """Lines are joined while the plot's budget of interpolation steps lasts (plotext
         joins points in Python, ~5 µs a dot); beyond it, noisy lines are drawn as one
         dot per time bucket, which at braille resolution still reads as a line."""
@@ -147,7 +147,7 @@ class SharePlot(PlotextPlot):
         plt.clear_figure()
         if not self._series and not self._extra:
             plt.title(fitting(self.empty, self._canvas()[0] + 6) or self.empty[-1])
-        budget = LINE_STEPS_BUDGET
+        budget: float = LINE_STEPS_BUDGET
         for s, marker in self.strokes():
             cost = self._line_cost(s)
             if s.joined and (cost <= budget or len(s.xs) <= 2):
@@ -160,4 +160,4 @@ class SharePlot(PlotextPlot):
         ticks = time_ticks(self.span_s, self._canvas()[0])
         plt.xticks([x for x, _ in ticks], [label for _, label in ticks])
         plt.yticks([0, 25, 50, 75, 100])
-        return super().render()  # type: ignore[return-value]
+        return super().render()

@@ -249,14 +249,14 @@ class Timeline(Widget):
         no_color = self.app.no_color
         if y == 0:
             t = self.cursor_us
-            key = (width, self._key, t if self._strobe is not None else None, no_color)
-            if self._head is None or self._head[0] != key:
-                self._head = (key, self._strip(cursor_line(self._snap, width, t), width))
+            head_key = (width, self._key, t if self._strobe is not None else None, no_color)
+            if self._head is None or self._head[0] != head_key:
+                self._head = (head_key, self._strip(cursor_line(self._snap, width, t), width))
             return self._head[1]
         if y == 1:
-            key = (width, self._key, no_color)
-            if self._bar is None or self._bar[0] != key:
-                self._bar = (key, self._strip(bar_line(self._snap, width, no_color), width))
+            bar_key = (width, self._key, no_color)
+            if self._bar is None or self._bar[0] != bar_key:
+                self._bar = (bar_key, self._strip(bar_line(self._snap, width, no_color), width))
             return self._bar[1]
         return Strip.blank(width, self._base_style())
 
