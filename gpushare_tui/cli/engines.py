@@ -74,7 +74,7 @@ def _start_supervisor(
     from ..core.control import check_socket_dir
     from ..core.engines import llama_server as ls
     from ..core.ownership import Owner
-    from ..core.paths import state_dir
+    from ..core.paths import file_name_part, state_dir
     from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)
@@ -83,8 +83,7 @@ def _start_supervisor(
     args = ls.prepare_args(engine_argv)
     name = name or ls.model_stem(args)
     check_socket_dir()  # before the engine is started and loads its model
-    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:64]
-    log_path = os.path.join(state_dir(), f"{safe}-{args.port}.log")
+    log_path = os.path.join(state_dir(), f"{file_name_part(name)}-{args.port}.log")
     if args.port_chosen:
         _say(f"gpushare-tui: engine port {args.port} on {args.host} (free port picked)")
     sup = Supervisor(

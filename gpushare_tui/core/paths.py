@@ -55,3 +55,9 @@ def state_dir() -> str:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ControlError(f"state directory {path} is not writable; set XDG_STATE_HOME to a writable directory")
     return path
+
+
+def file_name_part(name: str) -> str:
+    """`name` (an engine's, from the user) made safe as part of a file name in these directories:
+    `[A-Za-z0-9._-]` kept, anything else `-`, at most 64 characters."""
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:64]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ..core import control, spawn
 from ..core.ownership import ENV, STOP_EVENT, Owner
+from ..core.paths import file_name_part
 from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig
 
@@ -144,7 +145,7 @@ class Child:
             env[ENV] = Owner(
                 os.path.abspath(self.cfg.path), os.getpid(), self.decl.weight, self.restarts, events_w
             ).to_env()
-        log_path = os.path.join(self.log_dir, f"up-{_safe(self.name)}.log")
+        log_path = os.path.join(self.log_dir, f"up-{file_name_part(self.name)}.log")
         try:
             # `up` SIGKILLed: each supervisor gets SIGTERM and ends its engine (SIGCONT first), so
             # nothing is left stopped, nor running unowned for a restarted `up` to collide with.
@@ -342,7 +343,3 @@ def _end_group(pid: int) -> None:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
             return
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:64]
