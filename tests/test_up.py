@@ -10,13 +10,13 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import time
 
 import pytest
 from up_env import UpProc, alive_slots, used_slots, write
 
 from gpushare_tui.core import control
+from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.up import config as up_config
 from gpushare_tui.up.child import PREDECESSORS, Child, IllegalTransition, State
 from testkit.cli import run_cli
@@ -231,9 +231,7 @@ def test_dashboard_shows_the_owner_and_a_live_edit_as_differing(start_up) -> Non
 
 
 def test_serve_table_starts_the_exporter(start_up) -> None:
-    if subprocess.run([*__import__("conftest").cli_argv("serve", "--help")], capture_output=True).returncode != 0:
-        pytest.skip("`gpushare-tui serve` is not in this build yet (issue 9): only the [serve] table is checked")
-    port = __import__("gpushare_tui.core.engines.llama_server", fromlist=["free_port"]).free_port()
+    port = free_port()
     up = start_up(TWO + f'\n[serve]\nlisten = "127.0.0.1:{port}"\n'.replace("{", "{{").replace("}", "}}"))
     up.wait_line(f"serve: listening on 127.0.0.1:{port}")
     import httpx

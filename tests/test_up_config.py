@@ -3,6 +3,7 @@ with nothing started; `--check` validates without starting anything."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import pytest
@@ -166,7 +167,7 @@ def test_owner_env_malformed_is_no_owner_and_is_not_inherited(monkeypatch, raw) 
 
     monkeypatch.setenv(ownership.ENV, raw)
     assert ownership.Owner.from_env() is None
-    assert ownership.ENV not in __import__("os").environ
+    assert ownership.ENV not in os.environ
 
 
 def test_owner_env_round_trip_and_wrapped_handlers(monkeypatch) -> None:
