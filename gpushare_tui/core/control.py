@@ -541,7 +541,7 @@ def _ask(engine_pid: int, path: str, payload: bytes, timeout_s: float, busy_dead
         left = busy_deadline - time.monotonic()
         if left <= 0:
             if busy_deadline > tried_s:  # it was retried: say for how long
-                raise ControlError(f"engine {engine_pid}: {error} (still busy after {busy_deadline - tried_s:g} s)")
+                raise ControlError(f"engine {engine_pid}: {error} (still busy after {busy_deadline - tried_s:.1f} s)")
             break
         time.sleep(min(pause_s, left))
         pause_s = min(pause_s * 2, budgets.CONTROL_BUSY_BACKOFF_MAX_S)
