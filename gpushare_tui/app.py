@@ -26,7 +26,7 @@ from textual.worker import Worker, get_current_worker
 
 from .core.abi import to_f32
 from .core.clock import ClockUs, wall_us
-from .core.control import ControlError
+from .core.control import ControlError, Target
 from .core.errors import GpushareError
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.control import ControlClient, LocalControl
@@ -476,10 +476,11 @@ class DashboardApp(App):
     def _control_call(self, row: PeerRow, cmd: str, ok_text: str, **args: object) -> None:
         """One control request on a worker thread; the outcome is a notification."""
         pid = row.peer.pid
+        target = Target(slot=row.peer.slot, gpu_key=row.gpu_key)  # the row's engine, if the pid serves several
 
         def work() -> None:
             try:
-                reply = self.control.request(pid, cmd, timeout_s=3.0, **args)
+                reply = self.control.request(pid, cmd, timeout_s=3.0, target=target, **args)
             except ControlError as e:
                 self.call_from_thread(self.notify, str(e), title=cmd, severity="error", timeout=8)
                 return

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from gpushare_tui.core import launcher
 from gpushare_tui.core.errors import EngineError, GpushareError, UsageError
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec, launch_detached
+from testkit.cli import cli_argv
+from testkit.wait import wait_for
 
 SPEC = LaunchSpec(("llama-server", "-m", "x.gguf"), "k", 0.5, name="big", share_group="grp")
 
@@ -78,3 +85,49 @@ def test_cancelled_wait_ends_and_the_launch_goes_on(monkeypatch, procs, tmp_path
 def test_no_engine_command_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="no engine command"):
         launch_detached(LaunchSpec((), "k"))
+
+
+# -- Ctrl+C during `gpushare-tui launch` ----------------------------------------------------
+
+LOADING_ENGINE = str(Path(__file__).parent / "data" / "loading_engine.py")
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_engine_loads_stops_what_launch_started(
+    procs, gpu_key: str, runtime_dir: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT to launch's process group (what a terminal's Ctrl+C does) while the engine is still
+    loading: the detached supervisor and its engine are stopped, one line, exit 130."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    (model := tmp_path / "x.gguf").write_bytes(b"GGUF")
+    argv = cli_argv("launch", "--gpu-key", gpu_key, "--", sys.executable, LOADING_ENGINE, "-m", str(model))
+    p = procs.start(argv, start_new_session=True)  # its own process group, as a shell's foreground job
+    started: list[psutil.Process] = []
+    try:
+        engine = wait_for(lambda: _engine_of(p.pid), 30, what="the loading engine")
+        started = psutil.Process(p.pid).children(recursive=True)
+        assert p.poll() is None  # still waiting for the engine to be healthy
+        os.killpg(p.pid, signal.SIGINT)
+        code = p.wait(timeout=30)
+        err = p.stderr.read()
+        assert code == 130, err
+        (line,) = [ln for ln in err.splitlines() if ln.strip()]
+        assert re.fullmatch(r"gpushare-tui: interrupted: supervisor \d+ and its engine stopped", line), err
+        gone, alive = psutil.wait_procs(started, timeout=5)
+        assert alive == [] and engine.pid in {g.pid for g in gone}
+    finally:
+        for child in started:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _engine_of(launch_pid: int) -> psutil.Process | None:
+    try:
+        for child in psutil.Process(launch_pid).children(recursive=True):
+            if LOADING_ENGINE in child.cmdline():
+                return child
+    except psutil.Error:
+        pass
+    return None

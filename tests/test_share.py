@@ -284,3 +284,106 @@ def test_a_share_never_closed_leaves_nothing_at_exit(gpu_key: str, runtime_dir: 
     path, slot = r.stdout.split()
     assert not os.path.exists(path)
     assert slot_of(gpu_key, int(slot)).pid == 0
+
+
+# -- several GpuShare in one process: a control socket each --------------------------------
+
+
+def test_two_shares_in_one_process_each_have_a_socket(new_gpu_key, runtime_dir: str) -> None:
+    """Each is reachable (by the gpu key and slot its rows show), each closes alone; a pid with two
+    engines asked without a target says which there are."""
+    from gpushare_tui import GpuShare
+    from gpushare_tui.core.control import Target, socket_paths
+
+    key_a, key_b = new_gpu_key("a"), new_gpu_key("b")
+    pid = os.getpid()
+    a = GpuShare(weight=1, name="a", gpu_key=key_a).open()
+    b = None
+    try:
+        b = GpuShare(weight=2, name="b", gpu_key=key_b).open()
+        assert a.control_path != b.control_path
+        assert sorted(socket_paths(pid)) == sorted([a.control_path, b.control_path])
+        assert a.control_path.endswith(f"/{pid}.sock") and b.control_path.endswith(f"/{pid}.1.sock")
+        both = rf"\(slot 0 of {key_a}, slot 0 of {key_b}\)"
+        with pytest.raises(GpushareError, match=rf"^engine {pid} serves 2 engines {both}: name one with --slot"):
+            request(pid, "status")
+        with pytest.raises(GpushareError, match="name the --gpu-key too"):
+            request(pid, "status", target=Target(slot=0))
+        for share, key in ((a, key_a), (b, key_b)):
+            st = request(pid, "status", target=Target(slot=share.slot, gpu_key=key))
+            assert (st["name"], st["gpu_key"], st["slot"]) == (share.name, key, share.slot)
+        assert request(pid, "set_weight", target=Target(0, key_b), weight=5)["weight"] == 5.0
+        assert (a.weight, b.weight) == (1.0, 5.0)
+        a.close()  # the other stays reachable; its pid has one socket again, so no target is needed
+        assert socket_paths(pid) == [b.control_path] and os.path.exists(b.control_path)
+        assert request(pid, "status")["name"] == "b"
+        c = GpuShare(name="c", gpu_key=key_a).open()  # takes the freed name
+        try:
+            assert c.control_path == os.path.join(runtime_dir, "gpushare-tui", f"{pid}.sock")
+            assert request(pid, "status", target=Target(c.slot, key_a))["name"] == "c"
+        finally:
+            c.close()
+        assert request(pid, "status")["name"] == "b"
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+    assert socket_paths(pid) == []
+
+
+def test_shares_opened_at_once_in_threads_all_serve(new_gpu_key, runtime_dir: str) -> None:
+    """Racing opens: no "Address already in use", no socket stolen; every one answers, and closes alone."""
+    from gpushare_tui import GpuShare
+    from gpushare_tui.core.control import Target, socket_paths
+
+    keys = [new_gpu_key(f"r{i}") for i in range(6)]
+    shares = [GpuShare(name=f"r{i}", gpu_key=k) for i, k in enumerate(keys)]
+    errors: list[BaseException] = []
+    go = threading.Barrier(len(shares))
+
+    def open_one(share) -> None:
+        go.wait()
+        try:
+            share.open()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_one, args=(s,)) for s in shares]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        assert len(set(socket_paths(os.getpid()))) == len(shares)
+        for s, k in zip(shares, keys):
+            assert request(os.getpid(), "status", target=Target(s.slot, k))["name"] == s.name
+        for s in shares[::2]:
+            s.close()
+        for s, k in zip(shares[1::2], keys[1::2]):
+            assert request(os.getpid(), "status", target=Target(s.slot, k))["name"] == s.name
+    finally:
+        for s in shares:
+            s.close()
+    assert socket_paths(os.getpid()) == []
+
+
+def test_the_dashboard_shows_each_share_of_one_process(gpu_key: str, runtime_dir: str) -> None:
+    """Two shares of one process on one key: two managed rows, each with its own engine's status."""
+    from gpushare_tui import GpuShare
+    from gpushare_tui.dashboard.source import LiveSource
+
+    with (
+        GpuShare(name="one", gpu_key=gpu_key, model="one.pt") as a,
+        GpuShare(name="two", gpu_key=gpu_key, model="two.pt") as b,
+    ):
+        src = LiveSource(gpu_key=gpu_key)
+        try:
+            rows = {r.peer.slot: r for r in src.collect().rows()}
+        finally:
+            src.close()
+        assert set(rows) == {a.slot, b.slot}
+        for share in (a, b):
+            row = rows[share.slot]
+            assert row.managed and row.engine is not None and row.engine.error is None, row.engine
+            assert row.engine.model == share.model

@@ -1,4 +1,8 @@
-"""`status`, `weight`, `stop`: requests to a managed engine's control socket (core/control.py)."""
+"""`status`, `weight`, `stop`: requests to a managed engine's control socket (core/control.py).
+
+A busy reply (every worker of the engine's socket held, e.g. by a flood of idle connections) is
+retried for up to budgets.CONTROL_BUSY_RETRY_S. A pid that serves several engines (several
+GpuShare in one process) needs `--slot` (and `--gpu-key` when slots repeat across keys)."""
 
 from __future__ import annotations
 
@@ -6,23 +10,35 @@ import json
 
 import typer
 
+from ..core import budgets
 from ..core.abi import parse_weight
 from ..core.errors import GpushareError
 
 PidArg = typer.Argument(..., help="Engine pid.")
 # a negative weight ("weight PID -1") is a value to reject, not an unknown option
 VALUE_CONTEXT = {"ignore_unknown_options": True}
+SlotOpt = typer.Option(None, "--slot", help="The engine's slot, when the pid serves several engines.")
+KeyOpt = typer.Option(None, "--gpu-key", help="The engine's GPU key, when its slot number repeats across keys.")
+
+
+def _ask(pid: int, cmd: str, slot: int | None, gpu_key: str | None, **args: object) -> dict:
+    from ..core.control import Target, request
+
+    target = Target(slot=slot, gpu_key=gpu_key)
+    return request(pid, cmd, 3.0, target=target, busy_retry_s=budgets.CONTROL_BUSY_RETRY_S, **args)
 
 
 def status(
     pid: int = PidArg,
     as_json: bool = typer.Option(False, "--json", help='Print one JSON object (on failure {"ok": false, ...}).'),
+    slot: int | None = SlotOpt,
+    gpu_key: str | None = KeyOpt,
 ) -> None:
     """Show a managed engine's status (fields it does not know are left out)."""
-    from ..core.control import StatusReply, request
+    from ..core.control import StatusReply
 
     try:
-        reply = StatusReply.from_json(request(pid, "status")).to_json()
+        reply = StatusReply.from_json(_ask(pid, "status", slot, gpu_key)).to_json()
     except GpushareError as e:
         if as_json:
             print(json.dumps({"ok": False, "error": str(e)}))
@@ -35,24 +51,27 @@ def status(
                 print(f"{k:>10}: {v:.2f}" if isinstance(v, float) else f"{k:>10}: {v}")
 
 
-def weight(pid: int = PidArg, value: str = typer.Argument(..., help="New weight (finite, > 0).")) -> None:
+def weight(
+    pid: int = PidArg,
+    value: str = typer.Argument(..., help="New weight (finite, > 0)."),
+    slot: int | None = SlotOpt,
+    gpu_key: str | None = KeyOpt,
+) -> None:
     """Change a managed engine's weight."""
-    from ..core.control import request
-
-    reply = request(pid, "set_weight", weight=parse_weight(value))
+    reply = _ask(pid, "set_weight", slot, gpu_key, weight=parse_weight(value))
     print(f"engine {pid}: weight {reply['weight']:g}")
 
 
 def stop(
     pid: int = PidArg,
     wait: float = typer.Option(15.0, "--wait", help="Seconds to wait for the engine to exit."),
+    slot: int | None = SlotOpt,
+    gpu_key: str | None = KeyOpt,
 ) -> None:
     """Stop a managed engine (SIGCONT, SIGTERM, SIGKILL after 10 s) and leave its slot."""
     import psutil
 
-    from ..core.control import request
-
-    request(pid, "stop")
+    _ask(pid, "stop", slot, gpu_key)
     try:
         psutil.Process(pid).wait(wait)
     except psutil.NoSuchProcess:

@@ -11,7 +11,7 @@ import typer
 
 from ..core.declaration import check_launch
 from ..core.errors import GpushareError, UsageError
-from .common import checked_group, resolve_key
+from .common import ExitCode, checked_group, error_line, resolve_key
 from .options import EngineNameOpt, GpuIndexOpt, GpuKeyOpt, LoadTimeoutOpt, ShareGroupOpt, WeightOpt
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
@@ -134,7 +134,7 @@ def launch(
     share_group: str | None = ShareGroupOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
-    from ..core.launcher import LaunchSpec, launch_detached
+    from ..core.launcher import LaunchInterrupted, LaunchSpec, launch_detached
 
     try:
         share_group = checked_group(share_group)
@@ -146,5 +146,8 @@ def launch(
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))
+        if isinstance(e, LaunchInterrupted):  # Ctrl+C: what was started is stopped; the shell's code for it
+            error_line(str(e))
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
         raise
     print(json.dumps(reply.to_json()) if as_json else reply.summary())

@@ -1,7 +1,11 @@
 """Per-engine control socket: one JSON request line, one JSON reply line.
 
 Socket: `<runtime dir>/<engine pid>.sock`, mode 0600, in the 0700 per-user runtime
-directory (core/paths.py).
+directory (core/paths.py). A process that serves several engines' sockets under one pid (two
+`GpuShare` in one Python process) names the others `<pid>.<n>.sock` (n = 1, 2, ...: the lowest
+number this process does not hold); each is reachable and closes alone. A client finds them all
+by the pid (`socket_paths`); with more than one it picks the engine by its gpu key and slot
+(`Target`), as the `status` replies say, and without a target it is told which there are.
 Requests: {"cmd": "status"} | {"cmd": "set_weight", "weight": W} | {"cmd": "stop"}.
 Replies: {"ok": true, ...} or {"ok": false, "error": "..."}; the fields of a `status`
 reply are those of StatusReply (every one present, null when unknown).
@@ -9,7 +13,8 @@ reply are those of StatusReply (every one present, null when unknown).
 Limits (a local client must not be able to hurt the engine): a request line
 holds at most MAX_REQUEST_BYTES (without its newline) and must arrive within
 READ_TIMEOUT_S of the connection being accepted; at most MAX_CONNECTIONS are
-served at once, and any more get {"ok": false, "error": "busy: ..."} at once.
+served at once, and any more get {"ok": false, "error": "busy: ..."} at once (before their
+request is read: a client may retry any command after a busy reply, `request(busy_retry_s=...)`).
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
+from . import budgets
 from .abi import parse_weight
 from .errors import ControlError, GpushareError
 from .ownership import Owner
 from .paths import runtime_dir, runtime_dir_path
 
 MAX_REQUEST_BYTES = 4096
-READ_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = budgets.CONTROL_REQUEST_READ_S
 MAX_CONNECTIONS = 16
 SUN_PATH_MAX = 107  # bytes of an AF_UNIX path, without the NUL (sun_path is 108 on Linux)
 PID_DIGITS_MAX = 7  # the largest Linux pid_max, 4194304
@@ -129,12 +135,76 @@ def _check_length(path: str) -> None:
         )
 
 
-def socket_path(engine_pid: int) -> str:
-    """`<runtime dir>/<pid>.sock`; ControlError if the directory is unusable or the path too long to bind."""
-    path = os.path.join(runtime_dir_path(), f"{engine_pid}.sock")
+def socket_name(engine_pid: int, index: int = 0) -> str:
+    """`<pid>.sock` (index 0, the common one engine per pid), else `<pid>.<index>.sock`."""
+    return f"{engine_pid}.sock" if index == 0 else f"{engine_pid}.{index}.sock"
+
+
+def parse_socket_name(name: str) -> tuple[int, int] | None:
+    """(pid, index) of a name `socket_name` makes, else None."""
+    parts = name.split(".")
+    if parts[-1:] != ["sock"] or len(parts) not in (2, 3) or not all(_is_number(x) for x in parts[:-1]):
+        return None
+    index = int(parts[1]) if len(parts) == 3 else 0
+    if len(parts) == 3 and (index == 0 or parts[1] != str(index)):
+        return None  # `<pid>.0.sock`, `<pid>.01.sock`: not names we make
+    return int(parts[0]), index
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and text == str(int(text))
+
+
+def socket_path(engine_pid: int, index: int = 0) -> str:
+    """`<runtime dir>/<socket_name>`; ControlError if the directory is unusable or the path too long to bind."""
+    path = os.path.join(runtime_dir_path(), socket_name(engine_pid, index))
     _check_length(path)  # before runtime_dir(): no directory is created for a path that cannot work
     runtime_dir()
     return path
+
+
+def socket_index() -> dict[int, list[str]]:
+    """pid -> the paths of its control sockets (index order), from one listing of the runtime
+    directory; ControlError if it cannot be listed."""
+    directory = runtime_dir()
+    try:
+        names = os.listdir(directory)
+    except OSError as e:
+        raise ControlError(f"control socket directory {directory}: {e.strerror or e}") from None
+    found: dict[int, list[tuple[int, str]]] = {}
+    for name in names:
+        parsed = parse_socket_name(name)
+        if parsed is not None:
+            found.setdefault(parsed[0], []).append((parsed[1], os.path.join(directory, name)))
+    return {pid: [path for _i, path in sorted(entries)] for pid, entries in found.items()}
+
+
+def socket_paths(engine_pid: int) -> list[str]:
+    """The paths of `engine_pid`'s control sockets that exist now, `<pid>.sock` first; [] when the
+    directory cannot be read."""
+    try:
+        return socket_index().get(engine_pid, [])
+    except ControlError:
+        return []
+
+
+_claims_lock = threading.Lock()
+_claimed: set[tuple[int, int]] = set()  # (pid, index) of the sockets this process serves
+
+
+def _claim_index(engine_pid: int) -> int:
+    """The lowest index no server of this process holds for `engine_pid`, now held."""
+    with _claims_lock:
+        index = 0
+        while (engine_pid, index) in _claimed:
+            index += 1
+        _claimed.add((engine_pid, index))
+        return index
+
+
+def _release_index(engine_pid: int, index: int) -> None:
+    with _claims_lock:
+        _claimed.discard((engine_pid, index))
 
 
 def check_socket_dir() -> str:
@@ -196,7 +266,16 @@ class ControlServer:
         max_connections: int = MAX_CONNECTIONS,
         read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
-        self.path = socket_path(engine_pid)
+        self.engine_pid = engine_pid
+        self.index = _claim_index(engine_pid)  # a second server for this pid gets its own socket
+        try:
+            self.path = socket_path(engine_pid, self.index)
+            self._start(handlers, max_connections, read_timeout_s)
+        except BaseException:
+            _release_index(engine_pid, self.index)
+            raise
+
+    def _start(self, handlers: dict[str, Handler], max_connections: int, read_timeout_s: float) -> None:
         self._handlers = handlers
         self._max_connections = max_connections
         self._read_timeout_s = read_timeout_s
@@ -228,7 +307,9 @@ class ControlServer:
         bound = False
         try:
             if os.path.lexists(self.path):
-                os.unlink(self.path)  # a stale socket of a dead supervisor of the same pid
+                # stale: no server of this process holds the name (_claim_index), and no other
+                # live process serves our engine's pid (a dead one of the same pid left it)
+                os.unlink(self.path)
             old = os.umask(0o177)
             try:
                 sock.bind(self.path)
@@ -391,6 +472,7 @@ class ControlServer:
                 self._ended.wait(left)
         os.close(self._wake_r)
         os.close(self._wake_w)
+        _release_index(self.engine_pid, self.index)  # after the unlink: a new server may bind the name now
 
 
 def _encode(reply: dict) -> bytes:
@@ -419,31 +501,116 @@ def exchange(path: str, payload: bytes, timeout_s: float) -> bytes:
     return data
 
 
-def request(engine_pid: int, cmd: str, timeout_s: float = 3.0, **args: object) -> dict:
-    """Send one request; ControlError with a user-facing reason on any failure."""
-    path = socket_path(engine_pid)
-    if not os.path.exists(path):
-        raise ControlError(_why_unreachable(engine_pid))
+@dataclass(frozen=True)
+class Target:
+    """Which of a pid's engines a request is for, when it serves several sockets: the one whose
+    `status` reports this slot (and gpu key, when given)."""
+
+    slot: int | None = None
+    gpu_key: str | None = None
+
+    def __str__(self) -> str:
+        return f"slot {self.slot}" + (f" of {self.gpu_key}" if self.gpu_key is not None else "")
+
+
+def request(
+    engine_pid: int,
+    cmd: str,
+    timeout_s: float = 3.0,
+    *,
+    target: Target | None = None,
+    busy_retry_s: float = 0.0,
+    **args: object,
+) -> dict:
+    """Send one request; ControlError with a user-facing reason on any failure. With several
+    sockets for the pid, `target` picks the engine. A "busy" reply (sent before the request is
+    read, so no command ran) is retried for up to `busy_retry_s`, with a growing pause."""
+    deadline = time.monotonic() + busy_retry_s
+    path = _socket_for(engine_pid, target, timeout_s, deadline)
+    return _ask(engine_pid, path, json.dumps({"cmd": cmd, **args}).encode() + b"\n", timeout_s, deadline)
+
+
+def _ask(engine_pid: int, path: str, payload: bytes, timeout_s: float, busy_deadline: float) -> dict:
+    pause_s = budgets.CONTROL_BUSY_BACKOFF_FIRST_S
+    tried_s = time.monotonic()
+    while True:
+        reply = _exchange_reply(engine_pid, path, payload, timeout_s)
+        error = reply.get("error")
+        if reply.get("ok") or not (isinstance(error, str) and error.startswith("busy:")):
+            break
+        left = busy_deadline - time.monotonic()
+        if left <= 0:
+            if busy_deadline > tried_s:  # it was retried: say for how long
+                raise ControlError(f"engine {engine_pid}: {error} (still busy after {busy_deadline - tried_s:.1f} s)")
+            break
+        time.sleep(min(pause_s, left))
+        pause_s = min(pause_s * 2, budgets.CONTROL_BUSY_BACKOFF_MAX_S)
+    if not reply.get("ok"):
+        raise ControlError(f"engine {engine_pid}: {reply.get('error', 'request refused')}")
+    return reply
+
+
+def _exchange_reply(engine_pid: int, path: str, payload: bytes, timeout_s: float) -> dict:
+    """The reply object on `path`; ControlError if there is none."""
     try:
-        data = exchange(path, json.dumps({"cmd": cmd, **args}).encode() + b"\n", timeout_s)
+        data = exchange(path, payload, timeout_s)
     except (ConnectionRefusedError, FileNotFoundError):
         raise ControlError(f"engine {engine_pid}: its supervisor is gone (stale socket)") from None
     except OSError as e:
         raise ControlError(f"engine {engine_pid}: control socket error: {e}") from None
     try:
         reply = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ControlError(f"engine {engine_pid}: bad reply from supervisor") from None
-    if not reply.get("ok"):
-        raise ControlError(f"engine {engine_pid}: {reply.get('error', 'request refused')}")
+    if not isinstance(reply, dict):
+        raise ControlError(f"engine {engine_pid}: bad reply from supervisor")
     return reply
 
 
+def _socket_for(engine_pid: int, target: Target | None, timeout_s: float, busy_deadline: float) -> str:
+    """The socket of `engine_pid` a request goes to: its only one, else the one `target` names."""
+    socket_path(engine_pid)  # an unusable runtime directory, or one too long for a socket: its one line
+    paths = socket_index().get(engine_pid, [])
+    if not paths:
+        raise ControlError(_why_unreachable(engine_pid))
+    if len(paths) == 1:
+        return paths[0]
+    found: list[tuple[str, StatusReply | None]] = []
+    for path in paths:
+        try:
+            reply = _ask(engine_pid, path, b'{"cmd": "status"}\n', timeout_s, busy_deadline)
+            found.append((path, StatusReply.from_json(reply)))
+        except ControlError:
+            found.append((path, None))
+    if target is not None and (target.slot is not None or target.gpu_key is not None):
+        hits = [
+            path
+            for path, r in found
+            if r is not None
+            and (target.slot is None or r.slot == target.slot)
+            and (target.gpu_key is None or r.gpu_key == target.gpu_key)
+        ]
+        if len(hits) == 1:
+            return hits[0]
+        if not hits:
+            listed = _listed(found)
+            raise ControlError(f"engine {engine_pid}: none of its {len(paths)} engines is on {target} ({listed})")
+        raise ControlError(f"engine {engine_pid}: {len(hits)} of its engines are on {target}; name the --gpu-key too")
+    raise ControlError(
+        f"engine {engine_pid} serves {len(paths)} engines ({_listed(found)}): name one with --slot (and --gpu-key)"
+    )
+
+
+def _listed(found: list[tuple[str, StatusReply | None]]) -> str:
+    return ", ".join(
+        f"slot {r.slot} of {r.gpu_key}" if r is not None else f"{os.path.basename(path)} not answering"
+        for path, r in found
+    )
+
+
 def is_managed(engine_pid: int) -> bool:
-    try:
-        return os.path.exists(socket_path(engine_pid))
-    except ControlError:
-        return False
+    """Whether `engine_pid` has a control socket."""
+    return bool(socket_paths(engine_pid))
 
 
 def _why_unreachable(pid: int) -> str:

@@ -4,12 +4,15 @@
 of its own (it outlives the caller) and waits on a pipe for the supervisor's one-line notice
 (core/spawn.py: `notify_ready` once the engine is healthy and joined, `notify_failed` when it
 could not be started). The pipe closing without a notice means the supervisor died first.
+A Ctrl+C (KeyboardInterrupt) during that wait stops what was started: the supervisor gets
+SIGTERM and ends its engine (LaunchInterrupted).
 """
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import threading
 import time
@@ -22,6 +25,12 @@ from .paths import state_dir
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
+# after a Ctrl+C: the supervisor ends its engine (SIGTERM, then SIGKILL after its STOP_GRACE_S) and exits
+INTERRUPT_STOP_WAIT_S = 15.0
+
+
+class LaunchInterrupted(GpushareError):
+    """The launch was interrupted (Ctrl+C) and what it started was stopped; exit 130."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,8 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
                 _reap_later(proc)
                 raise GpushareError(f"stopped waiting: supervisor {proc.pid} goes on (log {sup_log})")
         notice = spawn.read_notice(read_fd)
+    except KeyboardInterrupt:
+        raise LaunchInterrupted(_stop_supervisor(proc, sup_log)) from None
     except spawn.NoticeError:
         _reap_later(proc)
         raise GpushareError(f"supervisor {proc.pid} sent a bad notice; see {sup_log}") from None
@@ -102,6 +113,21 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
     if isinstance(notice, spawn.Failed):
         raise EngineError(notice.error, notice.log_tail)
     return LaunchReply(**asdict(notice), supervisor_log=sup_log)
+
+
+def _stop_supervisor(proc: subprocess.Popen, sup_log: str) -> str:
+    """SIGTERM the supervisor (it ends its engine in order) and wait for it; one line saying so."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(INTERRUPT_STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        _reap_later(proc)
+        waited = f"{INTERRUPT_STOP_WAIT_S:g} s"
+        return f"interrupted: supervisor {proc.pid} told to stop, still ending after {waited} (log {sup_log})"
+    except KeyboardInterrupt:  # a second Ctrl+C: it has been told already; don't wait
+        _reap_later(proc)
+        return f"interrupted: supervisor {proc.pid} told to stop (log {sup_log})"
+    return f"interrupted: supervisor {proc.pid} and its engine stopped"
 
 
 def _reap_later(proc: subprocess.Popen) -> None:

@@ -89,6 +89,7 @@ class GpuShare:
             return self
         if self._control:
             socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
+        # each GpuShare of a process serves its own socket (`<pid>.sock`, then `<pid>.1.sock`, ...)
         self._membership.join()
         try:
             if self._control:

@@ -6,17 +6,19 @@ of patching the module; `LocalControl` is the real one (this user's sockets).
 
 from __future__ import annotations
 
-import os
 from typing import Protocol
 
-from ..core import control, paths
+from ..core import control
 
 
 class ControlClient(Protocol):
     """Requests to engines' control sockets. Failures raise `core.control.ControlError`."""
 
-    def request(self, pid: int, cmd: str, timeout_s: float = 3.0, **args: object) -> dict:
-        """One request; the reply dict (`ok` is true), or ControlError with a one-line reason."""
+    def request(
+        self, pid: int, cmd: str, timeout_s: float = 3.0, *, target: control.Target | None = None, **args: object
+    ) -> dict:
+        """One request (to the engine `target` names when the pid serves several: the row's gpu key
+        and slot); the reply dict (`ok` is true), or ControlError with a one-line reason."""
         ...
 
     def is_managed(self, pid: int) -> bool:
@@ -31,8 +33,10 @@ class ControlClient(Protocol):
 class LocalControl:
     """`core.control` for this user: sockets in the per-user runtime directory."""
 
-    def request(self, pid: int, cmd: str, timeout_s: float = 3.0, **args: object) -> dict:
-        return control.request(pid, cmd, timeout_s=timeout_s, **args)
+    def request(
+        self, pid: int, cmd: str, timeout_s: float = 3.0, *, target: control.Target | None = None, **args: object
+    ) -> dict:
+        return control.request(pid, cmd, timeout_s, target=target, busy_retry_s=0.0, **args)  # never waits on busy
 
     def is_managed(self, pid: int) -> bool:
         return control.is_managed(pid)
@@ -40,7 +44,6 @@ class LocalControl:
     def socket_pids(self) -> set[int] | None:
         # one listdir per tick instead of a stat per peer
         try:
-            names = os.listdir(paths.runtime_dir())
-        except (OSError, control.ControlError):
+            return set(control.socket_index())
+        except control.ControlError:
             return None
-        return {int(n[:-5]) for n in names if n.endswith(".sock") and n[:-5].isdigit()}

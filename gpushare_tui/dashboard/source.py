@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..core.clock import ClockUs, mono_us, wall_us
-from ..core.control import ControlError, StatusReply
+from ..core.control import ControlError, StatusReply, Target
 from ..core.gpu import DeviceStats, device_stats
 from ..core.snapshot import SegmentReader
 from ..core.text import printable, printable_gpu, printable_problem
@@ -73,7 +73,8 @@ class LiveSource:
         self._control = control if control is not None else LocalControl()
         self._nvml_next: dict[str, float] = {}
         self.sanitize = sanitize
-        self._status: dict[int, tuple[EngineInfo, float, bool]] = {}  # pid -> (info, due, peer active then)
+        # (pid, gpu key, slot) -> (info, due, peer active then): one process may serve several engines
+        self._status: dict[tuple[int, str, int], tuple[EngineInfo, float, bool]] = {}
         self._lock = threading.Lock()
 
     def prime(self) -> list[DashboardModel]:
@@ -87,15 +88,16 @@ class LiveSource:
             self._nvml_next[key] = mono + self.nvml_retry_s
         return dev
 
-    def _engine(self, pid: int, mono: float, active: bool) -> EngineInfo:
+    def _engine(self, pid: int, gpu_key: str, slot: int, mono: float, active: bool) -> EngineInfo:
         with self._lock:
-            cached = self._status.get(pid)
+            cached = self._status.get((pid, gpu_key, slot))
         if cached is not None and cached[1] > mono and (cached[2] == active or cached[0].error):
             return cached[0]
         t0 = time.monotonic()
         text = _printable if self.sanitize else _same
         try:
-            r = StatusReply.from_json(self._control.request(pid, "status", timeout_s=self.status_timeout_s))
+            target = Target(slot=slot, gpu_key=gpu_key)  # which of the pid's engines, if it serves several
+            r = StatusReply.from_json(self._control.request(pid, "status", self.status_timeout_s, target=target))
             info = EngineInfo(
                 state=text(r.state),
                 tok_s=r.tok_s,
@@ -114,14 +116,14 @@ class LiveSource:
             info = EngineInfo(error=str(e), state=cached[0].state if cached else None)
             due = mono + max(5.0, self.status_every_s)
         with self._lock:
-            self._status[pid] = (info, due, active)
+            self._status[(pid, gpu_key, slot)] = (info, due, active)
         return info
 
     def forget_status(self, pid: int) -> None:
         with self._lock:
-            cached = self._status.get(pid)
-            if cached is not None:
-                self._status[pid] = (cached[0], 0.0, cached[2])
+            for engine, cached in self._status.items():
+                if engine[0] == pid:
+                    self._status[engine] = (cached[0], 0.0, cached[2])
 
     def collect(self) -> DashboardModel:
         mono = time.monotonic()
@@ -130,7 +132,7 @@ class LiveSource:
         if self.sanitize:
             gpus, errors = [printable_gpu(g) for g in gpus], [printable_problem(e) for e in errors]
         views = []
-        seen: set[int] = set()
+        seen: set[tuple[int, str, int]] = set()
         sockets = self._control.socket_pids()
         for g in gpus:
             dev = self._device(g.gpu_key, mono)
@@ -140,14 +142,14 @@ class LiveSource:
                 managed = p.pid in sockets if sockets is not None else self._control.is_managed(p.pid)
                 engine = None
                 if managed and p.alive:
-                    engine = self._engine(p.pid, mono, p.active)
-                    seen.add(p.pid)
+                    engine = self._engine(p.pid, g.gpu_key, p.slot, mono, p.active)
+                    seen.add((p.pid, g.gpu_key, p.slot))
                 rows.append(PeerRow(g.gpu_key, p, managed, vram.get(p.pid), engine))
             rows_t = tuple(rows)
             views.append(GpuView(g, dev, rows_t, achieved_shares(rows_t)))
         with self._lock:
-            for pid in [p for p in self._status if p not in seen]:
-                del self._status[pid]
+            for gone in [e for e in self._status if e not in seen]:
+                del self._status[gone]
         return DashboardModel(now, tuple(views), tuple(errors), mono_us())
 
     def close(self) -> None:
