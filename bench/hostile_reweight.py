@@ -46,8 +46,9 @@ def main() -> None:
         finally:
             remove(shm_file(key))
         load = os.getloadavg()[0]
-        rows.append({"round": r, "pacer_share": p, "supervisor_continued": cont, "supervisor_cpu_of_solo": cpu,
-                     "load_1m": load})
+        rows.append(
+            {"round": r, "pacer_share": p, "supervisor_continued": cont, "supervisor_cpu_of_solo": cpu, "load_1m": load}
+        )
         print(f"{r:>5} {100 * p:>8.2f} {100 * cont:>23.2f} {100 * cpu:>22.2f}  {load:.2f}")
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps({"floor": floor, "rows": rows}, indent=2) + "\n")
