@@ -58,8 +58,11 @@ class Pacer:
         """Returns the µs slept (0 when we may keep running).
 
         `step_us` is the step's busy time; by default the time since the
-        previous `step_done` returned.
+        previous `step_done` returned. SegmentError once the segment became unusable under us
+        (another user shrank it): the engine should leave.
         """
+        if self._m.lost is not None:
+            raise self._m.lost
         now, mono = self._clock(), self._mono()
         step = (mono - self._last_return_us) if step_us is None else step_us
         if not self._m.active:

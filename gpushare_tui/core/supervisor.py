@@ -241,6 +241,8 @@ class Supervisor:
         owed_us = 0  # run time still owed since the last stopped spell
         stopped_mono_us = last_mono_us = mono_us()
         while not self._quit.is_set() and proc.poll() is None:
+            if m.lost is not None:  # shrunk under us by another user (SegmentError): run() shuts down
+                raise m.lost
             now, mono = wall_us(), mono_us()
             if not self._stopped:
                 owed_us = max(0, owed_us - (mono - last_mono_us))
