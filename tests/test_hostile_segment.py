@@ -625,3 +625,30 @@ def test_joiner_refuses_our_own_segment_when_others_may_write_it(gpu_key: str, m
     assert _bytes(path) == before
     with Segment.attach_readonly(path) as ro:  # a reader may still watch it
         assert len(ro.read_slots()) == abi.SLOT_COUNT
+
+
+# -- a group segment shrunk by its owner after we joined (issue 17) ---------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [0, 64])
+def test_a_joined_engine_leaves_cleanly_when_the_owner_truncates(
+    other_user, procs, gpu_key: str, runtime_dir: str, size: int
+) -> None:
+    """Never a SIGBUS: the engine says why in one line, exits non-zero, and leaves no socket behind."""
+    _need_group()
+    path = shm_file(gpu_key)
+    _attacker_segment(other_user, path, mode=0o660)
+    p = procs.start(
+        cli_argv("synth", "--weight", "1", "--gpu-key", gpu_key, "--share-group", GROUP, "--duration", "60", "-q")
+    )
+    sock = os.path.join(runtime_dir, "gpushare-tui", f"{p.pid}.sock")
+    wait_for(lambda: os.path.exists(sock) or p.poll() is not None, 30, what="synth joined")
+    assert p.poll() is None, p.stderr.read()
+    other_user("import os, sys; os.truncate(sys.argv[1], int(sys.argv[2]))", path, str(size))
+    _, err = _communicate(p, 20, "synth after the truncation")
+    assert p.returncode > 0, f"rc {p.returncode} (-7 is SIGBUS): {err}"
+    lines = [line for line in err.strip().splitlines() if "joined /" not in line]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert "shrunk" in lines[0] and abi.segment_name(gpu_key) in lines[0], lines[0]
+    assert not os.path.exists(sock)
