@@ -257,9 +257,7 @@ class Membership:
             new = self._claim()
         except RegistryFullError as e:
             if old is not None:
-                self._log(
-                    f"gpushare-tui: evicted from {self.segment.name} slot {old}; re-join failed: {e}; retrying"
-                )
+                self._log(f"gpushare-tui: evicted from {self.segment.name} slot {old}; re-join failed: {e}; retrying")
             return
         lost = f"slot {old}" if old is not None else "no slot"
         self._log(f"gpushare-tui: evicted from {self.segment.name} {lost}; re-joined slot {new}")
