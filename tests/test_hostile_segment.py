@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -625,3 +626,103 @@ def test_joiner_refuses_our_own_segment_when_others_may_write_it(gpu_key: str, m
     assert _bytes(path) == before
     with Segment.attach_readonly(path) as ro:  # a reader may still watch it
         assert len(ro.read_slots()) == abi.SLOT_COUNT
+
+
+# -- a group segment shrunk by its owner after we joined (issue 17) ---------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [0, 64])
+def test_a_joined_engine_leaves_cleanly_when_the_owner_truncates(
+    other_user, procs, gpu_key: str, runtime_dir: str, size: int
+) -> None:
+    """Never a SIGBUS: the engine says why in one line, exits non-zero, and leaves no socket behind."""
+    _need_group()
+    path = shm_file(gpu_key)
+    _attacker_segment(other_user, path, mode=0o660)
+    p = procs.start(
+        cli_argv("synth", "--weight", "1", "--gpu-key", gpu_key, "--share-group", GROUP, "--duration", "60", "-q")
+    )
+    sock = os.path.join(runtime_dir, "gpushare-tui", f"{p.pid}.sock")
+    wait_for(lambda: os.path.exists(sock) or p.poll() is not None, 30, what="synth joined")
+    assert p.poll() is None, p.stderr.read()
+    other_user("import os, sys; os.truncate(sys.argv[1], int(sys.argv[2]))", path, str(size))
+    _, err = _communicate(p, 20, "synth after the truncation")
+    assert p.returncode > 0, f"rc {p.returncode} (-7 is SIGBUS): {err}"
+    lines = [line for line in err.strip().splitlines() if "joined /" not in line]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert "shrunk" in lines[0] and abi.segment_name(gpu_key) in lines[0], lines[0]
+    assert not os.path.exists(sock)
+
+
+# -- a spoofed "managed" row (issue 17) ---------------------------------------------
+
+SPOOFER = (
+    LIB
+    + r"""
+path, pid = sys.argv[1], int(sys.argv[2])
+create(path, segment([(3, (pid, 7, 1.0, 1, now_us(), 0, "spoof"))]), 0o644)
+fd = os.open(path, os.O_RDWR)
+print("ready", flush=True)
+while True:  # keep the spoofed slot alive
+    time.sleep(0.3)
+    os.pwrite(fd, segment([(3, (pid, 7, 1.0, 1, now_us(), 0, "spoof"))]), 0)
+"""
+)
+
+
+@pytest.mark.slow
+def test_a_slot_naming_our_engine_in_a_foreign_segment_is_not_managed(
+    other_user, procs, new_gpu_key, runtime_dir: str
+) -> None:
+    """The row is read-only: no engine status shown, and w / + / - / s never reach the real engine."""
+    import asyncio
+
+    from gpushare_tui.app import DashboardApp
+    from gpushare_tui.dashboard.source import LiveSource
+    from gpushare_tui.widgets.confirm_stop import ConfirmStop
+    from gpushare_tui.widgets.peers_table import PeersTable
+    from gpushare_tui.widgets.weight_modal import WeightModal
+
+    ours, theirs = new_gpu_key("own"), new_gpu_key("spoof")
+    synth = procs.start(cli_argv("synth", "--weight", "2", "--gpu-key", ours, "--duration", "60", "-q"))
+    wait_for(lambda: _joined(ours) or synth.poll() is not None, 30, what="synth joined")
+    assert synth.poll() is None
+    spoofer = _start_as_other_user(procs, SPOOFER, shm_file(theirs), str(synth.pid))
+    assert spoofer.stdout is not None and spoofer.stdout.readline().strip() == "ready"
+
+    def row_of(key: str):
+        src = LiveSource(gpu_key=key, stats=lambda _: None)
+        try:
+            views = src.collect().gpus
+            return next(r for v in views for r in v.rows if r.peer.pid == synth.pid)
+        finally:
+            src.close()
+
+    real = wait_for(lambda: (r := row_of(ours)).engine is not None and r, 10, what="the real row with its status")
+    assert real.managed
+    spoofed = row_of(theirs)
+    assert spoofed.peer.alive and not spoofed.managed and spoofed.engine is None
+    doc = _once_json(procs, "--gpu-key", theirs)
+    (peer,) = [p for g in doc["gpus"] for p in g["peers"] if p["pid"] == synth.pid]
+    assert peer["managed"] is False and peer.get("engine") is None
+
+    async def main() -> None:
+        app = DashboardApp(gpu_key=theirs, interval_s=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            table = app.query_one(PeersTable)
+            deadline = time.monotonic() + 10
+            while table.selected_row is None and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            assert table.selected_row is not None and table.selected_row.peer.pid == synth.pid
+            assert not table.selected_row.managed
+            for key in ("w", "plus", "minus", "s"):
+                await pilot.press(key)
+                await pilot.pause(0.2)
+                assert not isinstance(app.screen, (WeightModal, ConfirmStop)), key
+
+    asyncio.run(main())
+    time.sleep(0.5)
+    assert synth.poll() is None
+    with Segment.attach_readonly(shm_file(ours)) as seg:
+        assert [r.weight for r in seg.read_slots() if r.pid == synth.pid] == [2.0]

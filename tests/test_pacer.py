@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpushare_tui.core import abi
+from gpushare_tui.core import abi, schedule
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import Membership
@@ -201,3 +201,31 @@ def test_busy_fraction_counts_time_between_steps_by_default(world: World) -> Non
     assert world.pacer.total_slept_us > 0
     world.m.heartbeat()
     assert world.ro.read_slot(0).busy_ppm == pytest.approx(666_666, rel=0.1)
+
+
+def test_a_moved_window_never_takes_the_floor(world: World) -> None:
+    """The other member re-weights so that we wake outside our window again (issue 17): the pacer
+    sleeps at most (1 - f) * period, then runs what it is owed before sleeping again."""
+    world.other_peer(weight=1.0)  # 2 : 1, period 120 ms, our window [0, 80000)
+    world.at(80_000)
+    assert world.pacer.step_done(step_us=1000) == 40_000
+    # at our window's start, a weight that puts "now" outside it (slot 1's window, by another period)
+    moved = next(
+        w
+        for w in (1.5, 2.5, 3.0, 4.0, 6.0, 8.0, 9.0)
+        if not schedule.may_run(schedule.build_schedule([(0, 2.0), (1, w)]), 0, world.t)
+    )
+    world.other_peer(weight=moved)
+    world.pacer._sched_mono_us = None  # re-read now
+    owed = schedule.owed_run_us(schedule.build_schedule([(0, 2.0), (1, 1.0)]), 40_000)
+    assert owed > 0
+    ran = 0
+    while ran + 1000 < owed:  # each step_done reports a 1 ms step run
+        ran += 1000
+        assert world.pacer.step_done(step_us=1000) == 0, f"slept after running {ran} of {owed} µs owed"
+        world.t += 1000
+    world.other_peer(weight=moved)
+    sched = schedule.build_schedule([(0, 2.0), (1, moved)])
+    assert not schedule.may_run(sched, 0, world.t)
+    slept = world.pacer.step_done(step_us=1000)
+    assert 0 < slept <= schedule.longest_sleep_us(sched)

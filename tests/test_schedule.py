@@ -235,3 +235,28 @@ def test_members_need_alive_active_and_valid_weight() -> None:
     assert schedule.member_weights(slots, now) == [(0, 1.0), (3, 1.0), (9, abi.to_f32(0.1))]
     # slot order, not list order
     assert [i for i, _ in schedule.member_weights(list(reversed(slots)), now)] == [0, 3, 9]
+
+
+# -- the floor over time (issue 17) -------------------------------------------------
+
+
+@pytest.mark.parametrize("weights", [[2, 1], [1, 1], [10, 1], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]])
+def test_an_honest_schedule_never_meets_the_floor_bounds(weights) -> None:
+    """Every member's gap fits in longest_sleep_us, and the run owed after it fits in its window."""
+    s = schedule.build_schedule(list(enumerate(map(float, weights))))
+    assert s is not None
+    for start, end in s.windows_us:
+        gap_us = s.period_us - (end - start)
+        assert gap_us <= schedule.longest_sleep_us(s) - schedule.FLOOR_SLACK_US + 1
+        assert schedule.owed_run_us(s, gap_us + schedule.FLOOR_SLACK_US) <= end - start
+
+
+@pytest.mark.parametrize("n", [2, 5, 16])
+def test_the_longest_sleep_and_its_owed_run_are_the_floor(n: int) -> None:
+    s = schedule.build_schedule([(i, 1.0 if i else 100.0) for i in range(n)])
+    assert s is not None
+    f = schedule.floor_share(n)
+    sleep_us = schedule.longest_sleep_us(s)
+    owed_us = schedule.owed_run_us(s, sleep_us)
+    assert owed_us / (sleep_us + owed_us) == pytest.approx(f, rel=0.06)  # the slack costs < 6 % of it
+    assert schedule.owed_run_us(s, schedule.FLOOR_SLACK_US) == 0

@@ -19,7 +19,9 @@ class Pacer:
 
     It marks the member active (at once), re-reads the registry, and when the
     step ended outside our window sleeps exactly until our next window starts.
-    Alone, or with every other peer idle, there is no schedule and it never sleeps.
+    Alone, or with every other peer idle, there is no schedule and it never sleeps. The share
+    floor holds over time whatever other members write (schedule.longest_sleep_us, owed_run_us):
+    no sleep is longer than (1 - f) * period, and the run owed after one is run before the next.
     It also publishes the busy fraction (time not spent sleeping here). The schedule
     runs on `clock_us` (wall, shared); busy time and sleeps are measured on `mono_us`.
     """
@@ -50,13 +52,17 @@ class Pacer:
         self._sched_mono_us: int | None = None
         self._raw = b""
         self._slots: tuple[SlotRecord, ...] = ()
+        self._owed_us = 0  # run time still owed since the last sleep (the floor over time)
 
     def step_done(self, step_us: int | None = None) -> int:
         """Returns the µs slept (0 when we may keep running).
 
         `step_us` is the step's busy time; by default the time since the
-        previous `step_done` returned.
+        previous `step_done` returned. SegmentError once the segment became unusable under us
+        (another user shrank it): the engine should leave.
         """
+        if self._m.lost is not None:
+            raise self._m.lost
         now, mono = self._clock(), self._mono()
         step = (mono - self._last_return_us) if step_us is None else step_us
         if not self._m.active:
@@ -66,7 +72,9 @@ class Pacer:
             # step_us the time since the last return is mostly the idle spell: the step is not counted.
             step = step if step_us is not None else 0
             self._window_start_us, self._busy_us, self._early = mono - step, 0, True
+            self._owed_us = 0
         self._busy_us += step
+        self._owed_us = max(0, self._owed_us - step)
         self._m.mark_active(mono)
         slot = self._m.slot
         if self._sched_mono_us is None or mono - self._sched_mono_us >= self._reread_us:
@@ -78,11 +86,14 @@ class Pacer:
             self._sched_mono_us = mono
         sched = self._sched
         slept = 0
-        if slot is not None and not schedule.may_run(sched, slot, now):
+        if sched is None:
+            self._owed_us = 0
+        elif slot is not None and self._owed_us == 0 and not schedule.may_run(sched, slot, now):
             target = schedule.next_window_start_us(sched, slot, now)
-            self._sleep((target - now) / 1e6)
+            self._sleep(min(target - now, schedule.longest_sleep_us(sched)) / 1e6)
             after = self._mono()
             slept, mono = after - mono, after
+            self._owed_us = schedule.owed_run_us(sched, slept)
         self.total_slept_us += slept
         self._last_return_us = mono
         elapsed = mono - self._window_start_us

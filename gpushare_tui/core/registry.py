@@ -12,7 +12,7 @@ from . import abi
 from .clock import ClockUs, mono_us, wall_us
 from .errors import GpushareError
 from .lifecycle import termination_deferred
-from .segment import Segment
+from .segment import Segment, SegmentError
 
 HEARTBEAT_S = 0.5
 
@@ -65,6 +65,7 @@ class Membership:
         self._segment: Segment | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.lost: SegmentError | None = None  # why the segment became unusable under us (shrunk by another user)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -113,17 +114,20 @@ class Membership:
             seg, slot = self._segment, self._slot
             if seg is None:
                 return
-            if slot is not None and self._still_mine(slot):
-                seg.write_slot_fields(
-                    slot,
-                    boot_us=self.boot_us,
-                    weight=self._weight,
-                    active=0,
-                    heartbeat_us=0,
-                    busy_ppm=0,
-                    name_raw=self._name_raw,
-                )
-                seg.cas_pid(slot, self.pid, 0)
+            try:
+                if slot is not None and self.lost is None and self._still_mine(slot):
+                    seg.write_slot_fields(
+                        slot,
+                        boot_us=self.boot_us,
+                        weight=self._weight,
+                        active=0,
+                        heartbeat_us=0,
+                        busy_ppm=0,
+                        name_raw=self._name_raw,
+                    )
+                    seg.cas_pid(slot, self.pid, 0)
+            except SegmentError as e:  # shrunk under us: nothing left to clear
+                self.lost = self.lost or e
             self._slot = None
             self._segment = None
             seg.close()
@@ -158,10 +162,16 @@ class Membership:
         return bool(self._active)
 
     def read_slots(self) -> tuple[abi.SlotRecord, ...]:
-        """Every slot of our segment, () when not joined. Safe from any thread: `leave()` unmaps the
-        segment under the same lock, and a read of an unmapped segment is a SIGSEGV, not an error."""
+        """Every slot of our segment, () when not joined or `lost`. Safe from any thread: `leave()` unmaps
+        the segment under the same lock, and a read of an unmapped segment is a SIGSEGV, not an error."""
         with self._lock:
-            return () if self._segment is None else self._segment.read_slots()
+            if self._segment is None or self.lost is not None:
+                return ()
+            try:
+                return self._segment.read_slots()
+            except SegmentError as e:
+                self.lost = e
+                return ()
 
     def peers_alive(self) -> int:
         now = self._clock()
@@ -200,8 +210,11 @@ class Membership:
     # -- internals ---------------------------------------------------------
 
     def _write_if_joined(self, now: int | None = None) -> None:
-        if self._slot is not None and self._segment is not None:
-            self._write(self._clock() if now is None else now)
+        if self._slot is not None and self._segment is not None and self.lost is None:
+            try:
+                self._write(self._clock() if now is None else now)
+            except SegmentError as e:  # shrunk under us: the pacer or supervisor reading it says so, once
+                self.lost = e
 
     def _write(self, now: int) -> None:
         assert self._segment is not None and self._slot is not None
@@ -223,27 +236,31 @@ class Membership:
         """One heartbeat (the thread calls this every ~500 ms). An evicted member
         re-claims a slot, retrying at every heartbeat while the registry is full."""
         with self._lock:
-            if self._segment is None:
+            if self._segment is None or self.lost is not None:
                 return
-            now = self._clock()
-            if self._active and self._mono() - self._last_active_us > abi.ACTIVITY_WINDOW_US:
-                self._active = 0
-                self._busy_ppm = 0
-            if self._slot is not None and self._still_mine(self._slot):
-                self._write(now)
-                return
-            old = self._slot
-            self._slot = None
             try:
-                new = self._claim()
-            except RegistryFullError as e:
-                if old is not None:
-                    self._log(
-                        f"gpushare-tui: evicted from {self.segment.name} slot {old}; re-join failed: {e}; retrying"
-                    )
-                return
-            lost = f"slot {old}" if old is not None else "no slot"
-            self._log(f"gpushare-tui: evicted from {self.segment.name} {lost}; re-joined slot {new}")
+                self._heartbeat_locked()
+            except SegmentError as e:  # shrunk under us: stop writing; its pacer or supervisor says so, once
+                self.lost = e
+
+    def _heartbeat_locked(self) -> None:
+        now = self._clock()
+        if self._active and self._mono() - self._last_active_us > abi.ACTIVITY_WINDOW_US:
+            self._active = 0
+            self._busy_ppm = 0
+        if self._slot is not None and self._still_mine(self._slot):
+            self._write(now)
+            return
+        old = self._slot
+        self._slot = None
+        try:
+            new = self._claim()
+        except RegistryFullError as e:
+            if old is not None:
+                self._log(f"gpushare-tui: evicted from {self.segment.name} slot {old}; re-join failed: {e}; retrying")
+            return
+        lost = f"slot {old}" if old is not None else "no slot"
+        self._log(f"gpushare-tui: evicted from {self.segment.name} {lost}; re-joined slot {new}")
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self._heartbeat_s):

@@ -13,6 +13,7 @@ SHARE_FLOOR = 0.10
 MIN_WINDOW_MS = 40.0
 PERIOD_MIN_MS = 80
 PERIOD_MAX_MS = 400
+FLOOR_SLACK_US = 2_000  # an honest gap may run this much past (1 - floor) * period (rounding, a late wake-up)
 
 
 def member_weights(slots: Iterable[SlotRecord], now_us: int) -> list[tuple[int, float]]:
@@ -26,12 +27,17 @@ def share_pct(weights: Sequence[float]) -> list[float]:
     return [100.0 * w / total for w in weights]
 
 
+def floor_share(n_members: int) -> float:
+    """The water-filling floor f = min(0.10, 1/n) of a schedule of n members (spec §5.3)."""
+    return min(SHARE_FLOOR, 1.0 / n_members)
+
+
 def window_shares(weights: Sequence[float]) -> list[float]:
     """Window fractions with the water-filling floor min(0.10, 1/n)."""
     n = len(weights)
     if n == 0:
         return []
-    floor = min(SHARE_FLOOR, 1.0 / n)
+    floor = floor_share(n)
     floored: set[int] = set()
     while True:
         rest = [i for i in range(n) if i not in floored]
@@ -136,3 +142,28 @@ def window_end_us(schedule: Schedule, slot: int, now_us: int) -> int:
     assert window is not None  # a member (the caller's may_run check)
     _, end = window
     return now_us - now_us % schedule.period_us + end
+
+
+# -- the floor over time ------------------------------------------------------
+#
+# Every member derives the schedule from what the others write, and a member may re-write its
+# weight at any instant: one that does so every millisecond can keep another's window always just
+# behind "now", so that it sleeps a whole period, wakes into a moved window and sleeps again (a
+# 10 % floor measured at 1.4 %). The pacer and the supervisor therefore hold the floor over time
+# themselves: no sleep (or stopped spell) longer than (1 - f) * period, and after one, at least
+# f / (1 - f) of it is run before the next. Under an honest schedule neither bound acts: a
+# member's gap is (1 - s) * period <= (1 - f) * period and its window s * period follows it.
+
+
+def longest_sleep_us(schedule: Schedule) -> int:
+    """The longest a member of `schedule` sleeps (or stays stopped) at once: (1 - f) * period,
+    plus FLOOR_SLACK_US."""
+    f = floor_share(len(schedule.slots))
+    return math.floor((1.0 - f) * schedule.period_us) + FLOOR_SLACK_US
+
+
+def owed_run_us(schedule: Schedule, slept_us: int) -> int:
+    """The run time (µs) a member that slept `slept_us` is owed before it may sleep again, whatever
+    the schedule says meanwhile: f / (1 - f) of the sleep past FLOOR_SLACK_US."""
+    f = floor_share(len(schedule.slots))
+    return math.floor(max(0, slept_us - FLOOR_SLACK_US) * f / (1.0 - f))

@@ -4,6 +4,10 @@ RW segments use real atomics on the shared words (the `atomics` package), the
 same words C peers CAS. RO segments are never mapped: an observer reads them
 with `pread` of an O_RDONLY fd, so it physically cannot write, and a segment
 its (untrusted) owner shrinks under it gives a short read, never a SIGBUS.
+A RW segment someone else can shrink (another user's group segment, or ours
+with group write) is read and written the same way, `pread`/`pwrite` under the
+seqlock; only the rare pid CAS (claim, leave) touches its mapping, right after
+checking its size (see `Segment.exposed`).
 
 Trust (spec §1a): every path is opened O_NOFOLLOW and checked with `fstat`
 before use; a joiner only joins a segment that is ours and not writable by
@@ -135,6 +139,10 @@ class Segment:
         self.key = key_from_path(path)
         self.name = "/" + os.path.basename(path)
         self.writable = mm is not None
+        # Someone else may ftruncate it (its owner, or its group): a touch of a mapped page past a
+        # shrunk end is a SIGBUS, so every read and write goes through pread/pwrite instead.
+        self.exposed = st.st_uid != os.geteuid() or bool(stat.S_IMODE(st.st_mode) & 0o022)
+        self._mapped_io = mm is not None and not self.exposed
         self._fd = fd
         self._mm = mm
         self._ident = (st.st_dev, st.st_ino)
@@ -289,8 +297,9 @@ class Segment:
         return self.header.header_size + index * self.header.slot_size
 
     def _read(self, off: int, n: int) -> bytes:
-        """n bytes at off: a slice of the mapping (RW), or a pread that must not come up short (RO)."""
-        if self._mm is not None:
+        """n bytes at off: a slice of the mapping (RW, not exposed), or a pread that must not come up short."""
+        if self._mapped_io:
+            assert self._mm is not None
             return self._mm[off : off + n]
         try:
             buf = os.pread(self._fd, n, off)
@@ -318,7 +327,7 @@ class Segment:
         h = self.header
         start, size = h.header_size, h.slot_size
         end = start + h.slot_count * size
-        if self._mm is None and self._read(0, abi.HEADER_SIZE) != self._header_raw:
+        if not self._mapped_io and self._read(0, abi.HEADER_SIZE) != self._header_raw:
             raise SegmentError(self.name, "header changed under the reader (rewritten or truncated)")
         # Three separate copies: every seq in `before` is loaded before any byte
         # of `data`, every seq in `after` after it (one memcpy has no load order).
@@ -359,7 +368,7 @@ class Segment:
         # writer's claim needs the pid it saw (its CAS decides); a reader shows nothing.
         if index in self._last_good:
             return self._last_good[index]
-        return buf if self._mm is not None else bytes(abi.SLOT_SIZE)
+        return buf if self.writable else bytes(abi.SLOT_SIZE)
 
     # -- writing (RW only) -------------------------------------------------
 
@@ -376,14 +385,38 @@ class Segment:
             self._views[(offset, width)] = view
         return view[1]
 
+    def _check_size(self) -> None:
+        """SegmentError unless the file still has its full size (exposed segments, before a write)."""
+        size = os.fstat(self._fd).st_size
+        if size != abi.SEGMENT_SIZE:
+            raise SegmentError(self.name, f"shrunk under us: wrong size {size} (expected {abi.SEGMENT_SIZE})")
+
+    def _pwrite(self, off: int, data: bytes) -> None:
+        """Write `data` at `off` of an exposed segment (never through the mapping). A file shrunk
+        between the size check and the write is extended, never a SIGBUS; its next read says so."""
+        self._check_size()
+        try:
+            n = os.pwrite(self._fd, data, off)
+        except OSError as e:
+            raise SegmentError(self.name, f"cannot write: {e.strerror}") from None
+        if n != len(data):
+            raise SegmentError(self.name, f"short write ({n} of {len(data)} bytes)")
+
     def cas_pid(self, index: int, expected: int, desired: int) -> bool:
-        """32-bit compare-and-swap on the slot's pid word."""
+        """32-bit compare-and-swap on the slot's pid word. Exposed: the mapping is touched only
+        after its size is checked (no syscall can CAS a file; claims and leaves are rare)."""
         word = self._atomic(self.slot_offset(index) + abi.OFF_PID, 4)
+        if self.exposed:
+            self._check_size()
         return word.cmpxchg_strong(expected=expected, desired=desired).success
 
     def store_heartbeat(self, index: int, heartbeat_us: int) -> None:
         """Atomic 64-bit store of heartbeat_us (used before a claim CAS)."""
-        word = self._atomic(self.slot_offset(index) + abi.OFF_HEARTBEAT_US, 8, signed=True)
+        off = self.slot_offset(index) + abi.OFF_HEARTBEAT_US
+        if self.exposed:
+            self._pwrite(off, struct.pack("<q", heartbeat_us))
+            return
+        word = self._atomic(off, 8, signed=True)
         word.store(heartbeat_us)
 
     def write_slot_fields(
@@ -401,6 +434,14 @@ class Segment:
         if self._mv is None:
             raise PermissionError(f"segment {self.name} is mapped read-only")
         off = self.slot_offset(index)
+        if self.exposed:
+            # Only this slot's owner (us) writes its seq: pwrite of seq+1 (odd), the fields, seq+2.
+            seq_now = _SEQS.unpack(self._read(off + abi.OFF_SEQ, 4))[0] & ~1
+            fields = abi.OWNER_FIELDS_STRUCT.pack(boot_us, weight, active, heartbeat_us, busy_ppm, name_raw)
+            self._pwrite(off + abi.OFF_SEQ, _SEQS.pack((seq_now + 1) & 0xFFFFFFFF))
+            self._pwrite(off + abi.OFF_BOOT_US, fields)
+            self._pwrite(off + abi.OFF_SEQ, _SEQS.pack((seq_now + 2) & 0xFFFFFFFF))
+            return
         seq = self._atomic(off + abi.OFF_SEQ, 4)
         seq.fetch_add(1)  # odd: writing
         abi.OWNER_FIELDS_STRUCT.pack_into(

@@ -230,13 +230,23 @@ class Supervisor:
     # -- pacing ------------------------------------------------------------
 
     def _pace_loop(self) -> None:
+        """SIGCONT/SIGSTOP at the window edges. The share floor holds over time whatever other
+        members write (see schedule.longest_sleep_us): a stopped spell ends after (1 - f) * period
+        at the latest, and the run then owed (schedule.owed_run_us) is run before the next stop."""
         _raise_priority()
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
         seg = m.segment
         prev: schedule.Schedule | None = None
+        owed_us = 0  # run time still owed since the last stopped spell
+        stopped_mono_us = last_mono_us = mono_us()
         while not self._quit.is_set() and proc.poll() is None:
-            now = wall_us()
+            if m.lost is not None:  # shrunk under us by another user (SegmentError): run() shuts down
+                raise m.lost
+            now, mono = wall_us(), mono_us()
+            if not self._stopped:
+                owed_us = max(0, owed_us - (mono - last_mono_us))
+            last_mono_us = mono
             slot = m.slot
             sched = schedule.build_schedule(schedule.member_weights(seg.read_slots(), now))
             at_edge = sched is prev  # not a membership change, which acts at once, off any edge
@@ -244,22 +254,35 @@ class Supervisor:
             if sched is None or slot is None or slot not in sched.slots:
                 self._window_end_us = None
                 self._resume()
+                owed_us = 0
                 wait_us = int(UNTHROTTLED_POLL_S * 1e6)
             else:
                 run, edge_us = run_until(sched, slot, now)
+                scheduled = run
+                if self._stopped:
+                    spell_us = mono - stopped_mono_us
+                    if run or spell_us >= schedule.longest_sleep_us(sched):
+                        owed_us = schedule.owed_run_us(sched, spell_us)
+                        if not run:  # stopped for as long as the floor allows: run what is owed
+                            run, edge_us = True, now + owed_us
+                elif not run and owed_us > 0:  # owed run first, whatever the schedule says now
+                    run, edge_us = True, now + owed_us
                 if run:
                     self._window_end_us = edge_us
                     if self._stopped:
                         self._resume()
-                        if at_edge:
+                        if at_edge and scheduled:
                             self._note_lateness(sched, slot, edge=0)
                 else:
                     self._window_end_us = None
                     if not self._stopped:
                         self._suspend()
+                        stopped_mono_us = mono
                         if at_edge:
                             self._note_lateness(sched, slot, edge=1)
                 wait_us = min(edge_us - now, RECHECK_US)
+                if self._stopped:
+                    wait_us = min(wait_us, stopped_mono_us + schedule.longest_sleep_us(sched) - mono)
             time.sleep(max(wait_us, 0) / 1e6)
 
     def _note_lateness(self, sched: schedule.Schedule, slot: int, edge: int) -> None:

@@ -32,6 +32,8 @@ class EngineInfo:
     error: str | None = None
     lateness: SignalLateness | None = None  # a supervisor's SIGCONT/SIGSTOP lateness (llama-server engines)
     log: str | None = None  # its log file (a supervisor's engine log)
+    gpu_key: str | None = None  # where it says it is joined (what confirms a row as managed: source.py)
+    slot: int | None = None
 
     @property
     def speed_pct(self) -> float | None:
@@ -50,7 +52,7 @@ def speed_pct(tok_s: float | None, solo_tok_s: float | None) -> float | None:
 class PeerRow:
     gpu_key: str
     peer: PeerSnapshot
-    managed: bool = False  # has a control socket we can reach
+    managed: bool = False  # a control socket we can reach, and the engine confirms this row (or the segment is trusted)
     vram_mib: float | None = None
     engine: EngineInfo | None = None
 

@@ -6,6 +6,7 @@ A `DataSource` is used by one collector thread (`collect`, `close`), except
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Protocol
 from ..core.clock import ClockUs, mono_us, wall_us
 from ..core.control import ControlError, StatusReply, Target
 from ..core.gpu import DeviceStats, device_stats
-from ..core.snapshot import SegmentReader
+from ..core.snapshot import GpuSnapshot, SegmentReader
 from ..core.text import printable, printable_gpu, printable_problem
 from .control import ControlClient, LocalControl
 from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
@@ -109,6 +110,8 @@ class LiveSource:
                 port=r.port,
                 lateness=r.signal_lateness,
                 log=text(r.log),
+                gpu_key=r.gpu_key,
+                slot=r.slot,
             )
             slow = time.monotonic() - t0 > self.status_timeout_s / 2
             due = mono + self.status_every_s * (5 if slow else 1)
@@ -138,12 +141,15 @@ class LiveSource:
             dev = self._device(g.gpu_key, mono)
             vram = dict(dev.pid_mem_mib) if dev is not None else {}
             rows = []
+            trusted = _trusted(g)
             for p in g.peers:
-                managed = p.pid in sockets if sockets is not None else self._control.is_managed(p.pid)
-                engine = None
-                if managed and p.alive:
+                has_socket = p.pid in sockets if sockets is not None else self._control.is_managed(p.pid)
+                managed, engine = has_socket and trusted, None
+                if has_socket and p.alive:
                     engine = self._engine(p.pid, g.gpu_key, p.slot, mono, p.active)
                     seen.add((p.pid, g.gpu_key, p.slot))
+                    managed = trusted or (engine.gpu_key == g.gpu_key and engine.slot == p.slot)
+                    engine = engine if managed else None  # a slot naming someone else's engine (spoofed)
                 rows.append(PeerRow(g.gpu_key, p, managed, vram.get(p.pid), engine))
             rows_t = tuple(rows)
             views.append(GpuView(g, dev, rows_t, achieved_shares(rows_t)))
@@ -154,6 +160,12 @@ class LiveSource:
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _trusted(g: GpuSnapshot) -> bool:
+    """A segment only we can write: its slots' pids are our own engines' claims. In any other, a row
+    is managed only when the engine's own status names this key and slot (issue 17: spoofed rows)."""
+    return g.owner_uid == os.geteuid() and not g.writable_by_others
 
 
 def _printable(x: str | None) -> str | None:
