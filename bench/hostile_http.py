@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from gpushare_tui.core.registry import Membership
+from testkit.http import HostileHost, slowloris
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAKE_PID_BASE = 3_900_000
@@ -62,34 +62,6 @@ def _stop(p: subprocess.Popen) -> None:
         p.wait()
 
 
-def _addr(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return host, int(port)
-
-
-def slowloris(url: str, n: int, stop: threading.Event) -> list[threading.Thread]:
-    """`n` sockets, each sending one byte and reconnecting as soon as the server drops it."""
-
-    def one() -> None:
-        while not stop.is_set():
-            try:
-                with socket.create_connection(_addr(url), timeout=1) as s:
-                    s.sendall(b"G")
-                    while not stop.is_set():
-                        try:
-                            if s.recv(4096) == b"":
-                                break  # dropped: reconnect
-                        except TimeoutError:
-                            continue
-            except OSError:
-                time.sleep(0.01)
-
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    return threads
-
-
 def healthz_under_slowloris(probes: int) -> dict:
     serve, url = _start_serve()
     stop = threading.Event()
@@ -117,43 +89,8 @@ def healthz_under_slowloris(probes: int) -> dict:
     return {"probes": probes, "ok_within_1s": ok, "ok_pct": 100 * ok / probes, "p50_ms": _p(lat, 0.5)}
 
 
-class DripHost:
-    """A loopback host that answers every connection with a status line and headers dripped one byte
-    every `every_s` (never ending)."""
-
-    def __init__(self, every_s: float = 0.5) -> None:
-        self.every_s = every_s
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self._stop = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._drip, args=(c,), daemon=True).start()
-
-    def _drip(self, c: socket.socket) -> None:
-        reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 100_000
-        with c:
-            for i in range(len(reply)):
-                if self._stop.wait(self.every_s):
-                    return
-                try:
-                    c.sendall(reply[i : i + 1])
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self._stop.set()
-        self.sock.close()
-
-
 def once_remote_drip(cap_s: float) -> dict:
-    host = DripHost()
+    host = HostileHost(drip_s=0.5)
     try:
         t0 = time.monotonic()
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import sys
 
-from ..core.lifecycle import on_signals
 from ..dashboard.source import LiveSource
 from .exporter import Exporter
 from .listen import bind_error, is_loopback, parse_listen
@@ -30,14 +29,10 @@ def serve(listen: str, gpu_key: str | None = None) -> None:
     note = "" if is_loopback(host) else "  (not loopback: reachable from other hosts)"
     print(f"gpushare-tui serve: listening on {server.url}{note}", file=sys.stderr, flush=True)
 
-    def stop(_signum: int) -> None:
-        raise KeyboardInterrupt
-
-    on_signals(stop, (signal.SIGTERM,))  # SIGINT is a KeyboardInterrupt already
     try:
-        server.serve_forever(poll_interval=0.5)
+        server.serve_forever(stop_signals=(signal.SIGINT, signal.SIGTERM))
     except KeyboardInterrupt:
-        pass
+        pass  # a SIGINT before the loop handles it
     finally:
         server.server_close()
         server.exporter.close()
