@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 
+from ..core.lifecycle import on_signals
 from ..dashboard.source import LiveSource
 from .exporter import Exporter
 from .listen import bind_error, is_loopback, parse_listen
@@ -24,6 +25,11 @@ def open_server(listen: str, gpu_key: str | None = None) -> ExporterServer:
 
 def serve(listen: str, gpu_key: str | None = None) -> None:
     """Serve until SIGINT or SIGTERM (then return). The first stderr line names the URL (port 0 resolved)."""
+
+    def stop(_signum: int) -> None:
+        raise KeyboardInterrupt
+
+    on_signals(stop, (signal.SIGTERM,))  # until the loop handles it (SIGINT is a KeyboardInterrupt already)
     server = open_server(listen, gpu_key)
     host = server.server_address[0]
     note = "" if is_loopback(host) else "  (not loopback: reachable from other hosts)"

@@ -170,7 +170,10 @@ class ExporterServer:
                 head = request is not None and request.method == b"HEAD"
                 if reply is None:
                     assert request is not None
-                    reply = await self._route(request.target.decode("ascii", "replace"))
+                    if request.method not in (b"GET", b"HEAD"):
+                        reply = json_reply(405, {"error": "only GET and HEAD"})
+                    else:
+                        reply = await self._route(request.target.decode("ascii", "replace"))
                 await self._send(conn, writer, reply, head)
         except (TimeoutError, OSError, h11.ProtocolError):
             pass  # a slow, gone or broken client: nothing to report, nothing to print
