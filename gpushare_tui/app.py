@@ -573,11 +573,17 @@ def run_dashboard(
     history_s: float | None = None,
     remotes: Sequence[str] = (),
     local: bool = True,
-) -> None:
-    """The CLI's default command; with `remotes` (serve URLs) their hosts' segments too (read-only rows)."""
+) -> int:
+    """The CLI's default command; with `remotes` (serve URLs) their hosts' segments too (read-only rows,
+    fetched off the local path: each host's report is shown when it comes). The exit status: 0, or
+    non-zero after a crash (an exception in the App: Textual has printed it)."""
     source = None
     if remotes:
         from .dashboard.remote import RemoteSource
 
-        source = RemoteSource(LiveSource(gpu_key) if local else None, remotes)
-    DashboardApp(gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s, source=source).run()
+        source = RemoteSource(LiveSource(gpu_key) if local else None, remotes, refresh_s=interval_s)
+    app = DashboardApp(gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s, source=source)
+    if source is not None:
+        source.on_report = app.refresh_now  # a remote report shows at once, not at the next interval
+    app.run()
+    return app.return_code or 0

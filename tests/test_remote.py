@@ -17,8 +17,10 @@ import pytest
 from serve_env import start_serve, start_writer
 
 from gpushare_tui.core.segment import Segment
+from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.remote import RemoteSource, parse_remote_url
 from testkit.cli import cli_argv
+from testkit.wait import wait_for
 
 
 @pytest.fixture
@@ -141,7 +143,13 @@ def test_remote_source_merges_hosts(two_hosts, unreachable) -> None:
     (a, ka), (b, kb) = two_hosts
     src = RemoteSource(None, [a, b, unreachable])
     try:
-        m = src.collect()
+        assert src.collect().gpus == ()  # the fetches run off the collect: it never waits for them
+
+        def answered() -> DashboardModel | None:
+            m = src.collect()
+            return m if len(m.gpus) == 2 and m.errors else None
+
+        m = wait_for(answered, timeout=10, what="every host's first report")
         assert [g.gpu_key for g in m.gpus] == [f"{a.removeprefix('http://')}/{ka}", f"{b.removeprefix('http://')}/{kb}"]
         assert [r.peer.name for r in m.rows()] == ["alpha", "beta", "gamma"]
         assert not any(r.managed for r in m.rows())

@@ -60,4 +60,6 @@ def dashboard(
     interval = checked_interval(interval)
     from ..app import run_dashboard
 
-    run_dashboard(gpu_key=key, interval_s=interval, readonly=readonly, remotes=urls, local=not no_local)
+    code = run_dashboard(gpu_key=key, interval_s=interval, readonly=readonly, remotes=urls, local=not no_local)
+    if code:
+        raise typer.Exit(code)  # a crashed dashboard: the shell must not see 0

@@ -18,6 +18,7 @@ from .common import ExitCode, checked_key
 if TYPE_CHECKING:
     from ..dashboard.columns import Column
     from ..dashboard.model import PeerRow
+    from ..dashboard.remote import RemoteReport
     from ..dashboard.report import ReportData
 
 _KEY_EQ = "--gpu-key="
@@ -62,6 +63,7 @@ def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -
     from ..dashboard.report import ReportData
 
     hostname = socket.gethostname()
+    remote = _RemoteFetch(urls) if urls else None  # asked at once, while this host is read
     data = ReportData(hostname, wall_us())
     if local:
         from ..dashboard.source import LiveSource
@@ -71,17 +73,32 @@ def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -
             data = ReportData.of_model(source.collect(), hostname, hostname if urls else None)
         finally:
             source.close()
-    if not urls:
+    if remote is None:
         return data
-    from ..dashboard.remote import fetch_all
-
     views, errors = list(data.views), list(data.errors)
-    for r in fetch_all(urls):
+    for r in remote.reports():
         views += [(r.host, unmanaged_view(g)) for g in r.gpus if gpu_key in (None, g.gpu_key)]
         errors += [(r.host, e) for e in r.errors]
         if r.error is not None:
             errors.append((r.host, SegmentProblem("", r.error)))
     return ReportData(hostname, data.now_us, views, errors)
+
+
+class _RemoteFetch:
+    """The `serve` endpoints' reports, fetched on a thread of their own (each host within its deadline)."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        import threading
+
+        from ..dashboard.remote import fetch_all
+
+        self._reports: list[RemoteReport] = []
+        self._thread = threading.Thread(target=lambda: self._reports.extend(fetch_all(urls)), daemon=True)
+        self._thread.start()
+
+    def reports(self) -> list[RemoteReport]:
+        self._thread.join()
+        return self._reports
 
 
 def once_report(gpu_key: str | None) -> dict:

@@ -1,28 +1,48 @@
 """Other hosts' segments, read from their `gpushare-tui serve` endpoints (`GET /gpu/peers`), read-only.
 
-A host that cannot be read (unreachable, timeout, an HTTP error, JSON that is not a report) is an
-error row naming the host, never a failure of the whole view. httpx is imported only here.
+A remote host is untrusted: each fetch has an overall deadline (connect, status line, headers and body
+together, not only per read), a byte cap, a JSON depth cap, and every value is checked against the spec's
+ranges (core/budgets.py, docs/trust.md). A host that cannot be read or sends anything out of range is one
+error row naming the host, never a failure, a freeze or a crash of the whole view. Fetches run on their own
+event loop: the dashboard's local view never waits for a remote one. httpx is imported only here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
+import re
+import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import httpx
 
-from ..core.errors import UsageError
+from ..core import abi
+from ..core.budgets import (
+    REMOTE_DEADLINE_S,
+    REMOTE_MAX_ERRORS,
+    REMOTE_MAX_GPUS,
+    REMOTE_MAX_JSON_DEPTH,
+    REMOTE_MAX_REPLY_BYTES,
+    REMOTE_MAX_TEXT_CHARS,
+    REMOTE_RETRY_S,
+)
+from ..core.errors import GpushareError, UsageError
+from ..core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
 from ..core.text import printable, printable_gpu
 from .model import DashboardModel, GpuView, unmanaged_view
 
-TIMEOUT_S = 2.0
-MAX_REPORT_BYTES = 4 * 2**20
-RETRY_S = 5.0  # a host that failed is asked again after this long (the view keeps its error row)
+TIMEOUT_S = REMOTE_DEADLINE_S  # the name callers know
+F32_MAX = 3.4028234663852886e38  # a weight is an f32 in the segment (docs/registry-abi.md §2)
+PID_MAX = 2**32 - 1  # a u32 in the slot
+I64_MAX = 2**63 - 1
+TIMESTAMP_MAX_S = 2**33  # a Unix time in seconds (year 2242): larger is not a clock, and would overflow in µs
 
 
 def parse_remote_url(text: str) -> str:
@@ -45,56 +65,121 @@ class RemoteError(Exception):
 class RemoteReport:
     host: str  # the base URL
     gpus: tuple[GpuSnapshot, ...] = ()
-    errors: tuple[SegmentProblem, ...] = ()  # the remote host's own segment errors
+    errors: tuple[SegmentProblem, ...] = ()  # the remote host's own segment errors (and what we left out)
     error: str | None = None  # why the host itself could not be read
 
 
-def fetch(url: str, timeout_s: float = TIMEOUT_S, client: httpx.Client | None = None) -> RemoteReport:
-    """One host's report; a RemoteReport with `error` set when it cannot be read (never raises)."""
+# -- fetching ---------------------------------------------------------------------------------------------
+
+
+def new_client(deadline_s: float = REMOTE_DEADLINE_S) -> httpx.AsyncClient:
+    """The client of every fetch (per-read timeouts inside the overall deadline; no redirects, no env proxies
+    config beyond httpx's defaults)."""
+    return httpx.AsyncClient(timeout=deadline_s, follow_redirects=False)
+
+
+async def fetch_async(client: httpx.AsyncClient, url: str, deadline_s: float = REMOTE_DEADLINE_S) -> RemoteReport:
+    """One host's report within `deadline_s` in all; a RemoteReport with `error` set otherwise (never raises)."""
     try:
-        doc = _get(client, url + "/gpu/peers", timeout_s)
-        ts = doc.get("timestamp")
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-            ts = time.time()  # no usable timestamp in the reply: ours
-        now_us = int(ts * 1e6)
-        gpus = tuple(gpu_from_json(g, now_us) for g in _list(doc, "gpus"))
-        errors = tuple(SegmentProblem(_str(e, "segment"), _str(e, "error")) for e in _list(doc, "errors"))
-        return RemoteReport(url, gpus, errors)
+        async with asyncio.timeout(deadline_s):
+            body = await _get_body(client, url + "/gpu/peers")
+    except TimeoutError:
+        return RemoteReport(url, error=f"timeout after {deadline_s:g} s")
     except RemoteError as e:
         return RemoteReport(url, error=str(e))
+    return parse_report(url, body)
 
 
-def _get(client: httpx.Client | None, url: str, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
+async def _get_body(client: httpx.AsyncClient, url: str) -> bytes:
     try:
-        c = client or httpx.Client(timeout=timeout_s, follow_redirects=False)
-        try:
-            with c.stream("GET", url, timeout=timeout_s) as r:
-                if r.status_code != 200:
-                    raise RemoteError(f"HTTP {r.status_code} from {url}")
-                body = bytearray()
-                for chunk in r.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_REPORT_BYTES:
-                        raise RemoteError(f"reply larger than {MAX_REPORT_BYTES} bytes")
-                    if time.monotonic() > deadline:
-                        raise RemoteError(f"timeout after {timeout_s:g} s")
-        finally:
-            if client is None:
-                c.close()
+        async with client.stream("GET", url) as r:
+            if r.status_code != 200:
+                raise RemoteError(f"HTTP {r.status_code} from {url}")
+            length = r.headers.get("content-length", "")
+            if length.isdigit() and int(length) > REMOTE_MAX_REPLY_BYTES:
+                raise RemoteError(f"reply larger than {REMOTE_MAX_REPLY_BYTES} bytes")
+            body = bytearray()
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > REMOTE_MAX_REPLY_BYTES:
+                    raise RemoteError(f"reply larger than {REMOTE_MAX_REPLY_BYTES} bytes")
+            return bytes(body)
     except httpx.TimeoutException:
-        raise RemoteError(f"timeout after {timeout_s:g} s") from None
+        raise TimeoutError from None
     except httpx.HTTPError as e:
         raise RemoteError(f"unreachable: {e or type(e).__name__}") from None
-    try:
-        import json
 
+
+async def _fetch_all_async(urls: Sequence[str], deadline_s: float) -> list[RemoteReport]:
+    async with new_client(deadline_s) as client:
+        return list(await asyncio.gather(*(fetch_async(client, u, deadline_s) for u in urls)))
+
+
+def fetch_all(urls: Sequence[str], deadline_s: float = REMOTE_DEADLINE_S) -> list[RemoteReport]:
+    """Every host's report, asked at once (all of them cost at most `deadline_s`), in the order given."""
+    if not urls:
+        return []
+    return asyncio.run(_fetch_all_async(urls, deadline_s))
+
+
+# -- parsing: untrusted JSON in, a valid report or an error out ---------------------------------------------
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def check_depth(body: bytes, max_depth: int = REMOTE_MAX_JSON_DEPTH) -> None:
+    """RemoteError when `body` nests arrays/objects deeper than `max_depth` (or leaves them unbalanced):
+    checked on the bytes, before a recursive parser sees them. Linear: strings are cut out, then innermost
+    pairs are removed `max_depth` times."""
+    skeleton = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    for _ in range(max_depth):
+        if not skeleton:
+            return
+        shorter = skeleton.replace(b"[]", b"").replace(b"{}", b"")
+        if len(shorter) == len(skeleton):
+            break  # unbalanced or mismatched: not JSON
+        skeleton = shorter
+    if skeleton:
+        raise RemoteError(f"bad JSON: nested deeper than {max_depth} levels (or unbalanced)")
+
+
+def load_json(body: bytes) -> dict:
+    """The reply's top-level object (RemoteError otherwise): size and depth checked first."""
+    if len(body) > REMOTE_MAX_REPLY_BYTES:
+        raise RemoteError(f"reply larger than {REMOTE_MAX_REPLY_BYTES} bytes")
+    check_depth(body)
+    try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RemoteError("bad JSON: not a gpushare-tui serve reply") from None
     if not isinstance(doc, dict):
         raise RemoteError("bad JSON: not a gpushare-tui serve reply")
     return doc
+
+
+def parse_report(url: str, body: bytes, wall_s: Callable[[], float] = time.time) -> RemoteReport:
+    """Host `url`'s report from its reply `body` (untrusted); never raises: an error report instead."""
+    try:
+        doc = load_json(body)
+        ts = doc.get("timestamp")
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= TIMESTAMP_MAX_S:
+            ts = wall_s()  # no usable timestamp in the reply (absent, NaN, 1e308): ours
+        now_us = int(ts * 1e6)
+        gpus_json, errors_json = _list(doc, "gpus"), _list(doc, "errors")
+        gpus = tuple(gpu_from_json(g, now_us) for g in gpus_json[:REMOTE_MAX_GPUS])
+        errors = [SegmentProblem(_str(e, "segment"), _str(e, "error")) for e in errors_json[:REMOTE_MAX_ERRORS]]
+        if len(gpus_json) > REMOTE_MAX_GPUS:
+            errors.append(
+                SegmentProblem(
+                    "", f"{len(gpus_json) - REMOTE_MAX_GPUS} more GPUs not shown (at most {REMOTE_MAX_GPUS} per host)"
+                )
+            )
+        if len(errors_json) > REMOTE_MAX_ERRORS:
+            errors.append(SegmentProblem("", f"{len(errors_json) - REMOTE_MAX_ERRORS} more errors not shown"))
+        return RemoteReport(url, gpus, tuple(errors))
+    except RemoteError as e:
+        return RemoteReport(url, error=str(e))
 
 
 def _list(d: object, key: str) -> list:
@@ -108,41 +193,43 @@ def _str(d: object, key: str) -> str:
     v = d.get(key) if isinstance(d, dict) else None
     if not isinstance(v, str):
         raise RemoteError(f"bad JSON: {key!r} is not a string")
-    return v
+    return v[:REMOTE_MAX_TEXT_CHARS]
 
 
-def _opt_num(d: dict, key: str) -> float | None:
-    """A finite number as the JSON has it (an int stays an int), None when absent or null."""
+def _opt_num(d: dict, key: str, lo: float = -math.inf, hi: float = math.inf) -> float | None:
+    """A number in [lo, hi] as the JSON has it (an int stays an int), None when absent or null."""
     v = d.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise RemoteError(f"bad JSON: {key!r} is not a number")
-    if not math.isfinite(v):
-        raise RemoteError(f"bad JSON: {key!r} is not finite")
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise RemoteError(f"bad JSON: {key!r} is out of range ({lo:g} to {hi:g})")
     return v
 
 
-def _num(d: dict, key: str) -> float:
-    v = _opt_num(d, key)
+def _num(d: dict, key: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    v = _opt_num(d, key, lo, hi)
     if v is None:
         raise RemoteError(f"bad JSON: {key!r} is not a number")
     return v
 
 
-def _opt_int(d: dict, key: str) -> int | None:
+def _opt_int(d: dict, key: str, lo: int, hi: int) -> int | None:
     v = d.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise RemoteError(f"bad JSON: {key!r} is not a number")
+        raise RemoteError(f"bad JSON: {key!r} is not an integer")
+    if not lo <= v <= hi:
+        raise RemoteError(f"bad JSON: {key!r} is out of range ({lo} to {hi})")
     return v
 
 
-def _int(d: dict, key: str) -> int:
-    v = _opt_int(d, key)
+def _int(d: dict, key: str, lo: int, hi: int) -> int:
+    v = _opt_int(d, key, lo, hi)
     if v is None:
-        raise RemoteError(f"bad JSON: {key!r} is not a number")
+        raise RemoteError(f"bad JSON: {key!r} is not an integer")
     return v
 
 
@@ -154,6 +241,8 @@ def _bool(d: dict, key: str) -> bool:
 
 
 def peer_from_json(d: object) -> PeerSnapshot:
+    """One peer (untrusted): every value in the spec's range (RemoteError otherwise); its window is checked
+    against the period by gpu_from_json."""
     if not isinstance(d, dict):
         raise RemoteError("bad JSON: a peer is not an object")
     win = d.get("window_us")
@@ -161,52 +250,67 @@ def peer_from_json(d: object) -> PeerSnapshot:
     if win is not None:
         if not (isinstance(win, list) and len(win) == 2 and all(type(x) is int for x in win)):
             raise RemoteError("bad JSON: 'window_us' is not [start, end]")
+        if not 0 <= win[0] <= win[1] <= PERIOD_MAX_MS * 1000:
+            raise RemoteError("bad JSON: 'window_us' is not inside a period")
         window = (win[0], win[1])
+    weight = _opt_num(d, "weight", 0, F32_MAX)
+    if weight is not None and not abi.weight_is_valid(weight):
+        raise RemoteError("bad JSON: 'weight' is not > 0")
     return PeerSnapshot(
-        slot=_int(d, "slot"),
-        pid=_int(d, "pid"),
+        slot=_int(d, "slot", 0, abi.SLOT_COUNT - 1),
+        pid=_int(d, "pid", 1, PID_MAX),
         name=_str(d, "name"),
-        weight=_opt_num(d, "weight"),
-        share_pct=float(_num(d, "share_pct")),
+        weight=weight,
+        share_pct=float(_num(d, "share_pct", 0, 100)),
         window_us=window,
-        busy_pct=float(_num(d, "busy_pct")),
+        busy_pct=float(_num(d, "busy_pct", 0, 100)),
         active=_bool(d, "active"),
         alive=_bool(d, "alive"),
-        heartbeat_age_ms=_opt_num(d, "heartbeat_age_ms"),
-        boot_us=_opt_int(d, "boot_us") or 0,
-        achieved_pct=_opt_num(d, "achieved_pct"),
+        heartbeat_age_ms=_opt_num(d, "heartbeat_age_ms", 0, I64_MAX / 1000),
+        boot_us=_opt_int(d, "boot_us", 0, I64_MAX) or 0,
+        achieved_pct=_opt_num(d, "achieved_pct", 0, 100),
     )
 
 
 def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
-    """A GpuSnapshot from one entry of a report's `gpus` (untrusted); RemoteError when malformed."""
+    """A GpuSnapshot from one entry of a report's `gpus` (untrusted); RemoteError when malformed or out of
+    the spec's ranges: period 80–400 ms, at most SLOT_COUNT peers in distinct slots, windows inside the period."""
     if not isinstance(d, dict):
         raise RemoteError("bad JSON: a gpu is not an object")
     mode = d.get("mode", "0000")
     try:
-        mode_bits = int(mode, 8) if isinstance(mode, str) else 0
+        mode_bits = int(mode, 8) & 0o7777 if isinstance(mode, str) and len(mode) <= 6 else 0
     except ValueError:
         mode_bits = 0
+    key = _str(d, "gpu_key")
+    try:
+        abi.validate_gpu_key(key)
+    except GpushareError:
+        raise RemoteError("bad JSON: 'gpu_key' is not a valid key") from None
+    period_ms = _opt_int(d, "period_ms", PERIOD_MIN_MS, PERIOD_MAX_MS)
+    peers_json = _list(d, "peers")
+    if len(peers_json) > abi.SLOT_COUNT:
+        raise RemoteError(f"bad JSON: more than {abi.SLOT_COUNT} peers in one segment")
+    peers = tuple(peer_from_json(p) for p in peers_json)
+    if len({p.slot for p in peers}) != len(peers):
+        raise RemoteError("bad JSON: two peers in one slot")
+    for p in peers:
+        if p.window_us is not None and (period_ms is None or p.window_us[1] > period_ms * 1000):
+            raise RemoteError("bad JSON: a window outside the period")
     owner, owner_uid = d.get("owner"), d.get("owner_uid")
     return GpuSnapshot(
-        gpu_key=_str(d, "gpu_key"),
+        gpu_key=key,
         segment=_str(d, "segment"),
-        period_ms=_opt_int(d, "period_ms"),
-        peers=tuple(peer_from_json(p) for p in _list(d, "peers")),
+        period_ms=period_ms,
+        peers=peers,
         now_us=now_us,
-        owner=owner if isinstance(owner, str) else "",
-        owner_uid=owner_uid if type(owner_uid) is int else -1,
+        owner=owner[:REMOTE_MAX_TEXT_CHARS] if isinstance(owner, str) else "",
+        owner_uid=owner_uid if type(owner_uid) is int and -1 <= owner_uid <= PID_MAX else -1,
         mode=mode_bits,
     )
 
 
-def fetch_all(urls: Sequence[str], timeout_s: float = TIMEOUT_S) -> list[RemoteReport]:
-    """Every host's report, asked at once (a slow host costs at most `timeout_s`), in the order given."""
-    if not urls:
-        return []
-    with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
-        with ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
-            return list(pool.map(lambda u: fetch(u, timeout_s, client), urls))
+# -- the dashboard's view of remote hosts -------------------------------------------------------------------
 
 
 def host_label(url: str) -> str:
@@ -221,23 +325,76 @@ def host_view(r: RemoteReport) -> tuple[list[GpuView], list[SegmentProblem]]:
     views = []
     for g in r.gpus:
         views.append(unmanaged_view(printable_gpu(replace(g, gpu_key=f"{host_label(r.host)}/{g.gpu_key}"))))
-    errors = [SegmentProblem(printable(f"{r.host} {e.segment}"), printable(e.error)) for e in r.errors]
+    errors = [SegmentProblem(printable(f"{r.host} {e.segment}".rstrip()), printable(e.error)) for e in r.errors]
     if r.error is not None:
         errors.append(SegmentProblem(r.host, printable(r.error)))
     return views, errors
 
 
-class RemoteSource:
-    """A `DataSource` merging the local one (if any) with remote hosts. A host that failed keeps its error
-    row and is asked again after RETRY_S, so one dead host does not slow every refresh by the timeout."""
+class RemoteFetcher:
+    """A daemon thread running an event loop on which every host's fetch runs, off the caller's thread:
+    `submit(url)` returns at once; the report comes to `done(report)` (on the fetcher's thread)."""
 
-    def __init__(self, local, urls: Sequence[str], timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, deadline_s: float = REMOTE_DEADLINE_S) -> None:
+        self.deadline_s = deadline_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="remote-fetch", daemon=True)
+        self._thread.start()
+        self._client: httpx.AsyncClient = asyncio.run_coroutine_threadsafe(self._new_client(), self._loop).result()
+        self._tasks: set[Future] = set()
+
+    async def _new_client(self) -> httpx.AsyncClient:
+        return new_client(self.deadline_s)
+
+    def submit(self, url: str, done: Callable[[RemoteReport], None]) -> None:
+        fut = asyncio.run_coroutine_threadsafe(fetch_async(self._client, url, self.deadline_s), self._loop)
+        self._tasks.add(fut)
+
+        def finished(f: Future) -> None:
+            self._tasks.discard(f)
+            if not f.cancelled():
+                done(f.result())
+
+        fut.add_done_callback(finished)
+
+    def close(self) -> None:
+        for f in list(self._tasks):
+            f.cancel()
+        try:
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(timeout=1.0)
+        except Exception:
+            pass  # closing: nothing to report
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+class RemoteSource:
+    """A `DataSource` merging the local one (if any) with remote hosts, whose fetches run on a RemoteFetcher:
+    `collect` returns the local model at once with each host's latest report (none before its first), and
+    asks each host again when due: `refresh_s` after its last fetch began, or REMOTE_RETRY_S after a failure
+    (its error row stays meanwhile). `on_report` (if set) is called when a report arrives, e.g. to refresh."""
+
+    def __init__(
+        self,
+        local,
+        urls: Sequence[str],
+        timeout_s: float = REMOTE_DEADLINE_S,
+        refresh_s: float = 1.0,
+        retry_s: float = REMOTE_RETRY_S,
+    ) -> None:
         self.local = local
-        self.urls = list(urls)
+        self.urls = list(dict.fromkeys(urls))
         self.timeout_s = timeout_s
-        self._failed: dict[str, tuple[RemoteReport, float]] = {}
-        self._client = httpx.Client(timeout=timeout_s, follow_redirects=False)
-        self._pool = ThreadPoolExecutor(max_workers=min(8, max(1, len(self.urls))))
+        self.refresh_s = refresh_s
+        self.retry_s = retry_s
+        self.on_report: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+        self._latest: dict[str, RemoteReport] = {}
+        self._due: dict[str, float] = {}  # monotonic s
+        self._in_flight: set[str] = set()
+        self._fetcher = RemoteFetcher(timeout_s) if self.urls else None
 
     def prime(self) -> list[DashboardModel]:
         return []
@@ -246,27 +403,38 @@ class RemoteSource:
         if self.local is not None:
             self.local.forget_status(pid)
 
-    def _reports(self) -> list[RemoteReport]:
+    def _ask_due_hosts(self) -> None:
+        if self._fetcher is None:
+            return
         now = time.monotonic()
-        due = [u for u in self.urls if self._failed.get(u, (None, 0.0))[1] <= now]
-        fresh = dict(zip(due, self._pool.map(lambda u: fetch(u, self.timeout_s, self._client), due)))
-        out = []
-        for u in self.urls:
-            r = fresh.get(u)
-            if r is None:
-                r = self._failed[u][0]
-            elif r.error is not None:
-                self._failed[u] = (r, now + RETRY_S)
-            else:
-                self._failed.pop(u, None)
-            out.append(r)
-        return out
+        with self._lock:
+            due = [u for u in self.urls if u not in self._in_flight and self._due.get(u, 0.0) <= now]
+            for u in due:
+                self._in_flight.add(u)
+                self._due[u] = now + self.refresh_s
+        for u in due:
+            self._fetcher.submit(u, self._arrived)
+
+    def _arrived(self, r: RemoteReport) -> None:
+        with self._lock:
+            self._in_flight.discard(r.host)
+            self._latest[r.host] = r
+            if r.error is not None:
+                self._due[r.host] = time.monotonic() + self.retry_s
+        if self.on_report is not None:
+            self.on_report()
+
+    def reports(self) -> list[RemoteReport]:
+        """Each host's latest report, in the order given (hosts not yet answered left out)."""
+        with self._lock:
+            return [self._latest[u] for u in self.urls if u in self._latest]
 
     def collect(self) -> DashboardModel:
+        self._ask_due_hosts()
         base = self.local.collect() if self.local is not None else None
         gpus = list(base.gpus) if base else []
         errors = list(base.errors) if base else []
-        for r in self._reports():
+        for r in self.reports():
             v, e = host_view(r)
             gpus += v
             errors += e
@@ -279,5 +447,5 @@ class RemoteSource:
     def close(self) -> None:
         if self.local is not None:
             self.local.close()
-        self._pool.shutdown(wait=False)
-        self._client.close()
+        if self._fetcher is not None:
+            self._fetcher.close()

@@ -25,19 +25,20 @@ def open_server(listen: str, gpu_key: str | None = None) -> ExporterServer:
 
 def serve(listen: str, gpu_key: str | None = None) -> None:
     """Serve until SIGINT or SIGTERM (then return). The first stderr line names the URL (port 0 resolved)."""
+
+    def stop(_signum: int) -> None:
+        raise KeyboardInterrupt
+
+    on_signals(stop, (signal.SIGTERM,))  # until the loop handles it (SIGINT is a KeyboardInterrupt already)
     server = open_server(listen, gpu_key)
     host = server.server_address[0]
     note = "" if is_loopback(host) else "  (not loopback: reachable from other hosts)"
     print(f"gpushare-tui serve: listening on {server.url}{note}", file=sys.stderr, flush=True)
 
-    def stop(_signum: int) -> None:
-        raise KeyboardInterrupt
-
-    on_signals(stop, (signal.SIGTERM,))  # SIGINT is a KeyboardInterrupt already
     try:
-        server.serve_forever(poll_interval=0.5)
+        server.serve_forever(stop_signals=(signal.SIGINT, signal.SIGTERM))
     except KeyboardInterrupt:
-        pass
+        pass  # a SIGINT before the loop handles it
     finally:
         server.server_close()
         server.exporter.close()
