@@ -31,7 +31,7 @@ import psutil
 from .abi import parse_weight
 from .errors import ControlError, GpushareError
 from .ownership import Owner
-from .paths import runtime_dir, runtime_dir_path
+from .paths import runtime_dir, runtime_dir_path, unlink_in
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = 2.0
@@ -227,8 +227,7 @@ class ControlServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         bound = False
         try:
-            if os.path.lexists(self.path):
-                os.unlink(self.path)  # a stale socket of a dead supervisor of the same pid
+            unlink_in(self.path)  # a stale socket of a dead supervisor of the same pid
             old = os.umask(0o177)
             try:
                 sock.bind(self.path)
@@ -248,10 +247,7 @@ class ControlServer:
         return sock
 
     def _unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        unlink_in(self.path)  # relative to the checked directory: never through a swapped one
 
     # -- serving -----------------------------------------------------------
 
