@@ -50,14 +50,13 @@ class _Refused(Exception):
 def _check(fd: int, where: str, *, last: bool, private: bool) -> None:
     st = os.fstat(fd)
     euid = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
     if st.st_uid not in (euid, 0) or (last and st.st_uid != euid):
         raise _Refused(f"{where} is owned by uid {st.st_uid}, not by us (uid {euid})", trust=True)
-    loose = st.st_mode & (0o077 if last and private else 0o022)
-    if loose and not (st.st_mode & stat.S_ISVTX and not last):
-        what = "not private to this user" if last and private else "group/world-writable"
-        mine = st.st_uid == euid
-        reason = f"{where} is {what} (mode {stat.S_IMODE(st.st_mode):04o})"
-        raise _Refused(reason, trust=not mine, loose_own=where if mine else "")
+    if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and not last):
+        raise _Refused(f"{where} is group/world-writable (mode {mode:04o})", trust=True)
+    if last and private and st.st_mode & 0o077:  # ours, readable by others: a mistake of ours to fix
+        raise _Refused(f"{where} is not private to this user (mode {mode:04o})", loose_own=where)
 
 
 def open_trusted_dir(path: str, *, create: int = 0, private: bool = False) -> int:
