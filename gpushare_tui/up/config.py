@@ -134,7 +134,7 @@ def parse(data: dict, path: str, text: str = "") -> UpConfig:
         raise w.error("must be a group name (a non-empty string)", key="share_group")
     serve = _serve(w, data.get("serve"))
     engines_raw = data.get("engine")
-    if engines_raw is None:
+    if engines_raw is None or engines_raw == []:
         raise w.error("no engine declared (add an [[engine]] table with name, weight and command)")
     if not isinstance(engines_raw, list) or not all(isinstance(e, dict) for e in engines_raw):
         raise w.error("must be an array of tables: [[engine]]", key="engine")
