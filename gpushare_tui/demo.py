@@ -81,11 +81,14 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
     units = calibrate_units(step_ms)
     try:
         for name, weight, busy_idle in engines:
+            # mkstemp: a new file of ours (O_EXCL, 0600), handed over as it is: never reopened by name
             fd, log = tempfile.mkstemp(prefix=f"gpushare-demo-{demo.key}-{name}-", suffix=".log")
-            os.close(fd)
             demo.logs.append(log)
             argv = synth_argv(gpu_key=demo.key, name=name, weight=weight, busy_idle=busy_idle, work_units=units)
-            demo.procs.append(spawn(argv, log, parent_death=signal.SIGTERM))
+            try:
+                demo.procs.append(spawn(argv, fd, parent_death=signal.SIGTERM))
+            finally:
+                os.close(fd)
         demo.janitor = _start_janitor(demo)
         deadline = time.monotonic() + timeout_s
         # registered and serving their control sockets (the dashboard manages them at once)

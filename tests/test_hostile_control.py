@@ -291,7 +291,7 @@ def bad_runtime_dir(request, runtime_dir: str, monkeypatch: pytest.MonkeyPatch) 
     elif request.param == "too-long":
         bad = os.path.join(runtime_dir, "d" * 100)
     else:
-        bad = "/proc/self/no-such-dir/run"
+        bad = "/proc/no-such-dir/run"  # (/proc/self is a link: fallen back from, see test_hostile_paths)
     monkeypatch.setenv("XDG_RUNTIME_DIR", bad)
     return bad
 

@@ -3,10 +3,14 @@ with nothing started; `--check` validates without starting anything."""
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
+from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.up import config
@@ -233,3 +237,100 @@ def test_serve_listen_is_checked_as_serve_checks_it(tmp_path, gpu_key, runtime_d
     assert serve_line.startswith(f"gpushare-tui: invalid --listen {listen!r}: ")
     problem = serve_line.split(": ", 2)[2]
     assert up_line.endswith(f"serve.listen: {problem}, got {listen!r}"), (up_line, serve_line)
+
+
+# -- fuzzing the loader (hypothesis): arbitrary bytes or TOML in, a config or one ConfigError out ----------
+
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_KEYS = [*config.TOP_KEYS, "name", "weight", "command", "synth", "restart", "env", "gpu_key", "gpu", "listen", "x"]
+_scalars = (
+    st.text(max_size=12)
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.booleans()
+    | st.sampled_from(["sh", "always", "never", "on-failure", "127.0.0.1:0", "--port", "8080", "@K@"])
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4),
+    max_leaves=12,
+)
+_tables = st.dictionaries(st.sampled_from(_KEYS), _values, max_size=6)
+_documents = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpu_key": st.sampled_from(["@K@", "", "../x"]) | _values,
+        "gpu": _values,
+        "share_group": _values,
+        "serve": _values,
+        "engine": st.lists(_tables, max_size=18) | _values,
+        "x": _values,
+    },
+)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if v != v else ("inf" if v > 0 else "-inf") if v in (float("inf"), float("-inf")) else repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a TOML basic string (no lone surrogates: st.text has none)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    assert isinstance(v, dict)
+    return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+
+
+def _toml_document(doc: dict) -> str:
+    top = [f"{k} = {_toml_value(v)}" for k, v in doc.items() if k != "engine" or not _is_tables(v)]
+    tables = [
+        "[[engine]]\n" + "".join(f"{json.dumps(k)} = {_toml_value(x)}\n" for k, x in t.items())
+        for t in (doc["engine"] if _is_tables(doc.get("engine")) else [])
+    ]
+    return "\n".join(top) + "\n" + "\n".join(tables)
+
+
+def _is_tables(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(t, dict) for t in v) and bool(v)
+
+
+def _load_or_one_error(path: str) -> None:
+    """The contract: a valid UpConfig, or a ConfigError of one line starting `PATH:` (then the line
+    where one is known); any other exception fails the test."""
+    try:
+        cfg = config.load(path)
+    except config.ConfigError as e:
+        msg = str(e)
+        assert msg.startswith(f"{path}:") and "\n" not in msg, msg
+        return
+    assert isinstance(cfg, config.UpConfig) and cfg.engines
+    per_key = Counter(config.declared_key(e, cfg.gpu_key, cfg.gpu) for e in cfg.engines)
+    assert max(per_key.values()) <= 16
+
+
+@FUZZ
+@given(raw=st.binary(max_size=2048))
+def test_fuzz_arbitrary_bytes(tmp_path, raw: bytes) -> None:
+    path = tmp_path / "fuzz.toml"
+    path.write_bytes(raw)
+    _load_or_one_error(str(path))
+
+
+@FUZZ
+@given(doc=_documents)
+def test_fuzz_arbitrary_toml_documents(tmp_path, gpu_key: str, doc: dict) -> None:
+    text = _toml_document(doc).replace("@K@", gpu_key)
+    path = tmp_path / "fuzz.toml"
+    path.write_text(text)
+    _load_or_one_error(str(path))
+
+
+def test_deep_nesting_is_one_error(tmp_path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(config.ConfigError, match=rf"^{path}"):
+        config.load(str(path))

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import typer
 
+from ..core.budgets import LOG_FOLLOW_READ_MAX_BYTES, LOG_OUTPUT_MAX_BYTES, LOG_TAIL_MAX_BYTES
 from ..core.errors import GpushareError, UsageError
 
 FOLLOW_POLL_S = 0.25
@@ -37,7 +38,7 @@ def logs(
         else:
             from ..core.logtail import tail_lines
 
-            _print(tail_lines(path, n))
+            _print(tail_lines(path, n, LOG_TAIL_MAX_BYTES))
     except GpushareError as e:  # the path in it came from the engine
         from ..core.text import printable
 
@@ -79,11 +80,21 @@ def engine_log(pid: int) -> str:
     return reported_log(pid, request(pid, "status"))
 
 
-def _print(lines: Iterable[str]) -> None:
+def _print(lines: Iterable[str], max_bytes: int = LOG_OUTPUT_MAX_BYTES) -> None:
+    """The lines for a terminal, at most `max_bytes` of them (UTF-8) per call: a log another
+    process writes (a hole of NULs, a line of tabs) never makes us print without bound."""
     from ..core.logtail import display_line
+    from .common import error_line
 
+    written = 0
     for line in lines:
-        sys.stdout.write(display_line(line) + "\n")
+        text = display_line(line) + "\n"
+        written += len(text.encode("utf-8", "surrogateescape"))
+        if written > max_bytes:
+            sys.stdout.flush()
+            error_line(f"output cut at {max_bytes} bytes (the log's lines are longer than a terminal shows)")
+            break
+        sys.stdout.write(text)
     sys.stdout.flush()
 
 
@@ -100,13 +111,15 @@ def _follow(pid: int, path: str, n: int) -> None:
     except psutil.Error:
         engine = None
     try:
-        with LogFollower(path, n) as log:
+        with LogFollower(path, n, max_read_bytes=LOG_FOLLOW_READ_MAX_BYTES) as log:
             _print(log.first_lines())
             while True:
                 alive = _alive(engine)
                 up = log.poll()
                 if up.truncated:
                     error_line(f"log {printable(path)} truncated: following it from its start")
+                if up.skipped_bytes:
+                    error_line(f"log {printable(path)}: {up.skipped_bytes} bytes skipped (written faster than read)")
                 if up.rotated:
                     error_line(f"log {printable(path)} replaced: following the new file")
                 _print(up.lines)

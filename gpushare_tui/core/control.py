@@ -37,7 +37,7 @@ from . import budgets
 from .abi import parse_weight
 from .errors import ControlError, GpushareError
 from .ownership import Owner
-from .paths import runtime_dir, runtime_dir_path
+from .paths import runtime_dir, runtime_dir_path, unlink_in
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = budgets.CONTROL_REQUEST_READ_S
@@ -306,10 +306,9 @@ class ControlServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         bound = False
         try:
-            if os.path.lexists(self.path):
-                # stale: no server of this process holds the name (_claim_index), and no other
-                # live process serves our engine's pid (a dead one of the same pid left it)
-                os.unlink(self.path)
+            # stale: no server of this process holds the name (_claim_index), and no other live
+            # process serves our engine's pid (a dead one of the same pid left it)
+            unlink_in(self.path)
             old = os.umask(0o177)
             try:
                 sock.bind(self.path)
@@ -329,10 +328,7 @@ class ControlServer:
         return sock
 
     def _unlink(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        unlink_in(self.path)  # relative to the checked directory: never through a swapped one
 
     # -- serving -----------------------------------------------------------
 

@@ -88,6 +88,9 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
     except OSError as e:
         os.close(read_fd)
         raise GpushareError(f"cannot start the supervisor: {e.strerror or e}") from None
+    except GpushareError:  # its log may not be written (paths.open_log)
+        os.close(read_fd)
+        raise
     finally:
         os.close(write_fd)  # ours: EOF on the pipe then means the supervisor is gone
     try:

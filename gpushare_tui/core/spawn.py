@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from . import paths
 from .errors import GpushareError
 
 PR_SET_PDEATHSIG = 1
@@ -103,27 +104,33 @@ def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
 
 def spawn(
     argv: Sequence[str],
-    log_path: str,
+    log: str | int,
     *,
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
     parent_death: signal.Signals | None = None,
 ) -> subprocess.Popen:
-    """Start `argv` in a new session, stdin /dev/null, stdout and stderr appended to `log_path`;
-    with `parent_death`, that signal reaches it when this process dies. OSError if it cannot start."""
-    with open(log_path, "ab") as log:
+    """Start `argv` in a new session, stdin /dev/null, stdout and stderr appended to `log` (a path
+    in a trusted directory, opened by `paths.open_log`: never through a link; or an fd of ours,
+    left open); with `parent_death`, that signal reaches it when this process dies. OSError if it
+    cannot start, UntrustedPathError if the log may not be written."""
+    fd = paths.open_log(log) if isinstance(log, str) else log
+    try:
         return subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
+            stdout=fd,
+            stderr=fd,
             env=env,
             cwd=cwd,
             pass_fds=tuple(pass_fds),
             start_new_session=True,
             preexec_fn=die_with_parent(parent_death) if parent_death is not None else None,
         )
+    finally:
+        if isinstance(log, str):
+            os.close(fd)
 
 
 # -- the --notify-fd notice ---------------------------------------------------------------

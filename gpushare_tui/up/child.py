@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ..core import control, spawn
 from ..core.ownership import ENV, STOP_EVENT, Owner
-from ..core.paths import file_name_part
+from ..core.paths import UntrustedPathError, file_name_part
 from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig
 
@@ -157,8 +157,8 @@ class Child:
                 pass_fds=pass_fds,
                 parent_death=signal.SIGTERM,
             )
-        except OSError as e:
-            self.say(f"{self.name}: cannot start: {e.strerror or e}")
+        except (OSError, UntrustedPathError) as e:
+            self.say(f"{self.name}: cannot start: {getattr(e, 'strerror', None) or e}")
             self._failed(None, 0.0)
             return
         finally:

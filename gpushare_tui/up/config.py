@@ -5,12 +5,13 @@ the file, the line where one is known, the engine and the key."""
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
-from ..core import declaration
+from ..core import budgets, declaration
 from ..core.declaration import DeclarationError, EngineDecl, SynthDecl
 from ..core.errors import UsageError
 from ..serve.listen import DEFAULT_LISTEN, parse_listen
@@ -68,13 +69,37 @@ class _Where:
         return ConfigError(f"{where}: {who}{what}{msg}")
 
 
-def load(path: str) -> UpConfig:
-    """Read and check `path`; ConfigError (one line) for anything wrong, nothing started."""
+def read_config_bytes(path: str, max_bytes: int = budgets.CONFIG_MAX_BYTES) -> bytes:
+    """The bytes of the regular file `path`, at most `max_bytes`; ConfigError (one line) for
+    anything else. Opened O_NONBLOCK, so a FIFO or a device swapped in never blocks the open,
+    and refused (fstat: not S_ISREG) before a byte is read: /dev/zero costs nothing."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{path}: not a regular file (a config is read from a file only)")
+        if st.st_size > max_bytes:
+            raise ConfigError(f"{path}: too large ({st.st_size} bytes; at most {max_bytes})")
+        parts: list[bytes] = []
+        got = 0
+        while got <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - got)):
+            parts.append(chunk)
+            got += len(chunk)
+        if got > max_bytes:  # it grew after the fstat
+            raise ConfigError(f"{path}: too large (more than {max_bytes} bytes)")
+        return b"".join(parts)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def load(path: str) -> UpConfig:
+    """Read and check `path`; ConfigError (one line) for anything wrong, nothing started."""
+    raw = read_config_bytes(path)
     try:
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
@@ -82,6 +107,8 @@ def load(path: str) -> UpConfig:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(_syntax_error(path, str(e))) from None
+    except RecursionError:  # tomllib recurses per nested array/table
+        raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
     return parse(data, path, text)
 
 
@@ -107,12 +134,13 @@ def parse(data: dict, path: str, text: str = "") -> UpConfig:
         raise w.error("must be a group name (a non-empty string)", key="share_group")
     serve = _serve(w, data.get("serve"))
     engines_raw = data.get("engine")
-    if engines_raw is None:
+    if engines_raw is None or engines_raw == []:
         raise w.error("no engine declared (add an [[engine]] table with name, weight and command)")
     if not isinstance(engines_raw, list) or not all(isinstance(e, dict) for e in engines_raw):
         raise w.error("must be an array of tables: [[engine]]", key="engine")
     engines: list[EngineDecl] = []
     ports: dict[int, str] = {}
+    per_key: dict[object, int] = {}
     directory = os.path.dirname(os.path.abspath(path))
     for i, raw in enumerate(engines_raw):
         name = raw.get("name")
@@ -136,8 +164,27 @@ def parse(data: dict, path: str, text: str = "") -> UpConfig:
                     engine=label,
                 )
             ports[port] = e.name
+        key = declared_key(e, gpu_key, gpu)
+        per_key[key] = per_key.get(key, 0) + 1
+        if per_key[key] > budgets.ENGINES_PER_KEY_MAX:
+            raise w.error(
+                f"more than {budgets.ENGINES_PER_KEY_MAX} engines on one GPU key (the registry has that many slots)",
+                table="engine",
+                index=i,
+                engine=label,
+            )
         engines.append(e)
     return UpConfig(path, gpu_key, gpu, share_group, serve, tuple(engines))
+
+
+def declared_key(e: EngineDecl, gpu_key: str | None, gpu: int | None) -> object:
+    """Which registry an engine is declared on, as the file says it (its own gpu_key or gpu, else
+    the file's, else GPU 0): engines with the same one share its slots."""
+    if e.gpu_key is not None:
+        return e.gpu_key
+    if e.gpu is not None:
+        return ("gpu", e.gpu)
+    return gpu_key if gpu_key is not None else ("gpu", gpu or 0)
 
 
 def _problem(e: DeclarationError) -> str:

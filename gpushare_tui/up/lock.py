@@ -1,5 +1,6 @@
 """One `up` per config file: it holds an exclusive lock on `<runtime dir>/up-<hash>.lock`
-(the hash of the file's real path) holding its pid; `up --reload FILE` signals that pid."""
+(the hash of the file's real path) holding its pid; `up --reload FILE` signals that pid.
+The lock is opened relative to the checked runtime directory (core/paths.py), never through a link."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import os
 import signal
 
+from ..core import paths
 from ..core.errors import GpushareError
 from ..core.paths import runtime_dir
 
@@ -22,7 +24,7 @@ class UpLock:
 
     def __init__(self, config_path: str) -> None:
         self.path = lock_path(config_path)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd = paths.open_lock(self.path)  # in the trusted runtime directory, never through a link
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -53,7 +55,7 @@ def signal_reload(config_path: str) -> int:
     """SIGHUP to the `up` running `config_path`; its pid. GpushareError when none runs."""
     path = lock_path(config_path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = paths.open_existing_lock(path)
     except FileNotFoundError:
         raise GpushareError(f"no up is running for {config_path}") from None
     try:

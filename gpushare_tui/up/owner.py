@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core import control, paths
+from ..core import budgets, control, paths
 from ..core.errors import GpushareError
 from ..core.gpu import GpuKeyError, gpu_key_for_index
 from ..core.lifecycle import SignalWakeup, on_signals
@@ -56,7 +56,14 @@ def check(path: str) -> tuple[UpConfig, dict[str, str]]:
             resolve_group(cfg.share_group)
         except GpushareError as e:
             raise ConfigError(f"{path}: share_group: {e}") from None
-    return cfg, {d.name: engine_key(cfg, d) for d in cfg.engines}
+    keys = {d.name: engine_key(cfg, d) for d in cfg.engines}
+    for name, key in keys.items():  # a gpu index and its UUID name one registry too
+        if sum(k == key for k in keys.values()) > budgets.ENGINES_PER_KEY_MAX:
+            raise ConfigError(
+                f"{path}: engine {name!r}: more than {budgets.ENGINES_PER_KEY_MAX} engines on key {key} "
+                "(the registry has that many slots)"
+            )
+    return cfg, keys
 
 
 class Up:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from .. import paths
 from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
 from ..errors import EngineError
 from ..logtail import tail_text
@@ -83,7 +85,7 @@ def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
     binary = resolve_binary(args.argv[0])
     if port_in_use(args.host, args.port):
         raise EngineError(f"port {args.port} on {args.host} is already in use")
-    log = open(log_path, "ab", buffering=0)
+    log = paths.open_log(log_path)  # in the state directory, never through a link
     try:
         return subprocess.Popen(
             [binary, *args.argv[1:]],
@@ -99,7 +101,7 @@ def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
     except OSError as e:
         raise EngineError(f"cannot start {binary}: {e.strerror}") from None
     finally:
-        log.close()
+        os.close(log)
 
 
 def wait_healthy(

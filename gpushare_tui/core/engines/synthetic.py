@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .. import abi
+from .. import abi, paths
 from ..clock import mono_us
 from ..control import StatusReply
 from ..errors import GpushareError
@@ -76,18 +76,12 @@ class StatusFileError(GpushareError, RuntimeError):
 
 
 def _write_status(path: str, data: dict) -> None:
-    """Atomic replace; a signal meanwhile takes effect after it (no temporary file left)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Atomic replace (paths.replace_file: a new file of ours, never written through a link someone
+    planted); a signal meanwhile takes effect after it (no temporary file left)."""
     with termination_deferred():
         try:
-            with open(tmp, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, path)
+            paths.replace_file(path, json.dumps(data).encode())
         except OSError as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             raise StatusFileError(f"cannot write status file {path}: {e.strerror or e}") from None
 
 
