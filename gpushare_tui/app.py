@@ -328,7 +328,7 @@ class DashboardApp(App):
             self._empty.update(self._empty_text(hidden))
         self._top.show(model.now_us, len(model.gpus), sum(len(g.rows) for g in model.gpus))
         self._show_panels(model)
-        self._errors.show(model.errors)
+        self._errors.show(model.errors, model.foreign_not_shown)
         self._empty.set_class(bool(model.gpus) or not (hidden or not model.errors), "-hidden")
         self._table.show(model.rows())
         self._select_gpu()
@@ -572,11 +572,16 @@ def run_dashboard(
     history_s: float | None = None,
     remotes: Sequence[str] = (),
     local: bool = True,
+    all_owners: bool = False,
 ) -> None:
-    """The CLI's default command; with `remotes` (serve URLs) their hosts' segments too (read-only rows)."""
-    source = None
+    """The CLI's default command; with `remotes` (serve URLs) their hosts' segments too (read-only rows).
+    Segments of other users beyond a cap are not shown unless `all_owners`."""
+    control = LocalControl()
+    source: DataSource = LiveSource(gpu_key, control=control, all_owners=all_owners)
     if remotes:
         from .dashboard.remote import RemoteSource
 
-        source = RemoteSource(LiveSource(gpu_key) if local else None, remotes)
-    DashboardApp(gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s, source=source).run()
+        source = RemoteSource(source if local else None, remotes)
+    DashboardApp(
+        gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s, source=source, control=control
+    ).run()

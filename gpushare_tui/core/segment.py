@@ -357,7 +357,7 @@ class Segment:
         if self._mm is None and self._read(0, abi.HEADER_SIZE) != self._header_raw:
             raise SegmentError(self.name, "header changed under the reader (rewritten or truncated)")
         out: list[bytes | None] = [None] * h.slot_count
-        pending = range(h.slot_count)
+        pending: list[int] = list(range(h.slot_count))
         data = b""
         for _ in range(1 + SEQLOCK_REREADS):
             # Three separate copies: every seq in `before` is loaded before any byte of `data`,

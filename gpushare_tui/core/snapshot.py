@@ -272,6 +272,11 @@ class SegmentReader:
         self._last_good.clear()
 
 
+def foreign_not_shown_text(n: int) -> str:
+    """The one line every surface shows for the segments of other users it did not read."""
+    return f"{n} segment{'s' if n != 1 else ''} of other users not shown (--all-owners)"
+
+
 def _torn_text(torn: tuple[int, ...]) -> str:
     which = ", ".join(str(i) for i in torn)
     return f"slot{'s' if len(torn) > 1 else ''} {which} torn (seqlock word odd or changing; not shown)"
