@@ -280,3 +280,29 @@ def test_arbitrary_bytes_are_an_error_row_or_a_snapshot_within_budget(flood_dir:
     for g in r.gpus:
         assert len(g.peers) <= 16 and all(0 <= p.busy_pct <= 100 for p in g.peers)
         json.dumps([p.share_pct for p in g.peers], allow_nan=False)
+
+
+@pytest.mark.slow
+def test_dashboard_says_how_many_foreign_segments_are_not_shown(other_user, flood_dir: str) -> None:
+    """The dashboard (a headless App over the flood): our row, 64 foreign panels' rows at most, one line."""
+    import asyncio
+
+    from gpushare_tui.app import DashboardApp
+    from gpushare_tui.dashboard.source import LiveSource
+
+    other_user(FLOOD, flood_dir, str(budgets.FOREIGN_SEGMENTS_SHOWN_MAX + 7), "live")
+
+    async def main() -> str:
+        app = DashboardApp(LiveSource(shm_dir=flood_dir), interval_s=0.5)
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(200):
+                await pilot.pause(0.05)
+                if app.collected is not None and app.collected.gpu("zz-ours") is not None:
+                    break
+            assert app.collected is not None and app.collected.gpu("zz-ours") is not None
+            assert app.collected.foreign_not_shown == 7
+            return str(app.query_one("#errors").render())
+
+    with Membership("zz-ours", 1.0, "me", heartbeat_s=0.5):
+        text = asyncio.run(main())
+    assert "7 segments of other users not shown (--all-owners)" in text

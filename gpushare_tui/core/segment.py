@@ -461,11 +461,17 @@ def _unlink_quietly(path: str) -> None:
 
 def list_segment_paths(shm_dir: str | None = None) -> list[str]:
     """Every `/opencoti-gpu-*` segment on this host, sorted by name."""
+    return [path for path, _ in list_segments(shm_dir)]
+
+
+def list_segments(shm_dir: str | None = None) -> list[tuple[str, int]]:
+    """(path, inode number from readdir: no stat) of every `/opencoti-gpu-*` segment, sorted by name."""
     d = shm_dir or SHM_DIR
     try:
-        names = os.listdir(d)
+        with os.scandir(d) as it:
+            found = [(e.path, e.inode()) for e in it if e.name.startswith(abi.SEGMENT_PREFIX)]
     except OSError as e:
         if e.errno == errno.ENOENT:
             return []
         raise
-    return sorted(os.path.join(d, n) for n in names if n.startswith(abi.SEGMENT_PREFIX))
+    return sorted(found)

@@ -16,7 +16,7 @@ from .segment import (
     SegmentError,
     UnknownGroupError,
     key_from_path,
-    list_segment_paths,
+    list_segments,
     resolve_group,
     user_name,
 )
@@ -192,6 +192,7 @@ class SegmentReader:
         self._clock_s = clock_s
         # per trusted segment: its file's identity, and its slots' last consistent copies
         self._last_good: dict[str, tuple[tuple[int, int], dict[int, bytes]]] = {}
+        self._trust: dict[str, tuple[int, bool]] = {}  # path -> (inode, trusted) at the last listing
 
     def read(self, now_us: int) -> tuple[list[GpuSnapshot], list[SegmentProblem]]:
         """Snapshots and errors (read_all's, without the counts)."""
@@ -199,20 +200,28 @@ class SegmentReader:
         return r.gpus, r.errors
 
     def _listed(self) -> list[_Listed]:
-        """Every segment, trusted first (each group by name); one lstat each, no open."""
+        """Every segment, trusted first (each group by name). A name is lstat'ed only when it is new or
+        names another inode than at the last listing (readdir gives inodes): a flood costs a stat once."""
         uid = os.geteuid()
         listed = []
-        for path in list_segment_paths(self.shm_dir):
+        known: dict[str, tuple[int, bool]] = {}
+        for path, inode in list_segments(self.shm_dir):
             if self.gpu_key is not None:
                 if key_from_path(path) == self.gpu_key:
                     listed.append(_Listed(path, True))
                 continue
-            try:
-                st = os.stat(path, follow_symlinks=False)
-            except OSError:
-                continue  # gone since the listing
-            trusted = st.st_uid in (uid, 0) or (self.share_gid is not None and st.st_gid == self.share_gid)
+            cached = self._trust.get(path)
+            if cached is not None and cached[0] == inode:
+                trusted = cached[1]
+            else:
+                try:
+                    st = os.stat(path, follow_symlinks=False)
+                except OSError:
+                    continue  # gone since the listing
+                trusted = st.st_uid in (uid, 0) or (self.share_gid is not None and st.st_gid == self.share_gid)
+            known[path] = (inode, trusted)
             listed.append(_Listed(path, trusted))
+        self._trust = known
         return sorted(listed, key=lambda x: not x.trusted)  # stable: by name within each group
 
     def read_all(self, now_us: int) -> SegmentsRead:
