@@ -328,7 +328,7 @@ class DashboardApp(App):
             self._empty.update(self._empty_text(hidden))
         self._top.show(model.now_us, len(model.gpus), sum(len(g.rows) for g in model.gpus))
         self._show_panels(model)
-        self._errors.show(model.errors)
+        self._errors.show(model.errors, model.foreign_not_shown)
         self._empty.set_class(bool(model.gpus) or not (hidden or not model.errors), "-hidden")
         self._table.show(model.rows())
         self._select_gpu()
@@ -573,17 +573,23 @@ def run_dashboard(
     history_s: float | None = None,
     remotes: Sequence[str] = (),
     local: bool = True,
+    all_owners: bool = False,
 ) -> int:
     """The CLI's default command; with `remotes` (serve URLs) their hosts' segments too (read-only rows,
-    fetched off the local path: each host's report is shown when it comes). The exit status: 0, or
-    non-zero after a crash (an exception in the App: Textual has printed it)."""
-    source = None
+    fetched off the local path: each host's report is shown when it comes). Segments of other users
+    beyond a cap are not shown unless `all_owners`. The exit status: 0, or non-zero after a crash (an
+    exception in the App: Textual has printed it)."""
+    control = LocalControl()
+    source: DataSource = LiveSource(gpu_key, control=control, all_owners=all_owners)
+    remote: RemoteSource | None = None
     if remotes:
         from .dashboard.remote import RemoteSource
 
-        source = RemoteSource(LiveSource(gpu_key) if local else None, remotes, refresh_s=interval_s)
-    app = DashboardApp(gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s, source=source)
-    if source is not None:
-        source.on_report = app.refresh_now  # a remote report shows at once, not at the next interval
+        source = remote = RemoteSource(source if local else None, remotes, refresh_s=interval_s)
+    app = DashboardApp(
+        gpu_key=gpu_key, interval_s=interval_s, readonly=readonly, history_s=history_s, source=source, control=control
+    )
+    if remote is not None:
+        remote.on_report = app.refresh_now  # a remote report shows at once, not at the next interval
     app.run()
     return app.return_code or 0

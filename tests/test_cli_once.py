@@ -18,7 +18,10 @@ from testkit.cli import cli_argv
 from testkit.shm import shm_file
 from testkit.wait import wait_for
 
-TOP_KEYS = ["schema_version", "hostname", "timestamp", "gpus", "errors"]
+TOP_KEYS = [
+    *("schema_version", "hostname", "timestamp", "gpus", "errors"),
+    *("foreign_segments_not_shown", "foreign_segments_shown_max"),
+]
 GPU_TYPES = {
     "gpu_key": str,
     "segment": str,

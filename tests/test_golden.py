@@ -99,12 +99,13 @@ def _dumps(doc: dict) -> str:
 
 
 def remote_report() -> ReportData:
-    """This host and two `serve` endpoints (one answering with golden-b, one down), as `--remote` collects."""
+    """This host and two `serve` endpoints (one answering with golden-b, one down), as `--remote` collects;
+    3 segments of other users on this host over the cap."""
     model = fixed_model()
     here = ReportData.of_model(model, HOSTNAME, HOSTNAME)
     views = [*here.views, (REMOTE, unmanaged_view(model.gpus[1].snapshot))]
     errors = [*here.errors, (DOWN, SegmentProblem("", "timeout after 2 s"))]
-    return ReportData(HOSTNAME, NOW, views, errors)
+    return ReportData(HOSTNAME, NOW, views, errors, foreign_not_shown=3, foreign_shown_max=64)  # over the cap
 
 
 def test_once_json(golden_json) -> None:

@@ -249,7 +249,7 @@ print(n, flush=True)
 
 def _consistent(r: abi.SlotRecord) -> bool:
     """One write's fields, or a free slot: what a reader shows before it has ever read the slot
-    consistently (its writer rewrote it during all 8 retries, as this one does in a tight loop)."""
+    consistently (its writer rewrote it during every re-read, as this one does in a tight loop)."""
     if r == abi.unpack_slot(r.index, bytes(abi.SLOT_SIZE)):
         return True
     n = r.boot_us

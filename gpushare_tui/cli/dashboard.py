@@ -7,7 +7,7 @@ import typer
 from ..core.errors import UsageError
 from .common import checked_interval, checked_key
 from .once import print_once
-from .options import IntervalOpt, ReadonlyOpt
+from .options import AllOwnersOpt, IntervalOpt, ReadonlyOpt
 
 
 def _show_version(value: bool) -> None:
@@ -36,6 +36,7 @@ def dashboard(
     show_idle: bool = typer.Option(
         False, "--all", help="With --once: also list segments with no live peers (hidden by default, never removed)."
     ),
+    all_owners: bool = AllOwnersOpt,
     version: bool = typer.Option(
         False, "--version", help="Print the version and exit.", is_eager=True, callback=_show_version
     ),
@@ -49,7 +50,7 @@ def dashboard(
     if fmt is not None and not once:
         raise UsageError("--format needs --once")
     if once:
-        raise typer.Exit(print_once(key, as_json, remote, not no_local, fmt, show_idle))
+        raise typer.Exit(print_once(key, as_json, remote, not no_local, fmt, show_idle, all_owners))
     if no_local and not remote:
         raise UsageError("--no-local needs --remote URL")
     urls: list[str] = []
@@ -60,6 +61,8 @@ def dashboard(
     interval = checked_interval(interval)
     from ..app import run_dashboard
 
-    code = run_dashboard(gpu_key=key, interval_s=interval, readonly=readonly, remotes=urls, local=not no_local)
+    code = run_dashboard(
+        gpu_key=key, interval_s=interval, readonly=readonly, remotes=urls, local=not no_local, all_owners=all_owners
+    )
     if code:
         raise typer.Exit(code)  # a crashed dashboard: the shell must not see 0

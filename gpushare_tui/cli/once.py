@@ -50,11 +50,14 @@ def headless_args(argv: Sequence[str]) -> tuple[str | None, bool] | None:
 ONCE_STATUS_TIMEOUT_S = 0.3  # each managed engine's `status`, asked once
 
 
-def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -> ReportData:
+def collect(
+    gpu_key: str | None, urls: Sequence[str] = (), local: bool = True, all_owners: bool = False
+) -> ReportData:
     """One snapshot of this host (unless not `local`: LiveSource, segments, NVML, managed engines'
     status) and of the `serve` endpoints `urls`: with any, every gpu and error is named by host (this
     host's name, or the endpoint's URL); a host that cannot be read is one error (`segment` ""), not a
-    failure. What both the `--once` table and its JSON are made of; text as read (untrusted)."""
+    failure. Segments of other users beyond a cap are counted, not read, unless `all_owners`. What both
+    the `--once` table and its JSON are made of; text as read (untrusted)."""
     import socket
 
     from ..core.clock import wall_us
@@ -68,7 +71,7 @@ def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -
     if local:
         from ..dashboard.source import LiveSource
 
-        source = LiveSource(gpu_key, status_timeout_s=ONCE_STATUS_TIMEOUT_S, sanitize=False)
+        source = LiveSource(gpu_key, status_timeout_s=ONCE_STATUS_TIMEOUT_S, sanitize=False, all_owners=all_owners)
         try:
             data = ReportData.of_model(source.collect(), hostname, hostname if urls else None)
         finally:
@@ -81,7 +84,7 @@ def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True) -
         errors += [(r.host, e) for e in r.errors]
         if r.error is not None:
             errors.append((r.host, SegmentProblem("", r.error)))
-    return ReportData(hostname, data.now_us, views, errors)
+    return ReportData(hostname, data.now_us, views, errors, data.foreign_not_shown, data.foreign_shown_max)
 
 
 class _RemoteFetch:
@@ -108,12 +111,12 @@ def once_report(gpu_key: str | None) -> dict:
     return report_json(collect(gpu_key))
 
 
-def prometheus_text(gpu_key: str | None) -> str:
+def prometheus_text(gpu_key: str | None, all_owners: bool = False) -> str:
     """What `GET /metrics` of `gpushare-tui serve` returns for this host now (the same renderer)."""
     from ..dashboard.source import LiveSource
     from ..serve.exposition import render_metrics
 
-    source = LiveSource(gpu_key)
+    source = LiveSource(gpu_key, all_owners=all_owners)
     try:
         return render_metrics(source.collect).decode()
     finally:
@@ -190,7 +193,11 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
         lines.append(f"error: {where}: {printable(e.error)}")
     if hidden:
         lines.append(f"{hidden} segment(s) with no live peers hidden (--all shows them)")
-    elif not data.views and not data.errors:
+    if data.foreign_not_shown:
+        from ..core.snapshot import foreign_not_shown_text
+
+        lines.append(foreign_not_shown_text(data.foreign_not_shown))
+    elif not hidden and not data.views and not data.errors:
         lines.append("no /opencoti-gpu-* segments on this host")
     return "\n".join(lines)
 
@@ -202,10 +209,12 @@ def print_once(
     local: bool = True,
     fmt: str | None = None,
     show_idle: bool = False,
+    all_owners: bool = False,
 ) -> ExitCode:
     """Print one snapshot (`fmt`: table, json or prometheus; `as_json` is json) of this host and the
     `remotes` (`serve` URLs; their unreachable hosts are error rows, exit 0). The table leaves out
-    segments with no live peer unless `show_idle` or the key names one; the JSON lists every one.
+    segments with no live peer unless `show_idle` or the key names one; the JSON lists every one. Both
+    leave out segments of other users beyond a cap (counted) unless `all_owners`.
     UsageError for an invalid key, URL or combination. Exit 1 if stdout is closed early."""
     key = checked_key(gpu_key)
     fmt = _checked_format(fmt, as_json, remotes, local)
@@ -215,9 +224,9 @@ def print_once(
 
         urls = [parse_remote_url(u) for u in remotes]
     if fmt == "prometheus":
-        text = prometheus_text(key)
+        text = prometheus_text(key, all_owners)
     else:
-        data = collect(key, urls, local)
+        data = collect(key, urls, local, all_owners)
         if key is not None and not data.views and not data.errors:
             from ..core.abi import segment_name
 

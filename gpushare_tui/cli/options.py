@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from ..core.budgets import FOREIGN_SEGMENTS_SHOWN_MAX
+
 GpuKeyOpt = typer.Option(None, "--gpu-key", help="Registry key (overrides --gpu); 1..64 of [A-Za-z0-9._-].")
 GpuIndexOpt = typer.Option(None, "--gpu", help="CUDA device index whose NVML UUID is the key (default 0).")
 ShareGroupOpt = typer.Option(
@@ -13,6 +15,11 @@ ShareGroupOpt = typer.Option(
     help="Share the segment with this group: create it 0660 for the group, join the group's (never world-writable).",
 )
 IntervalOpt = typer.Option(1.0, "--interval", help="Dashboard refresh in seconds (min 0.2).")
+AllOwnersOpt = typer.Option(
+    False,
+    "--all-owners",
+    help=f"Show every segment of other users (default: ours, then at most {FOREIGN_SEGMENTS_SHOWN_MAX} of theirs).",
+)
 ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every admin action.")
 WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")

@@ -49,3 +49,21 @@ ENGINES_PER_KEY_MAX = SLOT_COUNT  # the registry has 16 slots: a 17th engine on 
 LOG_TAIL_MAX_BYTES = 1024 * 1024  # `logs -n N` reads at most the log's last 1 MiB: a tail is for a person to read
 LOG_OUTPUT_MAX_BYTES = 4 * 1024 * 1024  # and writes at most 4 MiB (a NUL becomes a 3-byte U+FFFD, a tab 8 spaces)
 LOG_FOLLOW_READ_MAX_BYTES = 1024 * 1024  # `logs -f` reads at most 1 MiB per poll (a burst skips ahead, as the L pane)
+
+# -- segments (any local user can create /opencoti-gpu-* in /dev/shm; a share group's members write ours) --
+
+# A torn slot (odd or changing seqlock word) is re-read this many times in all, with no sleep between: a
+# live writer finishes its seqlock write in nanoseconds; one descheduled mid-write, or a static file with
+# odd words, must cost a reader microseconds, not a sleeping back-off (what is still torn is reported).
+SEQLOCK_REREADS = 2
+
+# Foreign segments (not our uid, not root's, not our share group's, not the --gpu-key named) read per
+# refresh at most: the dashboard, --once and serve show this many, and count the rest as not shown.
+FOREIGN_SEGMENTS_SHOWN_MAX = 64
+
+# Wall time one refresh may spend reading foreign segments (ours are read first, outside this budget):
+# the dashboard refreshes every second and our own rows must be shown within it.
+FOREIGN_READ_BUDGET_S = 0.25
+
+# With --all-owners (no count cap) one refresh still stops reading foreign segments after this long.
+FOREIGN_READ_BUDGET_ALL_OWNERS_S = 5.0

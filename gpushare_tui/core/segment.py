@@ -26,9 +26,11 @@ import pwd
 import stat
 import struct
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import abi
+from .budgets import SEQLOCK_REREADS
 from .errors import GpushareError, UsageError
 
 if TYPE_CHECKING:
@@ -37,10 +39,29 @@ if TYPE_CHECKING:
 
 SHM_DIR = "/dev/shm"
 JOIN_WAIT_S = 1.0
-SEQLOCK_RETRIES = 8
 GROUP_MODE = 0o660
 
 _SEQS = struct.Struct("<I")
+
+
+def _word(buf: bytes, off: int) -> int:
+    return _SEQS.unpack_from(buf, off)[0]
+
+
+def _consistent(before: bytes, slot: bytes, after: bytes, off: int) -> bool:
+    """The slot copied between `before` and `after` (whole tables, the slot at `off`) is seqlock-consistent:
+    an even seq, unchanged, and the copy's own seq the same (a slot zeroed and rewritten can bring an old
+    seq back: ABA)."""
+    seq = _word(before, off + abi.OFF_SEQ)
+    return not seq & 1 and seq == _word(after, off + abi.OFF_SEQ) and _word(slot, abi.OFF_SEQ) == seq
+
+
+@dataclass(frozen=True)
+class SlotsRead:
+    """A table read: every slot's record, and the slots never seen consistent (torn)."""
+
+    slots: tuple[abi.SlotRecord, ...]
+    torn: tuple[int, ...] = ()
 
 
 class SegmentError(GpushareError):
@@ -275,6 +296,15 @@ class Segment:
 
     # -- identity ------------------------------------------------------------
 
+    @property
+    def ident(self) -> tuple[int, int]:
+        """(st_dev, st_ino) of the file opened."""
+        return self._ident
+
+    def keep_last_good(self, store: dict[int, bytes]) -> None:
+        """Keep the slots' last consistent copies in `store` (a reader's, from an earlier open of the same file)."""
+        self._last_good = store
+
     def fstat(self) -> os.stat_result:
         """The open file's status now (owner, mode, size)."""
         return os.fstat(self._fd)
@@ -317,55 +347,68 @@ class Segment:
         return self._read(h.header_size, h.slot_count * h.slot_size)
 
     def read_slots(self) -> tuple[abi.SlotRecord, ...]:
-        """All slots, each seqlock-consistent (retry ≤ 8 times per slot).
+        """All slots (read_slots_checked's records)."""
+        return self.read_slots_checked().slots
 
-        A slot still torn after the retries (its writer stalled mid-write) is
-        reported as last read consistently; if there is none, a writer gets
-        the torn copy and a reader a free slot. RO: SegmentError if the file
-        shrank or its header changed since it was opened.
+    def read_slots_checked(self) -> SlotsRead:
+        """All slots, each seqlock-consistent, and which were torn; microseconds whatever the bytes.
+
+        The table is copied three times per round, at most 1 + SEQLOCK_REREADS rounds, with no sleep;
+        later rounds only decide the slots still torn. A slot whose pid word is 0 in every copy is free
+        (never retried). A slot still torn after the rounds (a writer descheduled mid-write, or odd words
+        written on purpose) is its last consistent copy if this segment ever gave one; else it is in
+        `torn`, and its record is the torn copy for a writer (its claim CAS needs the pid it saw) and a
+        free slot for a reader. RO: SegmentError if the file shrank or its header changed since opened.
         """
         h = self.header
         start, size = h.header_size, h.slot_size
-        end = start + h.slot_count * size
+        n = h.slot_count * size
         if not self._mapped_io and self._read(0, abi.HEADER_SIZE) != self._header_raw:
             raise SegmentError(self.name, "header changed under the reader (rewritten or truncated)")
-        # Three separate copies: every seq in `before` is loaded before any byte
-        # of `data`, every seq in `after` after it (one memcpy has no load order).
-        before = self._read(start, end - start)
-        data = self._read(start, end - start)
-        after = self._read(start, end - start)
-        out = []
-        for i in range(h.slot_count):
-            off = i * size
-            buf = data[off : off + abi.SLOT_SIZE]
-            seq_a = _SEQS.unpack_from(before, off + abi.OFF_SEQ)[0]
-            seq_b = _SEQS.unpack_from(after, off + abi.OFF_SEQ)[0]
-            # data's own seq too: a slot truncated to zeros and rewritten can bring an old seq back (ABA)
-            if seq_a & 1 or seq_a != seq_b or _SEQS.unpack_from(buf, abi.OFF_SEQ)[0] != seq_a:
-                buf = self._read_slot_bytes(i)
-            else:
-                self._last_good[i] = buf
-            out.append(abi.unpack_slot(i, buf))
-        return tuple(out)
+        out: list[bytes | None] = [None] * h.slot_count
+        pending: list[int] = list(range(h.slot_count))
+        data = b""
+        for _ in range(1 + SEQLOCK_REREADS):
+            # Three separate copies: every seq in `before` is loaded before any byte of `data`,
+            # every seq in `after` after it (one memcpy has no load order).
+            before, data, after = self._read(start, n), self._read(start, n), self._read(start, n)
+            still = []
+            for i in pending:
+                off = i * size
+                buf = data[off : off + abi.SLOT_SIZE]
+                if _consistent(before, buf, after, off):
+                    out[i] = self._last_good[i] = buf
+                elif not (_word(before, off + abi.OFF_PID) | _word(buf, abi.OFF_PID) | _word(after, off + abi.OFF_PID)):
+                    out[i] = bytes(abi.SLOT_SIZE)  # free in every copy: nothing to show, nothing to retry
+                else:
+                    still.append(i)
+            pending = still
+            if not pending:
+                break
+        torn = []
+        for i in pending:
+            if i in self._last_good:
+                out[i] = self._last_good[i]
+                continue
+            torn.append(i)
+            out[i] = data[i * size : i * size + abi.SLOT_SIZE] if self.writable else bytes(abi.SLOT_SIZE)
+        return SlotsRead(tuple(abi.unpack_slot(i, b) for i, b in enumerate(out) if b is not None), tuple(torn))
 
     def read_slot(self, index: int) -> abi.SlotRecord:
         return abi.unpack_slot(index, self._read_slot_bytes(index))
 
     def _read_slot_bytes(self, index: int) -> bytes:
+        """One slot, consistent if it is within 1 + SEQLOCK_REREADS tries (no sleep); else its last
+        consistent copy, or (never seen consistent) the torn copy for a writer, a free slot for a reader."""
         off = self.slot_offset(index)
-        seq_off = off + abi.OFF_SEQ
         buf = b""
-        for attempt in range(SEQLOCK_RETRIES):
-            seq_a = _SEQS.unpack(self._read(seq_off, 4))[0]
+        for _ in range(1 + SEQLOCK_REREADS):
+            before = self._read(off, abi.SLOT_SIZE)
             buf = self._read(off, abi.SLOT_SIZE)
-            seq_b = _SEQS.unpack(self._read(seq_off, 4))[0]
-            if not seq_a & 1 and seq_a == seq_b and _SEQS.unpack_from(buf, abi.OFF_SEQ)[0] == seq_a:
+            after = self._read(off, abi.SLOT_SIZE)
+            if _consistent(before, buf, after, 0):
                 self._last_good[index] = buf
                 return buf
-            # The writer may be descheduled mid-write: back off (≈6 ms in all).
-            time.sleep(0 if attempt < 2 else 0.0001 * 2 ** (attempt - 2))
-        # Still torn: the last consistent copy of this slot, if we ever had one. A
-        # writer's claim needs the pid it saw (its CAS decides); a reader shows nothing.
         if index in self._last_good:
             return self._last_good[index]
         return buf if self.writable else bytes(abi.SLOT_SIZE)
@@ -459,11 +502,17 @@ def _unlink_quietly(path: str) -> None:
 
 def list_segment_paths(shm_dir: str | None = None) -> list[str]:
     """Every `/opencoti-gpu-*` segment on this host, sorted by name."""
+    return [path for path, _ in list_segments(shm_dir)]
+
+
+def list_segments(shm_dir: str | None = None) -> list[tuple[str, int]]:
+    """(path, inode number from readdir: no stat) of every `/opencoti-gpu-*` segment, sorted by name."""
     d = shm_dir or SHM_DIR
     try:
-        names = os.listdir(d)
+        with os.scandir(d) as it:
+            found = [(e.path, e.inode()) for e in it if e.name.startswith(abi.SEGMENT_PREFIX)]
     except OSError as e:
         if e.errno == errno.ENOENT:
             return []
         raise
-    return sorted(os.path.join(d, n) for n in names if n.startswith(abi.SEGMENT_PREFIX))
+    return sorted(found)

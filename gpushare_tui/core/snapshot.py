@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import schedule
 from .abi import ALIVE_US, SlotRecord, segment_name, weight_is_valid
-from .segment import Segment, SegmentError, key_from_path, list_segment_paths, user_name
+from .budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
+from .segment import (
+    Segment,
+    SegmentError,
+    UnknownGroupError,
+    key_from_path,
+    list_segments,
+    resolve_group,
+    user_name,
+)
 
 
 @dataclass(frozen=True)
@@ -126,60 +137,155 @@ def _text(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class SegmentsRead:
+    """One refresh of this host's segments: snapshots and errors (ours first), and how many foreign
+    segments were not read (over the count cap or the time budget), with the cap (None: --all-owners)."""
+
+    gpus: list[GpuSnapshot]
+    errors: list[SegmentProblem]
+    foreign_not_shown: int = 0
+    foreign_shown_max: int | None = FOREIGN_SEGMENTS_SHOWN_MAX
+
+
+@dataclass(frozen=True)
+class _Listed:
+    path: str
+    trusted: bool
+
+
+def share_gid_from_env() -> int | None:
+    """The gid of GPUSHARE_GROUP (the --share-group our engines use), or None when unset or unknown."""
+    group = os.environ.get("GPUSHARE_GROUP")
+    if not group:
+        return None
+    try:
+        return resolve_group(group)
+    except UnknownGroupError:
+        return None
+
+
 class SegmentReader:
-    """Keeps read-only segments open across refreshes; picks up new, removed and replaced segments.
+    """Reads this host's segments afresh at every refresh: ours first, then foreign ones within a budget.
 
-    A segment that errors is closed and opened afresh at the next refresh; one
-    whose path now names another file (unlinked and recreated) is reopened."""
+    Trusted (read first, all of them): segments owned by us or root, those of our share group
+    (`share_gid`, default GPUSHARE_GROUP's), and the one `gpu_key` names (then only that one is read).
+    Foreign segments (anyone else's) are read after, sorted by name, until FOREIGN_SEGMENTS_SHOWN_MAX of
+    them were read or their time budget is spent; the rest are counted, not read. With `all_owners`
+    there is no count cap (the time budget is FOREIGN_READ_BUDGET_ALL_OWNERS_S). No fd is held between
+    refreshes (open, pread, close), so a flood of segments cannot exhaust our fds. A torn slot is an
+    error row (`slot N torn`), not a wait; a trusted segment's torn slot shows its last consistent copy."""
 
-    def __init__(self, gpu_key: str | None = None, shm_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        gpu_key: str | None = None,
+        shm_dir: str | None = None,
+        *,
+        all_owners: bool = False,
+        share_gid: int | None = None,
+        clock_s: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.gpu_key = gpu_key
         self.shm_dir = shm_dir
-        self._open: dict[str, Segment] = {}
+        self.all_owners = all_owners
+        self.share_gid = share_gid if share_gid is not None else share_gid_from_env()
+        self._clock_s = clock_s
+        # per trusted segment: its file's identity, and its slots' last consistent copies
+        self._last_good: dict[str, tuple[tuple[int, int], dict[int, bytes]]] = {}
+        self._trust: dict[str, tuple[int, bool]] = {}  # path -> (inode, trusted) at the last listing
 
     def read(self, now_us: int) -> tuple[list[GpuSnapshot], list[SegmentProblem]]:
-        paths = list_segment_paths(self.shm_dir)
-        if self.gpu_key is not None:
-            paths = [p for p in paths if key_from_path(p) == self.gpu_key]
-        for gone in set(self._open) - set(paths):
-            self._drop(gone)
-        gpus, errors = [], []
-        for path in paths:
+        """Snapshots and errors (read_all's, without the counts)."""
+        r = self.read_all(now_us)
+        return r.gpus, r.errors
+
+    def _listed(self) -> list[_Listed]:
+        """Every segment, trusted first (each group by name). A name is lstat'ed only when it is new or
+        names another inode than at the last listing (readdir gives inodes): a flood costs a stat once."""
+        uid = os.geteuid()
+        listed = []
+        known: dict[str, tuple[int, bool]] = {}
+        for path, inode in list_segments(self.shm_dir):
+            if self.gpu_key is not None:
+                if key_from_path(path) == self.gpu_key:
+                    listed.append(_Listed(path, True))
+                continue
+            cached = self._trust.get(path)
+            if cached is not None and cached[0] == inode:
+                trusted = cached[1]
+            else:
+                try:
+                    st = os.stat(path, follow_symlinks=False)
+                except OSError:
+                    continue  # gone since the listing
+                trusted = st.st_uid in (uid, 0) or (self.share_gid is not None and st.st_gid == self.share_gid)
+            known[path] = (inode, trusted)
+            listed.append(_Listed(path, trusted))
+        self._trust = known
+        return sorted(listed, key=lambda x: not x.trusted)  # stable: by name within each group
+
+    def read_all(self, now_us: int) -> SegmentsRead:
+        listed = self._listed()
+        trusted = {x.path for x in listed if x.trusted}
+        for gone in set(self._last_good) - trusted:
+            del self._last_good[gone]
+        cap = None if self.all_owners else FOREIGN_SEGMENTS_SHOWN_MAX
+        budget_s = FOREIGN_READ_BUDGET_ALL_OWNERS_S if self.all_owners else FOREIGN_READ_BUDGET_S
+        gpus: list[GpuSnapshot] = []
+        errors: list[SegmentProblem] = []
+        foreign_read = 0
+        deadline: float | None = None
+        not_shown = 0
+        for x in listed:
+            if not x.trusted:
+                if deadline is None:
+                    deadline = self._clock_s() + budget_s
+                if (cap is not None and foreign_read >= cap) or self._clock_s() >= deadline:
+                    not_shown += 1
+                    continue
+                foreign_read += 1
             try:
-                gpus.append(self._snapshot(path, now_us))
+                snap, torn = self._snapshot(x.path, now_us, x.trusted)
+                gpus.append(snap)
+                if torn:
+                    errors.append(SegmentProblem(snap.segment, _torn_text(torn)))
             except SegmentError as e:
-                self._drop(path)
                 errors.append(SegmentProblem(_text(e.segment), e.why))
             except (OSError, ValueError) as e:
-                self._drop(path)
-                errors.append(SegmentProblem(_text("/" + path.rsplit("/", 1)[-1]), _text(str(e))))
-        return gpus, errors
+                errors.append(SegmentProblem(_text("/" + x.path.rsplit("/", 1)[-1]), _text(str(e))))
+        return SegmentsRead(gpus, errors, not_shown, cap)
 
-    def _snapshot(self, path: str, now_us: int) -> GpuSnapshot:
-        seg = self._open.get(path)
-        if seg is not None and seg.replaced():
-            self._drop(path)
-            seg = None
-        if seg is None:
-            seg = self._open[path] = Segment.attach_readonly(path)
-        slots = seg.read_slots()
-        st = seg.fstat()  # now: the owner may chmod/chown it at any time
-        return build_gpu_snapshot(
+    def _snapshot(self, path: str, now_us: int, trusted: bool) -> tuple[GpuSnapshot, tuple[int, ...]]:
+        with Segment.attach_readonly(path) as seg:
+            if trusted:
+                ident, last_good = self._last_good.get(path, (None, {}))
+                if ident != seg.ident:
+                    last_good = {}
+                    self._last_good[path] = (seg.ident, last_good)
+                seg.keep_last_good(last_good)
+            read = seg.read_slots_checked()
+            st = seg.fstat()  # now: the owner may chmod/chown it at any time
+        snap = build_gpu_snapshot(
             _text(seg.key),
             _text(seg.name),
-            slots,
+            read.slots,
             now_us,
             owner=user_name(st.st_uid),
             owner_uid=st.st_uid,
             mode=stat.S_IMODE(st.st_mode),
         )
-
-    def _drop(self, path: str) -> None:
-        seg = self._open.pop(path, None)
-        if seg is not None:
-            seg.close()
+        return snap, read.torn
 
     def close(self) -> None:
-        for seg in self._open.values():
-            seg.close()
-        self._open.clear()
+        """Forget the last consistent copies (no fd is held between refreshes)."""
+        self._last_good.clear()
+
+
+def foreign_not_shown_text(n: int) -> str:
+    """The one line every surface shows for the segments of other users it did not read."""
+    return f"{n} segment{'s' if n != 1 else ''} of other users not shown (--all-owners)"
+
+
+def _torn_text(torn: tuple[int, ...]) -> str:
+    which = ", ".join(str(i) for i in torn)
+    return f"slot{'s' if len(torn) > 1 else ''} {which} torn (seqlock word odd or changing; not shown)"

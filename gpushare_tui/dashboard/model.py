@@ -101,6 +101,8 @@ class DashboardModel:
     gpus: tuple[GpuView, ...] = ()
     errors: tuple[SegmentProblem, ...] = ()
     mono_us: int | None = None  # the collector's monotonic clock: a wall-clock step must not freeze the plots
+    foreign_not_shown: int = 0  # segments of other users not read this refresh (over the cap or the time budget)
+    foreign_shown_max: int | None = None  # that cap (None: none, --all-owners, or not known)
 
     @property
     def plot_s(self) -> float:

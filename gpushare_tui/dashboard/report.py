@@ -27,11 +27,20 @@ class ReportData:
     now_us: int  # the report's timestamp (wall clock)
     views: Sequence[tuple[str | None, GpuView]] = ()
     errors: Sequence[tuple[str | None, SegmentProblem]] = ()
+    foreign_not_shown: int = 0  # this host's segments of other users not read (over the cap or the time budget)
+    foreign_shown_max: int | None = None  # that cap (None: none, --all-owners)
 
     @classmethod
     def of_model(cls, model: DashboardModel, hostname: str, host: str | None = None) -> ReportData:
         """The report of one host's `model`, its GPUs and errors named `host`."""
-        return cls(hostname, model.now_us, [(host, g) for g in model.gpus], [(host, e) for e in model.errors])
+        return cls(
+            hostname,
+            model.now_us,
+            [(host, g) for g in model.gpus],
+            [(host, e) for e in model.errors],
+            model.foreign_not_shown,
+            model.foreign_shown_max,
+        )
 
 
 def _json_number(x: float | None) -> float | None:
@@ -97,4 +106,7 @@ def report_json(data: ReportData) -> dict:
             {"segment": e.segment, "error": e.error, **({} if host is None else {"host": host})}
             for host, e in data.errors
         ],
+        # this host's segments of other users left out (`--all-owners` shows them), and the cap
+        "foreign_segments_not_shown": data.foreign_not_shown,
+        "foreign_segments_shown_max": data.foreign_shown_max,
     }

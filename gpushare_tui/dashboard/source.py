@@ -42,6 +42,9 @@ class DataSource(Protocol):
 class LiveSource:
     """Segments + NVML + control-socket status.
 
+    Segments: ours first, then foreign ones up to a cap and a time budget unless `all_owners`
+    (core.snapshot.SegmentReader); the model counts those not read.
+
     `status` is asked only of managed engines (a control socket exists), with a
     short timeout, every `status_every_s`, and at once when its peer's `active`
     flag changed (its tok/s then changes too); one that answers slowly or not at
@@ -64,9 +67,10 @@ class LiveSource:
         control: ControlClient | None = None,
         shm_dir: str | None = None,
         sanitize: bool = True,
+        all_owners: bool = False,
     ) -> None:
         self.clock = clock
-        self.reader = SegmentReader(gpu_key, shm_dir)
+        self.reader = SegmentReader(gpu_key, shm_dir, all_owners=all_owners)
         self.status_every_s = status_every_s
         self.status_timeout_s = status_timeout_s
         self.nvml_retry_s = nvml_retry_s
@@ -131,7 +135,8 @@ class LiveSource:
     def collect(self) -> DashboardModel:
         mono = time.monotonic()
         now = self.clock()
-        gpus, errors = self.reader.read(now)
+        read = self.reader.read_all(now)
+        gpus, errors = read.gpus, read.errors
         if self.sanitize:
             gpus, errors = [printable_gpu(g) for g in gpus], [printable_problem(e) for e in errors]
         views = []
@@ -156,7 +161,9 @@ class LiveSource:
         with self._lock:
             for gone in [e for e in self._status if e not in seen]:
                 del self._status[gone]
-        return DashboardModel(now, tuple(views), tuple(errors), mono_us())
+        return DashboardModel(
+            now, tuple(views), tuple(errors), mono_us(), read.foreign_not_shown, read.foreign_shown_max
+        )
 
     def close(self) -> None:
         self.reader.close()
