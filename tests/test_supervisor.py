@@ -97,11 +97,15 @@ def test_two_engines_paced_two_to_one(engines):
     ta, tb = (lo.count(t0, t1) for lo in loads)
     for lo in loads:
         lo.stop()
-    # measured 1.98-2.01 quiet, 2.02-2.85 with two busy loops on the 2 cores as well (the
-    # short windows suffer more from the contention); unpaced or weight-blind pacing gives
-    # ~1:1. Short requests: a token's cost grows with its position.
-    assert tb > 0 and 1.5 <= ta / tb <= 3.2, (ta, tb)
+    # The pacing's own measure: the time each engine is continued (not stopped), 2:1. Measured 1.99
+    # quiet and 2.06-2.10 beside a CPU hog; weight-blind pacing gives ~1:1, none never stops either.
+    # The tokens follow it quiet (2.06; 1.98-2.01 before), but beside a CPU hog the CPU stand-ins'
+    # token ratio ranged 1.2-6.9 (the short windows suffer most from the contention), so tokens
+    # are only checked to favour the heavier engine.
     assert stopped_seen[a] > 0 and stopped_seen[b] > 0  # really paced by signals
+    continued_a, continued_b = samples - stopped_seen[a], samples - stopped_seen[b]
+    assert continued_b > 0 and 1.6 <= continued_a / continued_b <= 2.5, (continued_a, continued_b, samples)
+    assert ta > tb > 0, (ta, tb)
     # one at a time, give or take the hand-off: 0% of samples quiet, 0.6-3.9% with two busy
     # loops on the 2 cores as well (the outgoing engine's thread must get a core to stop);
     # broken pacing shows ~50-100%. test_run_until pins the stop lead itself.
