@@ -86,7 +86,9 @@ def test_torn_segments_cost_microseconds_and_are_error_rows(flood_dir: str) -> N
     hb = wall_us()
     torn = {i: (4_000_000 + i, 3) for i in range(8)} | {i: (0, 1) for i in range(8, 16)}
     for j in range(60):
-        _write(os.path.join(flood_dir, f"opencoti-gpu-torn-{j:02d}"), _segment_bytes(torn, hb))
+        path = os.path.join(flood_dir, f"opencoti-gpu-torn-{j:02d}")
+        _write(path, _segment_bytes(torn, hb))
+        os.chmod(path, 0o666)  # others can write it (an attacker's): a reader of ours alone would wait for a writer
     reader = SegmentReader(shm_dir=flood_dir)
     t0 = time.monotonic()
     r = reader.read_all(wall_us())
@@ -95,6 +97,35 @@ def test_torn_segments_cost_microseconds_and_are_error_rows(flood_dir: str) -> N
     assert len(r.gpus) == 60 and all(g.peers == () for g in r.gpus)  # a torn slot is never shown
     assert len(r.errors) == 60
     assert all(e.error.startswith("slots 0, 1, 2, 3, 4, 5, 6, 7 torn") for e in r.errors), r.errors[0]
+
+
+def test_a_fresh_reader_of_ours_waits_out_a_writer_descheduled_mid_write(flood_dir: str) -> None:
+    """Our own segment (only our processes write it): a slot torn when a fresh reader (no last copy: no
+    fd is held) comes, and finished a few ms later, is shown, not taken for a free slot (a full suite on
+    a loaded box once lost a live engine's slot so); a segment others can write gets no such wait."""
+    import threading
+
+    path = os.path.join(flood_dir, "opencoti-gpu-ours-mid-write")
+    hb = wall_us()
+    _write(path, _segment_bytes({0: (4_100_001, 3)}, hb))  # odd seq: "mid-write"
+
+    def finish() -> None:
+        time.sleep(0.004)
+        with open(path, "r+b") as f:
+            f.seek(abi.HEADER_SIZE + abi.OFF_SEQ)
+            f.write(struct.pack("<I", 4))
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    (g,), errors = SegmentReader(shm_dir=flood_dir).read(hb)
+    writer.join()
+    assert [p.pid for p in g.peers] == [4_100_001] and errors == []
+    _write(path, _segment_bytes({0: (4_100_001, 3)}, hb))
+    os.chmod(path, 0o666)  # now others can write it: no wait, the torn slot is an error row at once
+    t0 = time.monotonic()
+    (g,), errors = SegmentReader(shm_dir=flood_dir).read(hb)
+    took_s = time.monotonic() - t0
+    assert g.peers == () and len(errors) == 1 and took_s < budgets.OWN_TORN_WAIT_S * budgets.OWN_TORN_WAITS
 
 
 def test_our_torn_slot_shows_its_last_consistent_copy(flood_dir: str) -> None:

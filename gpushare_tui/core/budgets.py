@@ -57,6 +57,13 @@ LOG_FOLLOW_READ_MAX_BYTES = 1024 * 1024  # `logs -f` reads at most 1 MiB per pol
 # odd words, must cost a reader microseconds, not a sleeping back-off (what is still torn is reported).
 SEQLOCK_REREADS = 2
 
+# A segment ours alone (our uid, not writable by others) is written only by our own processes: a slot
+# still torn after those re-reads is a writer descheduled mid-write (seen once in a full suite on a
+# loaded box: a fresh reader then showed a live engine's slot as free). Such a read waits for it, at
+# most OWN_TORN_WAITS x OWN_TORN_WAIT_S; a segment others can write never waits.
+OWN_TORN_WAIT_S = 0.001
+OWN_TORN_WAITS = 20
+
 # Foreign segments (not our uid, not root's, not our share group's, not the --gpu-key named) read per
 # refresh at most: the dashboard, --once and serve show this many, and count the rest as not shown. Each
 # shown segment is a dashboard panel (timeline, plots, up to 16 rows): measured on 2 quiet cores beside

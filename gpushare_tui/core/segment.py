@@ -26,11 +26,12 @@ import pwd
 import stat
 import struct
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import abi
-from .budgets import SEQLOCK_REREADS
+from .budgets import OWN_TORN_WAIT_S, OWN_TORN_WAITS, SEQLOCK_REREADS
 from .errors import GpushareError, UsageError
 
 if TYPE_CHECKING:
@@ -351,9 +352,10 @@ class Segment:
         return self.read_slots_checked().slots
 
     def read_slots_checked(self) -> SlotsRead:
-        """All slots, each seqlock-consistent, and which were torn; microseconds whatever the bytes.
+        """All slots, each seqlock-consistent, and which were torn; microseconds whatever others wrote.
 
-        The table is copied three times per round, at most 1 + SEQLOCK_REREADS rounds, with no sleep;
+        The table is copied three times per round, at most 1 + SEQLOCK_REREADS rounds, with no sleep
+        (a segment ours alone may wait a little: _torn_rounds);
         later rounds only decide the slots still torn. A slot whose pid word is 0 in every copy is free
         (never retried). A slot still torn after the rounds (a writer descheduled mid-write, or odd words
         written on purpose) is its last consistent copy if this segment ever gave one; else it is in
@@ -368,7 +370,7 @@ class Segment:
         out: list[bytes | None] = [None] * h.slot_count
         pending: list[int] = list(range(h.slot_count))
         data = b""
-        for _ in range(1 + SEQLOCK_REREADS):
+        for _ in self._torn_rounds(lambda: bool(pending)):
             # Three separate copies: every seq in `before` is loaded before any byte of `data`,
             # every seq in `after` after it (one memcpy has no load order).
             before, data, after = self._read(start, n), self._read(start, n), self._read(start, n)
@@ -382,7 +384,7 @@ class Segment:
                     out[i] = bytes(abi.SLOT_SIZE)  # free in every copy: nothing to show, nothing to retry
                 else:
                     still.append(i)
-            pending = still
+            pending[:] = still
             if not pending:
                 break
         torn = []
@@ -394,6 +396,20 @@ class Segment:
             out[i] = data[i * size : i * size + abi.SLOT_SIZE] if self.writable else bytes(abi.SLOT_SIZE)
         return SlotsRead(tuple(abi.unpack_slot(i, b) for i, b in enumerate(out) if b is not None), tuple(torn))
 
+    def _torn_rounds(self, still_torn: Callable[[], bool]) -> Iterator[int]:
+        """The read rounds of a seqlock read: 1 + SEQLOCK_REREADS at once. A reader of a segment ours alone
+        (only our own processes write it) then gets up to OWN_TORN_WAITS more, OWN_TORN_WAIT_S apart, while
+        `still_torn()`: there a torn slot is a writer descheduled mid-write on a loaded box, not an attack.
+        A segment others can write, and a writer's reads, never wait."""
+        yield from range(1 + SEQLOCK_REREADS)
+        if self.exposed or self.writable:  # a writer (the pacer) uses the torn copy: never wait there
+            return
+        for i in range(OWN_TORN_WAITS):
+            if not still_torn():
+                return
+            time.sleep(OWN_TORN_WAIT_S)
+            yield 1 + SEQLOCK_REREADS + i
+
     def read_slot(self, index: int) -> abi.SlotRecord:
         return abi.unpack_slot(index, self._read_slot_bytes(index))
 
@@ -402,7 +418,7 @@ class Segment:
         consistent copy, or (never seen consistent) the torn copy for a writer, a free slot for a reader."""
         off = self.slot_offset(index)
         buf = b""
-        for _ in range(1 + SEQLOCK_REREADS):
+        for _ in self._torn_rounds(lambda: True):
             before = self._read(off, abi.SLOT_SIZE)
             buf = self._read(off, abi.SLOT_SIZE)
             after = self._read(off, abi.SLOT_SIZE)
