@@ -36,8 +36,10 @@ def test_layout_constants() -> None:
         "heartbeat_us": 24,
         "busy_ppm": 32,
         "name": 36,
+        "flags": 84,  # Extension 1 (§7)
+        "busy_total_us": 88,
     }
-    assert abi.OFF_RESERVED == 84 == abi.SLOT_OFFSETS["name"] + abi.NAME_BYTES
+    assert abi.OFF_RESERVED == 96 == abi.SLOT_OFFSETS["busy_total_us"] + 8
     assert abi.OWNER_FIELDS_STRUCT.size == abi.OFF_RESERVED - abi.OFF_BOOT_US
     assert abi.HEADER_OFFSETS == {"magic": 0, "version": 8, "slot_count": 12, "slot_size": 16, "header_size": 20}
 
@@ -74,9 +76,21 @@ def test_slot_round_trip_little_endian_at_spec_offsets() -> None:
     assert struct.unpack_from("<q", buf, 24)[0] == 1_764_000_000_123_456
     assert struct.unpack_from("<I", buf, 32)[0] == 999_999
     assert buf[36:44] == b"llama-7b" and buf[44:84] == b"\0" * 40
-    assert buf[84:] == b"\0" * 44
+    assert buf[84:] == b"\0" * 44  # a record without Extension 1 fields packs them as a v1 owner writes them
     assert abi.unpack_slot(3, buf) == rec
     assert rec.name == "llama-7b"
+
+
+def test_extension1_fields_at_spec_offsets() -> None:
+    flags = abi.FLAG_EXT1 | abi.FLAG_DEMAND
+    rec = abi.SlotRecord(1, 7, 2, 3, 1.0, 1, 4, 5, abi.encode_name("x"), flags=flags, busy_total_us=2**40 + 3)
+    buf = abi.pack_slot(rec)
+    assert struct.unpack_from("<I", buf, 84)[0] == 0b101
+    assert struct.unpack_from("<Q", buf, 88)[0] == 2**40 + 3
+    assert buf[96:] == b"\0" * 32
+    back = abi.unpack_slot(1, buf)
+    assert back == rec and back.ext1
+    assert not abi.unpack_slot(1, abi.pack_slot(abi.SlotRecord(1, 7, 2, 3, 1.0, 1, 4, 5, b"\0" * 48))).ext1
 
 
 @pytest.mark.parametrize(
@@ -193,7 +207,9 @@ struct ocgpu_slot {
     int64_t heartbeat_us;
     uint32_t busy_ppm;
     char name[48];
-    char reserved[44];
+    uint32_t flags;
+    uint64_t busy_total_us;
+    char reserved[32];
 };
 
 #define OFF(s, f) printf("\"%s.%s\": %zu,\n", #s, #f, offsetof(struct s, f))
@@ -222,7 +238,7 @@ int main(int argc, char **argv) {
         OFF(ocgpu_header, slot_size); OFF(ocgpu_header, header_size);
         OFF(ocgpu_slot, pid); OFF(ocgpu_slot, seq); OFF(ocgpu_slot, boot_us); OFF(ocgpu_slot, weight);
         OFF(ocgpu_slot, active); OFF(ocgpu_slot, heartbeat_us); OFF(ocgpu_slot, busy_ppm);
-        OFF(ocgpu_slot, name); OFF(ocgpu_slot, reserved);
+        OFF(ocgpu_slot, name); OFF(ocgpu_slot, flags); OFF(ocgpu_slot, busy_total_us); OFF(ocgpu_slot, reserved);
         printf("\"sizeof_header\": %zu, \"sizeof_slot\": %zu\n}\n",
                sizeof(struct ocgpu_header), sizeof(struct ocgpu_slot));
         return 0;

@@ -1,4 +1,4 @@
-"""Registry ABI v1: layout constants and pure pack/unpack (spec registry-abi.md §1–3).
+"""Registry ABI v1 (spec registry-abi.md §1–3) and its Extension 1 fields (§7): layout constants, pure pack/unpack.
 
 No I/O here. Offsets are byte-exact; C peers read and write the same segment.
 """
@@ -36,7 +36,16 @@ SLOT_FIELDS = (
     ("heartbeat_us", "q"),
     ("busy_ppm", "I"),
     ("name", f"{NAME_BYTES}s"),
+    ("flags", "I"),  # Extension 1 (§7); a v1 owner writes 0
+    ("busy_total_us", "Q"),  # Extension 1 (§7)
 )
+
+# Extension 1 `flags` bits (spec §7).
+FLAG_EXT1 = 1 << 0  # the owner implements Extension 1
+FLAG_INTERACTIVE = 1 << 1  # latency class interactive (0: batch)
+FLAG_DEMAND = 1 << 2  # work in flight now
+FLAG_PRIORITY = 1 << 3  # an interactive owner's claim to run first (within its budget)
+FLAGS_KNOWN = FLAG_EXT1 | FLAG_INTERACTIVE | FLAG_DEMAND | FLAG_PRIORITY
 
 
 def _offsets(fields: tuple[tuple[str, str], ...]) -> dict[str, int]:
@@ -64,7 +73,9 @@ OFF_PID = SLOT_OFFSETS["pid"]
 OFF_SEQ = SLOT_OFFSETS["seq"]
 OFF_BOOT_US = SLOT_OFFSETS["boot_us"]
 OFF_HEARTBEAT_US = SLOT_OFFSETS["heartbeat_us"]
-OFF_RESERVED = SLOT_OFFSETS["name"] + NAME_BYTES
+OFF_FLAGS = SLOT_OFFSETS["flags"]
+OFF_BUSY_TOTAL_US = SLOT_OFFSETS["busy_total_us"]
+OFF_RESERVED = OFF_BUSY_TOTAL_US + 8
 
 _KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
@@ -145,6 +156,13 @@ class SlotRecord:
     heartbeat_us: int
     busy_ppm: int
     name_raw: bytes
+    flags: int = 0  # Extension 1 (§7): FLAG_* bits; 0 from a v1 owner
+    busy_total_us: int = 0  # Extension 1 (§7)
+
+    @property
+    def ext1(self) -> bool:
+        """The owner implements Extension 1 (a v1 owner leaves the bit 0)."""
+        return bool(self.flags & FLAG_EXT1)
 
     @property
     def name(self) -> str:
@@ -194,8 +212,8 @@ def encode_name(name: str) -> bytes:
 
 
 def unpack_slot(index: int, buf: bytes) -> SlotRecord:
-    pid, seq, boot_us, weight, active, hb, busy, name = SLOT_STRUCT.unpack_from(buf, 0)
-    return SlotRecord(index, pid, seq, boot_us, weight, active, hb, busy, name)
+    pid, seq, boot_us, weight, active, hb, busy, name, flags, busy_total = SLOT_STRUCT.unpack_from(buf, 0)
+    return SlotRecord(index, pid, seq, boot_us, weight, active, hb, busy, name, flags, busy_total)
 
 
 def pack_slot(rec: SlotRecord) -> bytes:
@@ -208,4 +226,6 @@ def pack_slot(rec: SlotRecord) -> bytes:
         rec.heartbeat_us,
         rec.busy_ppm,
         rec.name_raw,
+        rec.flags,
+        rec.busy_total_us,
     )

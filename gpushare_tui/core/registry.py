@@ -61,6 +61,8 @@ class Membership:
         self._active = 0
         self._last_active_us = 0  # mono_us
         self._busy_ppm = 0
+        self._flags = 0  # Extension 1 (§7) FLAG_* bits; 0: a v1 owner
+        self._busy_total_us = 0  # Extension 1 (§7): busy µs since the join
         self._slot: int | None = None
         self._segment: Segment | None = None
         self._stop = threading.Event()
@@ -124,6 +126,7 @@ class Membership:
                         heartbeat_us=0,
                         busy_ppm=0,
                         name_raw=self._name_raw,
+                        busy_total_us=self._busy_total_us,
                     )
                     seg.cas_pid(slot, self.pid, 0)
             except SegmentError as e:  # shrunk under us: nothing left to clear
@@ -192,6 +195,31 @@ class Membership:
             with self._lock:
                 self._write_if_joined()
 
+    @property
+    def flags(self) -> int:
+        """The Extension 1 flags we publish (abi.FLAG_*; 0 for a v1 owner)."""
+        return self._flags
+
+    def set_flags(self, flags: int, publish: bool = True) -> None:
+        """Store the Extension 1 flags; written now if they changed and `publish` (DEMAND must be
+        stored at once, spec §7), else at the next heartbeat."""
+        if flags & ~abi.FLAGS_KNOWN:
+            raise ValueError(f"unknown flag bits {flags & ~abi.FLAGS_KNOWN:#x}")
+        with self._lock:
+            changed, self._flags = flags != self._flags, flags
+            if changed and publish:
+                self._write_if_joined()
+
+    @property
+    def busy_total_us(self) -> int:
+        return self._busy_total_us
+
+    def add_busy_us(self, us: int) -> None:
+        """Count `us` of busy time into `busy_total_us` (written at the next heartbeat); never decreases."""
+        if us > 0:
+            with self._lock:
+                self._busy_total_us += int(us)
+
     def mark_active(self, mono_now_us: int | None = None) -> None:
         """A decode/prefill step happened (at `mono_now_us`, default now): raise `active` at once if it was down."""
         self._last_active_us = self._mono() if mono_now_us is None else mono_now_us
@@ -226,6 +254,8 @@ class Membership:
             heartbeat_us=now,
             busy_ppm=self._busy_ppm,
             name_raw=self._name_raw,
+            flags=self._flags,
+            busy_total_us=self._busy_total_us,
         )
 
     def _still_mine(self, slot: int) -> bool:

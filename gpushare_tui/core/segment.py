@@ -488,15 +488,19 @@ class Segment:
         heartbeat_us: int,
         busy_ppm: int,
         name_raw: bytes,
+        flags: int = 0,
+        busy_total_us: int = 0,
     ) -> None:
-        """Seqlock write of every field after seq (the owner's fields)."""
+        """Seqlock write of every field after seq (the owner's fields, Extension 1's included)."""
         if self._mv is None:
             raise PermissionError(f"segment {self.name} is mapped read-only")
         off = self.slot_offset(index)
         if self.exposed:
             # Only this slot's owner (us) writes its seq: pwrite of seq+1 (odd), the fields, seq+2.
             seq_now = _SEQS.unpack(self._read(off + abi.OFF_SEQ, 4))[0] & ~1
-            fields = abi.OWNER_FIELDS_STRUCT.pack(boot_us, weight, active, heartbeat_us, busy_ppm, name_raw)
+            fields = abi.OWNER_FIELDS_STRUCT.pack(
+                boot_us, weight, active, heartbeat_us, busy_ppm, name_raw, flags, busy_total_us
+            )
             self._pwrite(off + abi.OFF_SEQ, _SEQS.pack((seq_now + 1) & 0xFFFFFFFF))
             self._pwrite(off + abi.OFF_BOOT_US, fields)
             self._pwrite(off + abi.OFF_SEQ, _SEQS.pack((seq_now + 2) & 0xFFFFFFFF))
@@ -504,7 +508,16 @@ class Segment:
         seq = self._atomic(off + abi.OFF_SEQ, 4)
         seq.fetch_add(1)  # odd: writing
         abi.OWNER_FIELDS_STRUCT.pack_into(
-            self._mv, off + abi.OFF_BOOT_US, boot_us, weight, active, heartbeat_us, busy_ppm, name_raw
+            self._mv,
+            off + abi.OFF_BOOT_US,
+            boot_us,
+            weight,
+            active,
+            heartbeat_us,
+            busy_ppm,
+            name_raw,
+            flags,
+            busy_total_us,
         )
         seq.fetch_add(1)  # even: done (seq_cst, a release)
 
