@@ -250,6 +250,34 @@ def _toml_env(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(value.items()))
 
 
+ACTIVITY_SOURCES = ("llama", "metrics", "cpu", "gpu", "always")
+HEALTH_KINDS = ("http", "tcp", "log", "none")
+
+
+@dataclass(frozen=True)
+class ActivitySpec:
+    """What "this engine is working now" means for the supervisor (core/activity/ implements each
+    `source`): `llama` (its /metrics and /slots), `metrics` (the Prometheus gauge `gauge` at
+    `metrics_url` counts work in flight), `cpu` (the process tree uses >= `cpu_cores` cores; None:
+    the source's default), `gpu` (NVML per-process utilisation of the tree), `always` (working while it runs)."""
+
+    source: str = "llama"
+    metrics_url: str | None = None
+    gauge: str | None = None
+    cpu_cores: float | None = None
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """When a started engine is ready: `http` (GET `url` answers 200), `tcp` (`port` accepts a
+    connection), `log` (a line of its log matches `log_regex`), `none` (at once)."""
+
+    kind: str = "http"
+    url: str | None = None
+    port: int | None = None
+    log_regex: str | None = None
+
+
 @dataclass(frozen=True)
 class SynthDecl:
     """A synthetic engine's work (`synth = { step_ms = 5 }`)."""
