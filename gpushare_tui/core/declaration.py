@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
@@ -276,6 +277,47 @@ class HealthSpec:
     url: str | None = None
     port: int | None = None
     log_regex: str | None = None
+
+
+# The gauge that counts work in flight, per engine (issue 19; each checked against the project's docs).
+METRICS_GAUGE_PRESETS = {
+    "vllm": "vllm:num_requests_running",
+    "sglang": "sglang:num_running_reqs",
+    "tgi": "tgi_batch_current_size",
+}
+ACTIVITY_CHOICES = (*ACTIVITY_SOURCES, *METRICS_GAUGE_PRESETS)
+
+
+def check_activity(spec: ActivitySpec) -> ActivitySpec:
+    """`spec` if complete and valid, else a DeclarationError on field `activity` (one line)."""
+    if spec.source not in ACTIVITY_SOURCES:
+        raise DeclarationError("activity", spec.source, f"must be one of {', '.join(ACTIVITY_CHOICES)}")
+    if spec.source == "metrics":
+        if not spec.metrics_url or not spec.metrics_url.startswith(("http://", "https://")):
+            raise DeclarationError("activity", spec.metrics_url, "needs a metrics URL (http://HOST:PORT/metrics)")
+        if not spec.gauge:
+            raise DeclarationError("activity", None, "needs the gauge that counts work in flight (a metric name)")
+    if spec.cpu_cores is not None and not (math.isfinite(spec.cpu_cores) and spec.cpu_cores > 0):
+        raise DeclarationError("activity", spec.cpu_cores, "cpu_cores must be a number of cores > 0")
+    return spec
+
+
+def check_health(spec: HealthSpec) -> HealthSpec:
+    """`spec` if complete and valid, else a DeclarationError on field `health` (one line)."""
+    if spec.kind not in HEALTH_KINDS:
+        raise DeclarationError("health", spec.kind, f"must be one of {', '.join(HEALTH_KINDS)}")
+    if spec.kind == "http" and spec.url is not None and not spec.url.startswith(("http://", "https://")):
+        raise DeclarationError("health", spec.url, "must be an http:// or https:// URL")
+    if spec.kind == "tcp" and not (isinstance(spec.port, int) and 1 <= spec.port <= 65535):
+        raise DeclarationError("health", spec.port, "needs a TCP port 1..65535")
+    if spec.kind == "log":
+        if not spec.log_regex:
+            raise DeclarationError("health", spec.log_regex, "needs a regular expression for the ready line")
+        try:
+            re.compile(spec.log_regex)
+        except re.error as e:
+            raise DeclarationError("health", spec.log_regex, f"is not a valid regular expression ({e})") from None
+    return spec
 
 
 @dataclass(frozen=True)
