@@ -210,6 +210,17 @@ class Membership:
             if changed and publish:
                 self._write_if_joined()
 
+    def set_demand(self, demand: bool) -> None:
+        """Publish DEMAND (work in flight now) at once when it changes (spec §7)."""
+        with self._lock:
+            self.set_flags(self._flags | abi.FLAG_DEMAND if demand else self._flags & ~abi.FLAG_DEMAND)
+
+    def set_interactive(self, interactive: bool) -> None:
+        """Publish the latency class (INTERACTIVE set: interactive; clear: batch) at once (spec §7)."""
+        with self._lock:
+            bit = abi.FLAG_INTERACTIVE
+            self.set_flags(self._flags | bit if interactive else self._flags & ~(bit | abi.FLAG_PRIORITY))
+
     @property
     def busy_total_us(self) -> int:
         return self._busy_total_us
