@@ -50,7 +50,9 @@ def headless_args(argv: Sequence[str]) -> tuple[str | None, bool] | None:
 ONCE_STATUS_TIMEOUT_S = 0.3  # each managed engine's `status`, asked once
 
 
-def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True, all_owners: bool = False) -> ReportData:
+def collect(
+    gpu_key: str | None, urls: Sequence[str] = (), local: bool = True, all_owners: bool = False
+) -> ReportData:
     """One snapshot of this host (unless not `local`: LiveSource, segments, NVML, managed engines'
     status) and of the `serve` endpoints `urls`: with any, every gpu and error is named by host (this
     host's name, or the endpoint's URL); a host that cannot be read is one error (`segment` ""), not a
