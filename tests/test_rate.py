@@ -39,3 +39,30 @@ def test_solo_is_the_best_rate_of_a_window_spent_alone() -> None:
     r.update(4.0, 1050, lambda: next(alone))  # began shared
     r.update(5.0, 1150, lambda: next(alone))  # began shared, ended alone
     assert r.solo == pytest.approx(200.0)
+
+
+def test_a_window_shared_for_part_of_it_is_no_solo_rate() -> None:
+    """Alone at both edges but not in between (another engine worked mid-window): a shared rate, which
+    as the solo reference would make every later speed vs solo read high (SPD% 152 at a 1:2 share)."""
+    r = StepRate(1.0, alone_check_s=0.25)
+    asked: list[float] = []
+    state = {"alone": True}
+
+    def alone() -> bool:
+        asked.append(t)
+        return state["alone"]
+
+    t = 0.0
+    r.update(t, 0, alone)
+    for t, n, a in ((0.3, 10, False), (0.6, 20, True), (1.0, 40, True)):
+        state["alone"] = a
+        r.update(t, n, alone)
+    assert r.rate == pytest.approx(40.0) and r.solo is None  # shared at 0.3 s
+    assert asked == [0.0, 0.3, 1.0]  # once shared, not asked again until the edge
+    for t, n in ((1.3, 140), (1.6, 240), (2.0, 340)):  # alone throughout: a solo window
+        r.update(t, n, alone)
+    assert r.solo == pytest.approx(300.0)
+    assert asked == [0.0, 0.3, 1.0, 1.3, 1.6, 2.0]
+    for t, n in ((2.1, 350), (2.2, 360)):  # checks at most every alone_check_s
+        r.update(t, n, alone)
+    assert asked[-1] == 2.0

@@ -156,6 +156,21 @@ def sole_member(slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> b
     return slot is not None and len(members) == 1 and members[0][0] == slot
 
 
+OTHERS_IDLE_BUSY_PPM = 20_000  # another live peer reporting more busy time than this (2 %) is working
+
+
+def runs_alone(slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> bool:
+    """Whether `slot` runs alone now, so that its rate is a solo rate (core.rate.StepRate's `alone`): the
+    schedule's only member, and no other live peer reports busy time (one not active, or not yet: it
+    still runs unpaced beside us, e.g. for the ~0.1 s before its supervisor sees its first decode)."""
+    slots = tuple(slots)
+    if not sole_member(slots, slot, now_us):
+        return False
+    return not any(
+        r.index != slot and r.pid != 0 and r.is_alive(now_us) and r.busy_ppm > OTHERS_IDLE_BUSY_PPM for r in slots
+    )
+
+
 def _text(name: str) -> str:
     """A file name that was not UTF-8 (surrogate-escaped by os.listdir), printable: U+FFFD for bad bytes."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
