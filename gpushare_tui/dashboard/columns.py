@@ -32,7 +32,7 @@ class Column:
     descending: bool = False  # the first sort by it is high → low
     drop: int = 0  # 0: always shown; else dropped when the width is short, highest first
     help: str = ""  # what it shows: the help screen's definition (every column has one)
-    legend: bool = False  # also in the `--once` legend line (the less obvious columns)
+    legend: str = ""  # its short form in the `--once` legend line ("": not there; the obvious columns)
 
 
 def _num_or(x: float | None, default: float = -1.0) -> float:
@@ -166,7 +166,8 @@ COLUMNS: tuple[Column, ...] = (
             f"with a floor of {SHARE_FLOOR:.0%} ({FLOOR_MARK}: the floor lifted it above weight ÷ Σ weights, "
             "and the others' windows shrink to pay for it); - when idle (no window)"
         ),
-        legend=True,
+        legend=f"share it gets while busy: its window, weight ÷ Σ weights with a {SHARE_FLOOR:.0%} floor "
+        f"({FLOOR_MARK}: lifted by the floor; - idle)",
     ),
     Column(
         "busy",
@@ -182,7 +183,8 @@ COLUMNS: tuple[Column, ...] = (
             "runnable but waiting for a CPU included, so it is not bounded by its window and on a loaded host "
             "the peers' BSY% can sum past 100; - when dead"
         ),
-        legend=True,
+        legend=f"busy fraction it reports for its last {BUSY_WINDOW_US / 1e6:g} s (waiting for a CPU included: "
+        "can sum past 100 on a loaded host)",
     ),
     Column(
         "ach",
@@ -194,10 +196,11 @@ COLUMNS: tuple[Column, ...] = (
         True,
         help=(
             "achieved share: its BSY% ÷ Σ BSY% of the active peers (time on the device, whatever the model). "
-            f"An engine keeps its window for {_ACTIVITY_S} s after its last request (the activity window), "
-            "so right after a request ends the others' ACH% stays below what they will get"
+            f"An engine keeps its window for {_ACTIVITY_S} s after its last request (the activity window): "
+            "meanwhile the others still get only their own windows, so right after a request ends ACH% can "
+            "differ from SHR%"
         ),
-        legend=True,
+        legend="achieved share (busy ÷ Σ busy, active peers)",
     ),
     Column(
         "status",
@@ -219,7 +222,7 @@ COLUMNS: tuple[Column, ...] = (
         True,
         True,
         help=f"tokens/s over the last {RATE_WINDOW_S:g} s of work (- until measured)",
-        legend=True,
+        legend=f"tokens/s over the last {RATE_WINDOW_S:g} s of work (- until measured)",
     ),
     Column(
         "speed",
@@ -233,7 +236,7 @@ COLUMNS: tuple[Column, ...] = (
             "speed vs solo: TOK/S ÷ the best tok/s it reached running alone (the only active peer, no other "
             "peer busy); - while idle and until it has run alone"
         ),
-        legend=True,
+        legend="speed vs solo (tok/s ÷ best tok/s alone; - while idle)",
     ),
     Column(
         "engine",
@@ -305,4 +308,4 @@ def fit_columns(available: int, empty: frozenset[str] = frozenset()) -> tuple[tu
 
 def legend() -> str:
     """One line saying what the less obvious columns mean (under the `--once` table)."""
-    return "; ".join(f"{c.label} {c.help}" for c in COLUMNS if c.legend)
+    return "; ".join(f"{c.label} {c.legend}" for c in COLUMNS if c.legend)
