@@ -9,12 +9,12 @@ from gpushare_tui.core import abi
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.dashboard.columns import COLUMNS, FLOOR_MARK, GAP, NAME_KEEP, NAME_WIDTH, fit_columns, legend
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
+from gpushare_tui.widgets.help_screen import column_table, screen_text
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
-from gpushare_tui.widgets.help_screen import column_table, screen_text
 from gpushare_tui.widgets.peers_table import cell_text, header_cells, row_cells
-from gpushare_tui.widgets.top_bar import top_text
 from gpushare_tui.widgets.timeline import bar_line, cursor_line
+from gpushare_tui.widgets.top_bar import top_text
 
 # -- weights -----------------------------------------------------------------
 

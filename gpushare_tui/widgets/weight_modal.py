@@ -7,12 +7,12 @@ schedule's w ÷ Σw with the 10 % floor), and w ÷ Σw when the floor makes them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Static
-
-from collections.abc import Sequence
 
 from ..core.abi import BadWeightError, parse_weight
 from ..core.schedule import window_shares
@@ -33,7 +33,7 @@ def others_weights(row: PeerRow, view: GpuView | None) -> list[float]:
 
 
 def share_text(window_pct: float, share_pct: float) -> str:
-    """"share 90.0%", with w ÷ Σw beside it when the floor (min(10 %, 1/n), spec §5.3) makes them differ."""
+    """`share 90.0%`, with w ÷ Σw beside it when the floor (min(10 %, 1/n), spec §5.3) makes them differ."""
     if abs(window_pct - share_pct) < 0.05:
         return f"share {window_pct:.1f}%"
     why = "lifted by the floor" if floor_lifted(share_pct, window_pct) else "less the others' floor"
