@@ -86,7 +86,8 @@ def screen_text() -> str:
         f"each frame is the true schedule whole periods + 1/{STROBE_STEPS} of a period after the last, so it "
         f'sweeps the period in {STROBE_STEPS} frames; "strobe N× slower" says how much slower than real time '
         f"it moves ({fastest:.0f}-{slowest:.0f}×, by the period). Plots: share % is each peer's SHR% (its window), "
-        f"busy % its BSY%, achieved its ACH% as a {ACHIEVED_AVG_S:g} s average against its window share, dashed. "
+        f"busy % its BSY%, achieved its ACH% as a {ACHIEVED_AVG_S:g} s average against the share its weight "
+        'gives (SHR%, dashed: "configured"). '
         f"On a narrow terminal {', '.join(c.label for c in sorted(COLUMNS, key=lambda c: -c.drop) if c.drop)} are "
         "left out. Esc / ? closes."
     )
