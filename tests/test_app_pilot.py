@@ -634,7 +634,7 @@ def test_only_idle_segments_say_so():
             await until(pilot, lambda: app.models_seen, what="first model")
             empty = app.query_one("#empty")
             assert not empty.has_class("-hidden")
-            assert "1 segment(s) with no live peers hidden: `e` shows them." in str(empty.render())
+            assert "1 segment with no live peers hidden: `e` shows them." in str(empty.render())
         shown = DashboardApp(FixedSource([idle_only]), interval_s=3600, gpu_key="idle")  # named: always shown
         async with shown.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: shown.models_seen, what="first model")
