@@ -6,6 +6,9 @@ from collections.abc import Callable
 
 RATE_WINDOW_S = 1.0
 ALONE_CHECK_S = 0.25  # within a window, `alone` is asked again at most this often (it reads the registry)
+# A shared window faster than this × the solo reference shows the reference was no solo rate (measured
+# while the host was loaded by something the registry does not show): it is dropped (speed vs solo "-").
+SOLO_BEATEN_RATIO = 1.1
 
 
 class StepRate:
@@ -17,7 +20,9 @@ class StepRate:
     rate of a window during which this engine ran alone (`alone()` true when the window opened, when
     it closed and at every check in between, at most ALONE_CHECK_S apart while updates come): one
     measured while another engine ran, even for part of the window, would be a shared rate and make
-    every later speed vs solo read high. None until there was one.
+    every later speed vs solo read high. A shared window more than SOLO_BEATEN_RATIO × `solo` drops it
+    (None again): a shared rate cannot beat a true solo one, so that `solo` was measured slowed by
+    something the registry does not show (another load on the host). None until there was one.
     """
 
     def __init__(self, window_s: float = RATE_WINDOW_S, alone_check_s: float = ALONE_CHECK_S) -> None:
@@ -47,6 +52,8 @@ class StepRate:
         self.rate = max(0, count - n0) / (now_s - t0)
         if self._alone and edge:
             self.solo = self.rate if self.solo is None else max(self.solo, self.rate)
+        elif self.solo is not None and self.rate > SOLO_BEATEN_RATIO * self.solo:
+            self.solo = None
         self._start, self._alone, self._checked_s = (now_s, count), edge, now_s
         return True
 
