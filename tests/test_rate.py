@@ -35,7 +35,7 @@ def test_solo_is_the_best_rate_of_a_window_spent_alone() -> None:
     r.update(1.0, 200, lambda: next(alone))  # alone at both edges: 200
     r.update(2.0, 350, lambda: next(alone))  # alone: 150 (worse: the best stays)
     assert (r.rate, r.solo) == (pytest.approx(150.0), pytest.approx(200.0))
-    r.update(3.0, 560, lambda: next(alone))  # ended shared: 210 is no solo rate (and within 10 %: kept)
+    r.update(3.0, 560, lambda: next(alone))  # ended shared: 210 is no solo rate (and within 25 %: kept)
     r.update(4.0, 640, lambda: next(alone))  # began shared
     r.update(5.0, 720, lambda: next(alone))  # began shared, ended alone
     assert r.solo == pytest.approx(200.0)
@@ -71,7 +71,7 @@ def test_a_window_shared_for_part_of_it_is_no_solo_rate() -> None:
 def test_a_solo_rate_that_a_shared_window_beats_is_dropped() -> None:
     """Alone, but slowed by a load the registry does not show (a CPU hog): 100/s. Sharing later at 150/s
     would read SPD% 150; a shared rate cannot beat a true solo one, so the reference goes (SPD% -)
-    until a new window alone; within 10 % it is noise and stays."""
+    until a new window alone; within 25 % it is noise and stays."""
     r = StepRate(1.0)
     alone = iter([True, True, False, False, False, True, True])
     r.update(0.0, 0, lambda: next(alone))
