@@ -3,6 +3,9 @@ table (plain text) both show, in the same order, under the same headers, with th
 
 Widths are for the dashboard: at 80 terminal columns every column that matters fits; the optional
 ones are dropped, least useful first (`drop`: highest first), when they do not (`fit_columns`).
+A column is defined once, here: its `help` is its definition on the dashboard's help screen, its
+`legend` (if any) its short form under the `--once` table; a new column needs nothing elsewhere
+but a sort-cycle entry (widgets.peers_table.SORT_CYCLE) if `o` should reach it.
 """
 
 from __future__ import annotations
