@@ -181,10 +181,10 @@ COLUMNS: tuple[Column, ...] = (
         True,
         True,
         help=(
-            f"the busy fraction the peer itself reports for its last {BUSY_WINDOW_US / 1e6:g} s: wall-clock time "
-            "in its steps (a supervised llama-server: its GPU time, or CPU time without NVML), time it was "
-            "runnable but waiting for a CPU included, so it is not bounded by its window and on a loaded host "
-            "the peers' BSY% can sum past 100; - when dead"
+            f"the busy fraction the peer itself reports for its last {BUSY_WINDOW_US / 1e6:g} s. gpushare-tui's "
+            "own engines (GpuShare, synth, the demo's): the wall-clock time in their steps, time runnable but "
+            "waiting for a CPU included, so not bounded by their windows (on a loaded host the peers' BSY% can "
+            "sum past 100); a supervised llama-server: its GPU time (NVML), else its CPU time; - when dead"
         ),
         legend=f"busy fraction it reports for its last {BUSY_WINDOW_US / 1e6:g} s (waiting for a CPU included: "
         "can sum past 100 on a loaded host)",
