@@ -28,7 +28,9 @@ from .core.abi import to_f32
 from .core.clock import ClockUs, wall_us
 from .core.control import ControlError, Target
 from .core.errors import GpushareError
+from .core.text import counted
 from .dashboard import MIN_INTERVAL_S
+from .dashboard.columns import fmt_age
 from .dashboard.control import ControlClient, LocalControl
 from .dashboard.model import DashboardModel, History, PeerRow, without_idle_segments
 from .dashboard.source import DataSource, LiveSource
@@ -192,7 +194,7 @@ class DashboardApp(App):
     def _empty_text(self, hidden: int = 0) -> str:
         which = f"/opencoti-gpu-{self.gpu_key}" if self.gpu_key else "/opencoti-gpu-* segments"
         if hidden:
-            return f"{hidden} segment(s) with no live peers hidden: `e` shows them."
+            return f"{counted(hidden, 'segment')} with no live peers hidden: `e` shows them."
         return (
             f"Waiting for {which} … none on this host yet.\n"
             "Start engines with `gpushare-tui launch --weight W -- llama-server -m MODEL`, "
@@ -326,7 +328,7 @@ class DashboardApp(App):
         if hidden != self._hidden_segments:
             self._hidden_segments = hidden
             self._empty.update(self._empty_text(hidden))
-        self._top.show(model.now_us, len(model.gpus), sum(len(g.rows) for g in model.gpus))
+        self._top.show(model.now_us, len(model.gpus), sum(1 for r in model.rows() if r.peer.alive))
         self._show_panels(model)
         self._errors.show(model.errors, model.foreign_not_shown)
         self._empty.set_class(bool(model.gpus) or not (hidden or not model.errors), "-hidden")
@@ -384,7 +386,7 @@ class DashboardApp(App):
         span = self.history_s
         column = int(now_s // (2 * span / buckets))
         view = self.model.gpu(gpu)
-        shares = tuple((r.peer.slot, round(r.peer.share_pct, 1)) for r in view.rows) if view else ()
+        shares = tuple((r.peer.slot, round(r.peer.window_pct or 0.0, 1)) for r in view.rows) if view else ()
         state = (gpu, column, buckets, span, shares)
         if state == self._plot_state and not force:
             return
@@ -423,6 +425,27 @@ class DashboardApp(App):
             self.notify("no peer selected", severity="warning")
         return row
 
+    def _refuse_unreachable(self, row: PeerRow, what: str) -> bool:
+        """A dead row, or one whose engine did not answer at the last refresh: say why `what` ("stop it")
+        cannot be done, instead of opening a dialog that cannot succeed. True when refused."""
+        p = row.peer
+        who = f"{p.name or 'pid'} (pid {p.pid})"
+        if not p.alive:
+            age = "" if p.heartbeat_age_ms is None else f" for {fmt_age(p.heartbeat_age_ms)}"
+            self.notify(
+                f"{who} is dead (no heartbeat{age}): cannot {what}; its row stays until a joining peer takes the slot",
+                severity="warning",
+            )
+            return True
+        e = row.engine
+        if row.managed and e is not None and e.error:
+            self.notify(
+                f"{who} did not answer its control socket at the last refresh ({e.error}): cannot {what} now",
+                severity="warning",
+            )
+            return True
+        return False
+
     def _refuse_foreign(self, row: PeerRow) -> bool:
         if row.managed:
             return False
@@ -436,7 +459,7 @@ class DashboardApp(App):
 
     def action_edit_weight(self) -> None:
         row = self._selected()
-        if row is None or self._refuse_foreign(row):
+        if row is None or self._refuse_unreachable(row, "re-weight it") or self._refuse_foreign(row):
             return
 
         def done(weight: float | None) -> None:
@@ -448,7 +471,7 @@ class DashboardApp(App):
 
     def action_nudge(self, direction: int) -> None:
         row = self._selected()
-        if row is None or self._refuse_foreign(row):
+        if row is None or self._refuse_unreachable(row, "re-weight it") or self._refuse_foreign(row):
             return
         self.send_weight(row, nudged_weight(row.peer.weight or 1.0, direction))
 
@@ -464,7 +487,7 @@ class DashboardApp(App):
 
     def action_stop_engine(self) -> None:
         row = self._selected()
-        if row is None or self._refuse_foreign(row):
+        if row is None or self._refuse_unreachable(row, "stop it") or self._refuse_foreign(row):
             return
 
         def done(yes: bool | None) -> None:
@@ -492,7 +515,7 @@ class DashboardApp(App):
 
     def action_show_log(self) -> None:
         row = self._selected()
-        if row is None:
+        if row is None or self._refuse_unreachable(row, "show its log (its control socket names it)"):
             return
         p = row.peer
         if not row.managed:

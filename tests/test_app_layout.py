@@ -340,9 +340,16 @@ def test_empty_plots_and_gpu_notes_fit(size):
 
 
 def test_share_preview_says_the_share_or_why_not():
-    assert share_preview("2", 2.0, True) == ("→ share 50.0%  (others' weights: 2)", True)
-    assert share_preview(" 3 ", 0.0, True) == ("→ share 100.0%  (no other member)", True)
-    assert share_preview("1", 3.0, False) == ("→ share 25.0% once active  (others' weights: 3)", True)
+    assert share_preview("2", [2.0], True) == ("→ share 50.0%  (others' weights: 2)", True)
+    assert share_preview(" 3 ", [], True) == ("→ share 100.0%  (no other member)", True)
+    assert share_preview("1", [1.0, 2.0], False) == ("→ share 25.0% once active  (others' weights: 3)", True)
+    # the window the engine gets, with the 10 % floor: not w ÷ Σw
+    assert share_preview("0.001", [1.0], True) == (
+        "→ share 10.0% (w ÷ Σw 0.1%, lifted by the floor)  (others' weights: 1)", True
+    )  # fmt: skip
+    assert share_preview("100", [1.0], True) == (
+        "→ share 90.0% (w ÷ Σw 99.0%, less the others' floor)  (others' weights: 1)", True
+    )  # fmt: skip
     for bad in ("", "0", "-1", "nan", "inf", "1e40", "two"):
-        said, ok = share_preview(bad, 1.0, True)
+        said, ok = share_preview(bad, [1.0], True)
         assert not ok and "must be a finite number > 0" in said, bad

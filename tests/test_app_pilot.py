@@ -27,10 +27,10 @@ from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.dashboard.control import LocalControl
-from gpushare_tui.dashboard.model import DashboardModel, GpuView, PeerRow
+from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow
 from gpushare_tui.dashboard.source import FixedSource, LiveSource
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
-from gpushare_tui.widgets.gpu_panel import GpuPanel
+from gpushare_tui.widgets.gpu_panel import GpuPanel, info_line
 from gpushare_tui.widgets.help_screen import NAVIGATION, HelpScreen
 from gpushare_tui.widgets.launch_form import LaunchForm
 from gpushare_tui.widgets.peers_table import PeersTable, cell_text
@@ -634,10 +634,118 @@ def test_only_idle_segments_say_so():
             await until(pilot, lambda: app.models_seen, what="first model")
             empty = app.query_one("#empty")
             assert not empty.has_class("-hidden")
-            assert "1 segment(s) with no live peers hidden: `e` shows them." in str(empty.render())
+            assert "1 segment with no live peers hidden: `e` shows them." in str(empty.render())
         shown = DashboardApp(FixedSource([idle_only]), interval_s=3600, gpu_key="idle")  # named: always shown
         async with shown.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: shown.models_seen, what="first model")
             assert set(shown._panels) == {"idle"}
+
+    asyncio.run(main())
+
+
+def _dead_and_live(key: str = "k") -> DashboardModel:
+    """One live managed engine, one dead managed one (its socket gone), one dead foreign peer; the dead
+    ones last busy 48 %."""
+    s = snap([slot(0, 1, busy=0.3), slot(1, 1, age_s=700, busy=0.48, pid=999_991), slot(2, 1, age_s=30, busy=0.48)],
+             key=key)  # fmt: skip
+    rows = (
+        PeerRow(key, s.peers[0], True, None, EngineInfo("running", 50.0, 60.0)),
+        PeerRow(key, s.peers[1], True),
+        PeerRow(key, s.peers[2], False),
+    )
+    return DashboardModel(NOW, (GpuView(s, None, rows),))
+
+
+def test_dead_rows_show_no_stale_numbers_and_admin_keys_on_them_say_why():
+    """A dead row's BSY% is `-`, the top bar counts live peers as the GPU panel does ("1 peer"), and
+    w / + / - / s / L on a dead row notify why nothing happens instead of opening a dialog."""
+
+    class Control(LocalControl):
+        def request(self, *a, **kw):  # nothing may be sent for a dead row
+            raise AssertionError(f"control request {a} for a dead row")
+
+    async def main():
+        app = DashboardApp(FixedSource([_dead_and_live()]), interval_s=3600, control=Control())
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.models_seen, what="first model")
+            table = app.query_one(PeersTable)
+            await until(pilot, lambda: table.row_count == 3, what="three rows")
+            by_slot = {r.peer.slot: r for r in (table.row(k) for k in table.order) if r is not None}
+            assert [cell_text(by_slot[i], "busy") for i in (0, 1, 2)] == ["30", "-", "-"]
+            top = app.query_one("#top").text.plain
+            assert "1 GPU segment · 1 peer " in top + " ", top  # not "3 peers": two are dead slots
+            panel = app.query_one(GpuPanel)
+            assert "· 1 peer, 1 active" in info_line(panel._view).plain, "the panel counts the same"
+            for slot_no in (1, 2):  # managed and foreign, both dead
+                table.select_key(by_slot[slot_no].key)
+                await pilot.pause()
+                for key in ("w", "plus", "minus", "s", "L"):
+                    app.clear_notifications()
+                    await pilot.press(key)
+                    said = await until(pilot, lambda: notes(app), 2, what=f"a notification for {key}")
+                    assert "is dead (no heartbeat for" in said[-1] and "cannot" in said[-1], said
+                    assert type(app.screen).__name__ == "Screen", f"{key} opened {app.screen}"
+            table.select_key(by_slot[0].key)  # the live one: the weight editor opens as before
+            await pilot.pause()
+            await pilot.press("w")
+            await until(pilot, lambda: isinstance(app.screen, WeightModal), 2, what="weight modal")
+
+    asyncio.run(main())
+
+
+def test_an_unanswering_engine_says_why_instead_of_a_dialog():
+    s = snap([slot(0, 1)])
+    row = PeerRow("k", s.peers[0], True, None, EngineInfo(error="timed out after 0.3 s"))
+
+    async def main():
+        app = DashboardApp(FixedSource([DashboardModel(NOW, (GpuView(s, None, (row,)),))]), interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.query_one(PeersTable).selected_row is not None, what="a row")
+            for key in ("w", "s"):
+                app.clear_notifications()
+                await pilot.press(key)
+                said = await until(pilot, lambda: notes(app), 2, what=f"a notification for {key}")
+                assert "did not answer its control socket" in said[-1] and "timed out" in said[-1], said
+                assert type(app.screen).__name__ == "Screen"
+
+    asyncio.run(main())
+
+
+def test_sort_arrow_sits_beside_the_sorted_columns_label():
+    async def main():
+        app = DashboardApp(FixedSource([model_at(0, share_weights=(100, 1))]), interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+            table = app.query_one(PeersTable)
+            await until(pilot, lambda: table.row_count == 2, what="rows")
+            await pilot.press("o")  # slot → share, high to low
+            await until(pilot, lambda: table.sort_column == "share", 2, what="sorted by share")
+            await pilot.pause()
+            header = table.render_line(0).text
+            assert "▼SHR%" in header and "WGT▼" not in header and "WGT " in header, header
+            row = table.selected_row
+            assert row is not None and cell_text(row, "share") == "90.0"  # the window, not w ÷ Σw 99.0
+            assert [cell_text(table.row(k), "share") for k in table.order] == ["90.0", "10.0*"]
+
+    asyncio.run(main())
+
+
+def test_help_defines_every_column_and_the_strobe():
+    from gpushare_tui.dashboard.columns import COLUMNS
+
+    async def main():
+        app = DashboardApp(FixedSource([model_at(0)]), interval_s=3600)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("question_mark")
+            screen = await until(pilot, lambda: isinstance(app.screen, HelpScreen) and app.screen, what="help")
+            await pilot.pause()
+            columns = screen.query_one("#help-columns")
+            lines = [
+                s.text.rstrip() for s in columns.render_lines(Region(0, 0, columns.size.width, columns.size.height))
+            ]
+            labels = {line.split("  ")[0] for line in lines if line and not line.startswith(" ")}
+            assert labels == {c.label for c in COLUMNS}
+            text = " ".join(" ".join(lines).split())  # wrapped lines joined
+            assert "10%" in text and "sum past 100" in text and "activity window" in text
+            assert "strobe N× slower" in str(screen.query_one("#help-screen-text").render())
 
     asyncio.run(main())

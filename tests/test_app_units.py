@@ -7,12 +7,14 @@ from slots import NOW, slot, snap
 from gpushare_tui.app import nudged_weight
 from gpushare_tui.core import abi
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
-from gpushare_tui.dashboard.columns import COLUMNS, GAP, NAME_KEEP, NAME_WIDTH, fit_columns
+from gpushare_tui.dashboard.columns import COLUMNS, FLOOR_MARK, GAP, NAME_KEEP, NAME_WIDTH, fit_columns, legend
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
+from gpushare_tui.widgets.help_screen import column_table, screen_text
 from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
-from gpushare_tui.widgets.peers_table import cell_text, row_cells
+from gpushare_tui.widgets.peers_table import cell_text, header_cells, row_cells
 from gpushare_tui.widgets.timeline import bar_line, cursor_line
+from gpushare_tui.widgets.top_bar import top_text
 
 # -- weights -----------------------------------------------------------------
 
@@ -98,6 +100,74 @@ def test_row_cells():
     assert cell_text(foreign, "ach") == "-"  # idle: no member of the schedule
     dead = PeerRow("k", rows[2], True)
     assert [cell_text(dead, k) for k in ("status", "hb", "engine")] == ["dead", "12s", "-"]
+
+
+def test_shr_is_the_window_share_marked_when_the_floor_lifted_it():
+    """SHR% is what the engine gets: at weights 100:1 its window share 90 / 10 (as the timeline, BSY% and
+    ACH% show), not w ÷ Σw 99.0 / 1.0; the floored one is marked. An idle peer has no window: -."""
+    s = snap([slot(0, 100), slot(1, 1), slot(2, 0.001), slot(3, 1, active=0)])
+    rows = [PeerRow("k", p) for p in s.peers]
+    assert [cell_text(r, "share") for r in rows] == ["80.0", f"10.0{FLOOR_MARK}", f"10.0{FLOOR_MARK}", "-"]
+    assert [round(r.peer.share_pct, 1) for r in rows] == [99.0, 1.0, 0.0, 0.0]  # w ÷ Σw, kept for JSON
+    plain = snap([slot(0, 2), slot(1, 1)])
+    assert [cell_text(PeerRow("k", p), "share") for p in plain.peers] == ["66.7", "33.3"]  # no floor: no mark
+    sort = next(c for c in COLUMNS if c.key == "share").sort
+    assert sorted(rows, key=sort, reverse=True)[0].peer.slot == 0 and sort(rows[3]) < sort(rows[2])
+
+
+def test_dead_and_idle_rows_show_no_stale_numbers():
+    """A dead peer's last BSY% (and ACH%, TOK/S) is history, not a reading: -; an idle engine has no
+    speed vs solo (0 tok/s is no speed): SPD% -, not 0."""
+    s = snap([slot(0, 1, busy=0.48, age_s=700), slot(1, 1, active=0, busy=0.0), slot(2, 1, busy=0.3)])
+    dead, idle, working = (PeerRow("k", p, True, None, EngineInfo("running", 0.0, 60.0)) for p in s.peers)
+    assert [cell_text(dead, k) for k in ("busy", "ach", "toks", "speed", "status")] == ["-", "-", "-", "-", "dead"]
+    assert [cell_text(idle, k) for k in ("busy", "toks", "speed", "status")] == ["0", "0.0", "-", "idle"]
+    assert idle.speed_pct is None and dead.speed_pct is None
+    assert cell_text(working, "speed") == "0"  # working, 0 tok/s: stalled, and it says so
+    sort = next(c for c in COLUMNS if c.key == "busy").sort
+    assert sort(dead) < sort(idle)
+
+
+def test_the_sort_arrow_touches_the_label_of_the_column_it_sorts():
+    """Not in the blank between two columns (`WGT▼ SHR%` read as sorted by WGT): in the sorted column's
+    padding, beside its label, which is underlined; with no padding, in the blank just before the label."""
+    widths = {c.key: c.width for c in COLUMNS}
+
+    def header(key: str, reverse: bool = True) -> tuple[str, tuple[int, str] | None]:
+        cells, mark = header_cells(key, reverse, widths[key])
+        i = [c.key for c in COLUMNS].index(key)
+        assert "underline" in str(cells[i].style) or any("underline" in str(sp.style) for sp in cells[i].spans)
+        return cells[i].plain, mark
+
+    assert header("share") == ("▼SHR%", None)  # right-justified, width 5: the arrow is its pad
+    assert header("weight", False) == ("▲WGT", None)
+    assert header("name") == ("NAME▼", None)  # left-justified: after the label
+    assert header("busy") == ("BSY%", ([c.key for c in COLUMNS].index("busy"), "▼"))  # no pad: the gap before
+    cells, _ = header_cells("share", True, 5)
+    assert sum("▼" in c.plain or "▲" in c.plain for c in cells) == 1
+
+
+def test_top_bar_counts_live_peers_in_the_singular_too():
+    assert "1 GPU segment · 1 peer " in top_text(NOW, 1, 1, 1.0, False, "h").plain + " "
+    assert "2 GPU segments · 2 peers " in top_text(NOW, 2, 2, 1.0, False, "h").plain + " "
+    assert "0 peers" in top_text(None, 0, 0, 1.0, False, "h").plain
+
+
+def test_every_column_is_defined_in_the_help_and_the_legend_keeps_to_the_less_obvious():
+    """The help screen defines every column from the columns' own text (one place: a new column is
+    defined by adding it), and what "strobe N× slower" means."""
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(column_table())
+    shown = console.export_text()
+    for c in COLUMNS:
+        assert c.help, c.key
+        assert any(line.startswith(c.label + " ") for line in shown.splitlines()), c.label
+    assert "10%" in shown and FLOOR_MARK in shown and "sum past 100" in shown and "activity window" in shown
+    text = screen_text()
+    assert "strobe N× slower" in text and "17-65×" in text
+    assert legend().startswith("SHR% ") and "HB" not in legend()
 
 
 def test_columns_fit_the_width_dropping_the_least_useful_first():

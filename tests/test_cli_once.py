@@ -46,6 +46,7 @@ PEER_TYPES = {
     "heartbeat_age_ms": (float, type(None)),
     "boot_us": int,
     "achieved_pct": (float, type(None)),
+    "window_pct": (float, type(None)),
     "managed": bool,
     "engine": (dict, type(None)),
 }
@@ -140,6 +141,7 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
     assert (pa["pid"], pa["name"], pa["weight"]) == (a.pid, "peer-a", 2.0)
     assert (pb["pid"], pb["name"], pb["weight"]) == (b.pid, "peer-b", 1.0)
     assert pa["share_pct"] == pytest.approx(200 / 3) and pb["share_pct"] == pytest.approx(100 / 3)
+    assert pa["window_pct"] == pytest.approx(200 / 3) and pb["window_pct"] == pytest.approx(100 / 3)  # no floor at 2:1
     assert pa["window_us"] == [0, 80_000] and pb["window_us"] == [80_000, 120_000]
     for p in (pa, pb):
         assert p["active"] is True and p["alive"] is True
@@ -171,6 +173,7 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
         "heartbeat_age_ms": pc["heartbeat_age_ms"],
         "boot_us": 7,
         "achieved_pct": None,
+        "window_pct": None,  # idle: no window
         "managed": False,
         "engine": None,
     }  # fmt: skip  (a foreign peer: no engine object)
@@ -206,7 +209,7 @@ def test_once_json_filtered_by_key(procs, gpu_key: str, cli) -> None:
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"/opencoti-gpu-{gpu_key}") and "period 120 ms" in lines[0] and "peers 2" in lines[0]
     assert lines[1].split() == [c.label for c in COLUMNS]  # the dashboard's columns, every one
-    assert lines[-1] == legend() and "BSY% measured busy time, averaged over the last 1 s" in lines[-1]
+    assert lines[-1] == legend() and "BSY% busy fraction it reports for its last 1 s" in lines[-1]
     rows = {int(line.split()[1]): line.split() for line in lines[2:-1]}
     assert set(rows) == {a.pid, b.pid}
     col = {c.key: i for i, c in enumerate(COLUMNS)}

@@ -230,3 +230,28 @@ def test_peer_json_round_trip_keeps_the_achieved_share() -> None:
     assert [peer_from_json(peer_json(PeerRow("k", p))).achieved_pct for p in peers] == [75.0, 25.0, None]
     old = {k: v for k, v in peer_json(PeerRow("k", peers[0])).items() if k != "achieved_pct"}
     assert peer_from_json(old).achieved_pct is None
+
+
+def test_window_share_round_trips_and_is_computed_for_hosts_that_omit_it() -> None:
+    """window_pct reaches the dashboard from a gpushare-tui host; a C peer's (or an older host's) report has
+    only share_pct, and the window shares come from its members' weights, as every peer computes them."""
+    from gpushare_tui.core import abi
+    from gpushare_tui.core.snapshot import build_gpu_snapshot
+    from gpushare_tui.dashboard.model import GpuView, PeerRow
+    from gpushare_tui.dashboard.remote import gpu_from_json
+    from gpushare_tui.dashboard.report import gpu_json
+
+    now = 1_800_000_000_000_000
+    recs = [
+        abi.SlotRecord(i, 100 + i, 2, 7, abi.to_f32(w), active, now, 0, abi.encode_name(f"p{i}"))
+        for i, (w, active) in enumerate([(100.0, 1), (1.0, 1), (1.0, 0)])
+    ]
+    g = build_gpu_snapshot("k", "/opencoti-gpu-k", recs, now)
+    doc = gpu_json(GpuView(g, None, tuple(PeerRow("k", p) for p in g.peers)))
+    got = [p.window_pct for p in gpu_from_json(doc).peers]
+    assert got == [pytest.approx(90.0), pytest.approx(10.0), None]
+    for p in doc["peers"]:
+        del p["window_pct"]
+    peers = gpu_from_json(doc).peers
+    assert [p.window_pct for p in peers] == [pytest.approx(90.0), pytest.approx(10.0), None]
+    assert peers[1].floor_lifted

@@ -11,7 +11,7 @@ from gpushare_tui.core import abi, schedule
 from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
-from gpushare_tui.core.snapshot import GpuSnapshot, SegmentReader, build_gpu_snapshot, own_peer
+from gpushare_tui.core.snapshot import GpuSnapshot, SegmentReader, build_gpu_snapshot, own_peer, runs_alone
 from testkit.shm import shm_file
 
 NOW = 1_764_000_000_123_456
@@ -65,6 +65,41 @@ def test_achieved_share_is_busy_time_among_members() -> None:
     assert got == {0: pytest.approx(75.0), 1: pytest.approx(25.0), 2: None, 3: None, 4: 0.0}
     idle = build_gpu_snapshot("k", "/s", [rec(0, busy_ppm=0), rec(1, busy_ppm=0)], NOW)
     assert [p.achieved_pct for p in idle.peers] == [None, None]  # unknown, not 0/0
+
+
+def test_window_share_is_what_the_floor_gives_beside_the_plain_share() -> None:
+    """share_pct stays w ÷ Σw (what C peers report); window_pct is the window's share of the period, the
+    10 % floor included (what the engine gets); None for a non-member, 100 for the only member."""
+    floored = build_gpu_snapshot("k", "/s", [rec(0, weight=100.0), rec(1, weight=1.0), rec(2, active=0)], NOW)
+    p = {x.slot: x for x in floored.peers}
+    assert p[0].share_pct == pytest.approx(100 * 100 / 101) and p[0].window_pct == pytest.approx(90.0)
+    assert p[1].share_pct == pytest.approx(100 / 101) and p[1].window_pct == pytest.approx(10.0)
+    assert p[1].floor_lifted and not p[0].floor_lifted
+    assert p[2].window_pct is None and not p[2].floor_lifted  # idle: no window
+    w0, w1 = p[0].window_us, p[1].window_us
+    assert w0 is not None and w1 is not None and floored.period_ms is not None
+    assert (w1[1] - w1[0]) / (floored.period_ms * 1000) == pytest.approx(0.10, abs=0.01)  # the real window
+    tiny = build_gpu_snapshot("k", "/s", [rec(0, weight=1.0), rec(1, weight=0.001)], NOW).peers
+    assert [round(x.share_pct, 1) for x in tiny] == [99.9, 0.1] and [x.window_pct for x in tiny] == [
+        pytest.approx(90.0), pytest.approx(10.0)
+    ]  # fmt: skip
+    plain = build_gpu_snapshot("k", "/s", [rec(0, weight=2.0), rec(1, weight=1.0)], NOW).peers
+    assert [x.window_pct for x in plain] == [pytest.approx(x.share_pct) for x in plain]
+    assert not any(x.floor_lifted for x in plain)
+    solo = build_gpu_snapshot("k", "/s", [rec(0, weight=0.5)], NOW).peers[0]
+    assert solo.window_pct == 100.0 and solo.share_pct == 100.0
+
+
+def test_runs_alone_only_as_the_sole_member_with_no_other_peer_busy() -> None:
+    """The solo reference of SPD% (core.rate) is measured only while nobody else runs: not beside another
+    member, nor beside a live peer that is not (yet) a member but reports busy time."""
+    assert runs_alone([rec(0), rec(1, active=0)], 0, NOW)  # the other is idle
+    assert not runs_alone([rec(0), rec(1)], 0, NOW)  # sharing
+    assert not runs_alone([rec(0), rec(1, active=0, busy_ppm=400_000)], 0, NOW)  # it works, not yet a member
+    assert runs_alone([rec(0), rec(1, active=0, busy_ppm=10_000)], 0, NOW)  # 1 %: an idle process's noise
+    assert runs_alone([rec(0, busy_ppm=900_000), rec(1, heartbeat_us=NOW - 10**7, busy_ppm=900_000)], 0, NOW)
+    assert not runs_alone([rec(0, active=0), rec(1, active=0)], 0, NOW)  # not a member itself
+    assert not runs_alone([rec(0)], None, NOW)
 
 
 def test_heartbeat_age_never_negative() -> None:

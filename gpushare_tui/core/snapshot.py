@@ -28,7 +28,7 @@ class PeerSnapshot:
     pid: int
     name: str
     weight: float | None  # None when not a finite number
-    share_pct: float
+    share_pct: float  # plain w ÷ Σw over the schedule's members (what C peers' /gpu/peers report); 0 for a non-member
     window_us: tuple[int, int] | None  # [start, end) within the period
     busy_pct: float  # clamped to 0..100 (busy_ppm beyond 1e6 is a bad writer)
     active: bool
@@ -38,6 +38,14 @@ class PeerSnapshot:
     # busy time ÷ Σ busy time over the schedule's members (time on the device, whatever the model);
     # None when not a member, or no member was busy
     achieved_pct: float | None = None
+    # the share of the period its window is (spec §5: w ÷ Σw with the water-filling floor min(10 %, 1/n)),
+    # what the engine gets while busy; 100 for the only member; None when not a member
+    window_pct: float | None = None
+
+    @property
+    def floor_lifted(self) -> bool:
+        """The floor gave it a larger window than its plain share w ÷ Σw."""
+        return floor_lifted(self.share_pct, self.window_pct)
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ def build_gpu_snapshot(
     members = schedule.member_weights(slots, now_us)
     sched = schedule.build_schedule(members)
     shares = dict(zip((s for s, _ in members), schedule.share_pct([w for _, w in members]))) if members else {}
+    windows = window_pcts(members)
     achieved = achieved_pcts(slots, [s for s, _ in members])
     peers = []
     for rec in slots:
@@ -97,10 +106,25 @@ def build_gpu_snapshot(
                 heartbeat_age_ms=heartbeat_age_ms(rec.heartbeat_us, now_us),
                 boot_us=rec.boot_us,
                 achieved_pct=achieved.get(rec.index),
+                window_pct=windows.get(rec.index),
             )
         )
     period = sched.period_ms if sched else None
     return GpuSnapshot(gpu_key, segment, period, tuple(peers), now_us, owner, owner_uid, mode)
+
+
+def window_pcts(members: Iterable[tuple[int, float]]) -> dict[int, float]:
+    """Per member slot: its window's share of the period, in % (schedule.window_shares, the floor included)."""
+    members = list(members)
+    return {slot: 100.0 * f for (slot, _), f in zip(members, schedule.window_shares([w for _, w in members]))}
+
+
+FLOOR_LIFT_MIN_PCT = 0.05  # a window this much above w ÷ Σw is the floor's doing, not rounding
+
+
+def floor_lifted(share_pct: float, window_pct: float | None) -> bool:
+    """Whether a window share exceeds the plain share it came from (the floor of spec §5.3 lifted it)."""
+    return window_pct is not None and window_pct - share_pct >= FLOOR_LIFT_MIN_PCT
 
 
 def achieved_pcts(slots: Iterable[SlotRecord], member_slots: Iterable[int]) -> dict[int, float]:
@@ -130,6 +154,21 @@ def sole_member(slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> b
     """Whether `slot` is the only member of the schedule of `slots` now (share 100 %: nobody to share with)."""
     members = schedule.member_weights(slots, now_us)
     return slot is not None and len(members) == 1 and members[0][0] == slot
+
+
+OTHERS_IDLE_BUSY_PPM = 20_000  # another live peer reporting more busy time than this (2 %) is working
+
+
+def runs_alone(slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> bool:
+    """Whether `slot` runs alone now, so that its rate is a solo rate (core.rate.StepRate's `alone`): the
+    schedule's only member, and no other live peer reports busy time (one not active, or not yet: it
+    still runs unpaced beside us, e.g. for the ~0.1 s before its supervisor sees its first decode)."""
+    slots = tuple(slots)
+    if not sole_member(slots, slot, now_us):
+        return False
+    return not any(
+        r.index != slot and r.pid != 0 and r.is_alive(now_us) and r.busy_ppm > OTHERS_IDLE_BUSY_PPM for r in slots
+    )
 
 
 def _text(name: str) -> str:

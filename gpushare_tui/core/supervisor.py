@@ -32,7 +32,7 @@ from .ownership import Owner
 from .pacer import BUSY_WINDOW_US
 from .rate import StepRate
 from .registry import Membership
-from .snapshot import own_peer, sole_member
+from .snapshot import own_peer, runs_alone
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
@@ -326,7 +326,7 @@ class Supervisor:
         n_decode: float | None = None  # the last probe's n_decode_total (a Prometheus counter)
 
         def alone() -> bool:
-            return sole_member(m.read_slots(), m.slot, wall_us())
+            return runs_alone(m.read_slots(), m.slot, wall_us())
 
         cpu_stats = _CpuBusy(proc.pid)
         cpu_tick = _CpuBusy(proc.pid)

@@ -25,3 +25,8 @@ def printable_gpu(g: GpuSnapshot) -> GpuSnapshot:
 
 def printable_problem(e: SegmentProblem) -> SegmentProblem:
     return SegmentProblem(printable(e.segment), printable(e.error))
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """ "1 peer", "2 peers", "0 peers": a count and its noun, the plural when n != 1."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

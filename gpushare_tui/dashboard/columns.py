@@ -3,6 +3,9 @@ table (plain text) both show, in the same order, under the same headers, with th
 
 Widths are for the dashboard: at 80 terminal columns every column that matters fits; the optional
 ones are dropped, least useful first (`drop`: highest first), when they do not (`fit_columns`).
+A column is defined once, here: its `help` is its definition on the dashboard's help screen, its
+`legend` (if any) its short form under the `--once` table; a new column needs nothing elsewhere
+but a sort-cycle entry (widgets.peers_table.SORT_CYCLE) if `o` should reach it.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.abi import ACTIVITY_WINDOW_US, ALIVE_US
 from ..core.pacer import BUSY_WINDOW_US
 from ..core.rate import RATE_WINDOW_S
+from ..core.schedule import SHARE_FLOOR
 from .model import PeerRow
 
 if TYPE_CHECKING:
@@ -29,7 +34,8 @@ class Column:
     right: bool = False  # right-justified (numbers)
     descending: bool = False  # the first sort by it is high → low
     drop: int = 0  # 0: always shown; else dropped when the width is short, highest first
-    help: str = ""  # what it shows (the --once legend)
+    help: str = ""  # what it shows: the help screen's definition (every column has one)
+    legend: str = ""  # its short form in the `--once` legend line ("": not there; the obvious columns)
 
 
 def _num_or(x: float | None, default: float = -1.0) -> float:
@@ -99,10 +105,47 @@ def _state_order(r: PeerRow) -> int:
     return 0 if p.alive and p.active else 1 if p.alive else 2
 
 
+FLOOR_MARK = "*"  # after SHR% when the floor lifted the window above w ÷ Σw
+_ALIVE_S = f"{ALIVE_US / 1e6:g}"
+_ACTIVITY_S = f"{ACTIVITY_WINDOW_US / 1e6:g}"
+
+
+def share_text(r: PeerRow) -> str:
+    """SHR%: the window share the engine gets (FLOOR_MARK when the floor lifted it); "-" when not a member."""
+    p = r.peer
+    if p.window_pct is None:
+        return "-"
+    return f"{p.window_pct:.1f}{FLOOR_MARK if p.floor_lifted else ''}"
+
+
+def busy_text(r: PeerRow) -> str:
+    """BSY%: "-" for a dead peer (its last busy fraction is history, not a reading)."""
+    return f"{r.peer.busy_pct:.0f}" if r.peer.alive else "-"
+
+
+def _alive_or(r: PeerRow, x: float | None) -> float | None:
+    """`x` for a live peer; None (shown "-") for a dead one: what it last said is not a reading now."""
+    return x if r.peer.alive else None
+
+
 COLUMNS: tuple[Column, ...] = (
-    Column("slot", "SLOT", 4, lambda r: str(r.peer.slot), lambda r: (r.gpu_key, r.peer.slot)),
-    Column("pid", "PID", 7, lambda r: str(r.peer.pid), lambda r: r.peer.pid, right=True),
-    Column("name", "NAME", 8, lambda r: r.peer.name or "", lambda r: (r.peer.name.lower(), r.peer.slot)),
+    Column(
+        "slot",
+        "SLOT",
+        4,
+        lambda r: str(r.peer.slot),
+        lambda r: (r.gpu_key, r.peer.slot),
+        help="its slot in the segment (0-15); the swatch is its colour in the timeline and the plots",
+    ),
+    Column("pid", "PID", 7, lambda r: str(r.peer.pid), lambda r: r.peer.pid, right=True, help="its process id"),
+    Column(
+        "name",
+        "NAME",
+        8,
+        lambda r: r.peer.name or "",
+        lambda r: (r.peer.name.lower(), r.peer.slot),
+        help="the name it registered",
+    ),
     Column(
         "weight",
         "WGT",
@@ -111,47 +154,78 @@ COLUMNS: tuple[Column, ...] = (
         lambda r: _num_or(r.peer.weight),
         True,
         True,
+        help="its weight (bad: not a finite number > 0)",
     ),
     Column(
         "share",
         "SHR%",
         5,
-        lambda r: f"{r.peer.share_pct:.1f}",
-        lambda r: r.peer.share_pct,
+        share_text,
+        lambda r: _num_or(r.peer.window_pct),
         True,
         True,
-        help="configured share (weight ÷ Σ weights, active peers)",
+        help=(
+            f"the share of the GPU it gets while busy: its window, weight ÷ Σ weights of the active peers "
+            f"with a floor of {SHARE_FLOOR:.0%} ({FLOOR_MARK}: the floor lifted it above weight ÷ Σ weights, "
+            "and the others' windows shrink to pay for it); - when idle (no window)"
+        ),
+        legend=f"share it gets while busy: its window, weight ÷ Σ weights with a {SHARE_FLOOR:.0%} floor "
+        f"({FLOOR_MARK}: lifted by the floor; - idle)",
     ),
     Column(
         "busy",
         "BSY%",
         4,
-        lambda r: f"{r.peer.busy_pct:.0f}",
-        lambda r: r.peer.busy_pct,
+        busy_text,
+        lambda r: r.peer.busy_pct if r.peer.alive else -1.0,
         True,
         True,
-        help=f"measured busy time, averaged over the last {BUSY_WINDOW_US / 1e6:g} s",
+        help=(
+            f"the busy fraction the peer itself reports for its last {BUSY_WINDOW_US / 1e6:g} s. gpushare-tui's "
+            "own engines (GpuShare, synth, the demo's): the wall-clock time in their steps, time runnable but "
+            "waiting for a CPU included, so not bounded by their windows (on a loaded host the peers' BSY% can "
+            "sum past 100); a supervised llama-server: its GPU time (NVML), else its CPU time; - when dead"
+        ),
+        legend=f"busy fraction it reports for its last {BUSY_WINDOW_US / 1e6:g} s (waiting for a CPU included: "
+        "can sum past 100 on a loaded host)",
     ),
     Column(
         "ach",
         "ACH%",
         4,
-        lambda r: fmt_pct(r.peer.achieved_pct),
-        lambda r: _num_or(r.peer.achieved_pct),
+        lambda r: fmt_pct(_alive_or(r, r.peer.achieved_pct)),
+        lambda r: _num_or(_alive_or(r, r.peer.achieved_pct)),
         True,
         True,
-        help="achieved share (busy ÷ Σ busy, active peers)",
+        help=(
+            "achieved share: its BSY% ÷ Σ BSY% of the active peers (time on the device, whatever the model). "
+            f"An engine keeps its window for {_ACTIVITY_S} s after its last request (the activity window): "
+            "meanwhile the others still get only their own windows, so right after a request ends ACH% can "
+            "differ from SHR%"
+        ),
+        legend="achieved share (busy ÷ Σ busy, active peers)",
     ),
-    Column("status", "STATUS", 6, status_text, _state_order),
+    Column(
+        "status",
+        "STATUS",
+        6,
+        status_text,
+        _state_order,
+        help=(
+            f"active (worked in the last {_ACTIVITY_S} s: it has a window), idle (registered, no window), "
+            f"dead (no heartbeat for {_ALIVE_S} s: a joining peer may take its slot)"
+        ),
+    ),
     Column(
         "toks",
         "TOK/S",
         5,
-        lambda r: fmt_tok_s(r.tok_s),
-        lambda r: _num_or(r.tok_s),
+        lambda r: fmt_tok_s(_alive_or(r, r.tok_s)),
+        lambda r: _num_or(_alive_or(r, r.tok_s)),
         True,
         True,
         help=f"tokens/s over the last {RATE_WINDOW_S:g} s of work (- until measured)",
+        legend=f"tokens/s over the last {RATE_WINDOW_S:g} s of work (- until measured)",
     ),
     Column(
         "speed",
@@ -161,9 +235,24 @@ COLUMNS: tuple[Column, ...] = (
         lambda r: _num_or(r.speed_pct),
         True,
         True,
-        help="speed vs solo (tok/s ÷ best tok/s alone)",
+        help=(
+            "speed vs solo: TOK/S ÷ the best tok/s it reached running alone (the only active peer, no other "
+            "peer busy); - while idle and until it has run alone"
+        ),
+        legend="speed vs solo (tok/s ÷ best tok/s alone; - while idle)",
     ),
-    Column("engine", "ENGINE", 9, engine_text, lambda r: (not r.managed, engine_text(r))),
+    Column(
+        "engine",
+        "ENGINE",
+        9,
+        engine_text,
+        lambda r: (not r.managed, engine_text(r)),
+        help=(
+            'what the engine\'s control socket says: running, loading, exiting; "up …" under gpushare-tui up '
+            '("up ≠file": its weight differs from the file), "read-only" (a foreign peer: no gpushare-tui '
+            'control socket), "no reply"; pacing pauses are not a state (the timeline shows who runs)'
+        ),
+    ),
     Column(
         "hb",
         "HB",
@@ -173,9 +262,28 @@ COLUMNS: tuple[Column, ...] = (
         True,
         True,
         drop=1,
+        help=f"age of its last heartbeat (every 0.5 s; dead after {_ALIVE_S} s; ?: none, or in the future)",
     ),
-    Column("vram", "VRAM", 5, lambda r: fmt_mib(r.vram_mib), lambda r: _num_or(r.vram_mib), True, True, drop=2),
-    Column("gpu", "GPU", 12, lambda r: r.gpu_key, lambda r: (r.gpu_key, r.peer.slot), drop=3),
+    Column(
+        "vram",
+        "VRAM",
+        5,
+        lambda r: fmt_mib(r.vram_mib),
+        lambda r: _num_or(r.vram_mib),
+        True,
+        True,
+        drop=2,
+        help="GPU memory its process uses (NVML; - without it)",
+    ),
+    Column(
+        "gpu",
+        "GPU",
+        12,
+        lambda r: r.gpu_key,
+        lambda r: (r.gpu_key, r.peer.slot),
+        drop=3,
+        help="the gpu key of its segment (HOST:PORT/KEY for a --remote host's)",
+    ),
 )
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}
 NAME_WIDTH = (8, 28)  # NAME takes what the width leaves, within these
@@ -203,4 +311,4 @@ def fit_columns(available: int, empty: frozenset[str] = frozenset()) -> tuple[tu
 
 def legend() -> str:
     """One line saying what the less obvious columns mean (under the `--once` table)."""
-    return "; ".join(f"{c.label} {c.help}" for c in COLUMNS if c.help)
+    return "; ".join(f"{c.label} {c.legend}" for c in COLUMNS if c.legend)

@@ -68,7 +68,11 @@ class PeerRow:
 
     @property
     def speed_pct(self) -> float | None:
-        return self.engine.speed_pct if self.engine is not None else None
+        """Speed vs solo while it works; None when idle or dead (0 tok/s then is no speed to compare)."""
+        p = self.peer
+        if self.engine is None or not (p.alive and p.active):
+            return None
+        return self.engine.speed_pct
 
     @property
     def differs_from_config(self) -> bool:
@@ -144,7 +148,7 @@ class Series:
 class _Line:
     slot: int
     label: str
-    points: deque = field(default_factory=deque)  # (t_s, share, busy, achieved|None)
+    points: deque = field(default_factory=deque)  # (t_s, window share, busy, achieved|None)
     recent: deque = field(default_factory=deque)  # (t_s, raw achieved) over the last ACHIEVED_AVG_S
 
 
@@ -172,7 +176,8 @@ class History:
                 line = self._lines.get(k)
                 if line is None:
                     line = self._lines[k] = _Line(p.slot, p.name or f"pid {p.pid}")
-                line.points.append((t, p.share_pct, p.busy_pct, self._smoothed(line, t, achieved.get(p.slot))))
+                share = p.window_pct or 0.0  # what it gets (the floor included); 0 while not a member
+                line.points.append((t, share, p.busy_pct, self._smoothed(line, t, achieved.get(p.slot))))
         cutoff = t - self.span_s
         for k in list(self._lines):
             pts = self._lines[k].points

@@ -34,7 +34,7 @@ from ..core.budgets import (
 )
 from ..core.errors import GpushareError, UsageError
 from ..core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
-from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
+from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, window_pcts
 from ..core.text import printable, printable_gpu
 from .model import DashboardModel, GpuView, unmanaged_view
 
@@ -269,7 +269,18 @@ def peer_from_json(d: object) -> PeerSnapshot:
         heartbeat_age_ms=_opt_num(d, "heartbeat_age_ms", 0, I64_MAX / 1000),
         boot_us=_opt_int(d, "boot_us", 0, I64_MAX) or 0,
         achieved_pct=_opt_num(d, "achieved_pct", 0, 100),
+        window_pct=_opt_num(d, "window_pct", 0, 100),
     )
+
+
+def _with_window_pcts(peers: tuple[PeerSnapshot, ...]) -> tuple[PeerSnapshot, ...]:
+    """A report without `window_pct` (a C peer's /gpu/peers, an older gpushare-tui): the window shares its
+    members' weights give (the members: peers with a share), as every peer computes them."""
+    if any(p.window_pct is not None for p in peers):
+        return peers
+    members = sorted((p.slot, p.weight) for p in peers if p.share_pct > 0 and p.weight is not None)
+    windows = window_pcts(members)
+    return tuple(replace(p, window_pct=windows.get(p.slot)) for p in peers)
 
 
 def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
@@ -291,7 +302,7 @@ def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
     peers_json = _list(d, "peers")
     if len(peers_json) > abi.SLOT_COUNT:
         raise RemoteError(f"bad JSON: more than {abi.SLOT_COUNT} peers in one segment")
-    peers = tuple(peer_from_json(p) for p in peers_json)
+    peers = _with_window_pcts(tuple(peer_from_json(p) for p in peers_json))
     if len({p.slot for p in peers}) != len(peers):
         raise RemoteError("bad JSON: two peers in one slot")
     for p in peers:

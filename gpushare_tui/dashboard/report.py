@@ -57,7 +57,7 @@ def engine_json(row: PeerRow) -> dict | None:
         "state": e.state,
         "tok_s": e.tok_s,
         "solo_tok_s": e.solo_tok_s,
-        "speed_pct": e.speed_pct,
+        "speed_pct": row.speed_pct,  # null while idle
         "model": e.model,
         "port": e.port,
         "kind": e.kind,
@@ -73,6 +73,7 @@ def peer_json(row: PeerRow) -> dict:
     d["weight"] = _json_number(p.weight)
     d["window_us"] = list(p.window_us) if p.window_us else None
     d["achieved_pct"] = _json_number(p.achieved_pct)
+    d["window_pct"] = _json_number(p.window_pct)  # after share_pct's w ÷ Σw: the share the floor gives (or null)
     d["managed"] = row.managed  # has our control socket (this user's engines on this host only)
     d["engine"] = engine_json(row)
     return d

@@ -26,6 +26,9 @@ MIB = 2**20
 PEER_METRICS = {
     "gpushare_peer_weight": "Configured share weight of the peer.",
     "gpushare_peer_share_ratio": "Configured share of the GPU (weight / sum of the schedule members' weights), 0-1.",
+    "gpushare_peer_window_share_ratio": (
+        "Share of the schedule period that is the peer's window (the share with the 10% floor), 0-1."
+    ),
     "gpushare_peer_busy_ratio": "Fraction of its recent time the peer was busy decoding, 0-1.",
     "gpushare_peer_active": "1 when the peer is active (a member of the schedule when alive), else 0.",
     "gpushare_peer_alive": "1 when the peer's heartbeat is fresh, 0 when it is stale (dead, not yet evicted).",
@@ -106,6 +109,8 @@ def _add_peer(
     if p.weight is not None:
         peer["gpushare_peer_weight"].add_metric(labels, p.weight)
     peer["gpushare_peer_share_ratio"].add_metric(labels, p.share_pct / 100)
+    if p.window_pct is not None:
+        peer["gpushare_peer_window_share_ratio"].add_metric(labels, p.window_pct / 100)
     peer["gpushare_peer_busy_ratio"].add_metric(labels, p.busy_pct / 100)
     peer["gpushare_peer_active"].add_metric(labels, 1 if p.active else 0)
     if p.window_us is not None:

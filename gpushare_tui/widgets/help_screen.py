@@ -12,8 +12,10 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..core.pacer import BUSY_WINDOW_US
-from ..core.rate import RATE_WINDOW_S
+from ..core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
+from ..dashboard.columns import COLUMNS
+from ..dashboard.model import ACHIEVED_AVG_S
+from ..dashboard.strobe import STROBE_STEPS, Strobe
 from .dialog import Dialog
 
 NAVIGATION = (
@@ -64,6 +66,33 @@ def help_table(rows: list[HelpRow], readonly: bool) -> Table:
     return t
 
 
+def column_table() -> Table:
+    """Every column of the peers table and what it shows (dashboard.columns: one place, so a new column
+    is defined here by its own `help`)."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column()
+    for c in COLUMNS:
+        t.add_row(c.label, c.help)
+    return t
+
+
+def screen_text() -> str:
+    """The timeline, the strobe and the plots, in words."""
+    fastest, slowest = (Strobe(ms * 1000).slowdown for ms in (PERIOD_MAX_MS, PERIOD_MIN_MS))
+    return (
+        "Timeline: each active peer's window in one TDM period, in its colour; ▼ marks who may run at that "
+        f"instant. A period ({PERIOD_MIN_MS}-{PERIOD_MAX_MS} ms) is too fast to watch, so the cursor is a strobe: "
+        f"each frame is the true schedule whole periods + 1/{STROBE_STEPS} of a period after the last, so it "
+        f'sweeps the period in {STROBE_STEPS} frames; "strobe N× slower" says how much slower than real time '
+        f"it moves ({fastest:.0f}-{slowest:.0f}×, by the period). Plots: share % is each peer's SHR% (its window), "
+        f"busy % its BSY%, achieved its ACH% as a {ACHIEVED_AVG_S:g} s average against the share its weight "
+        'gives (SHR%, dashed: "configured"). '
+        f"On a narrow terminal {', '.join(c.label for c in sorted(COLUMNS, key=lambda c: -c.drop) if c.drop)} are "
+        "left out. Esc / ? closes."
+    )
+
+
 class HelpScreen(Dialog[None]):
     DEFAULT_CSS = """
     HelpScreen > VerticalScroll { width: 76; max-height: 90%; }
@@ -81,20 +110,9 @@ class HelpScreen(Dialog[None]):
         with VerticalScroll():
             yield Static("gpushare-tui — keys", classes="title")
             yield Static(help_table(self.rows, self.readonly), id="help-keys")
-            yield Static(
-                "Timeline: each active peer's window in one TDM period, in its colour; ▼ marks now "
-                "(who may run this instant). SHR% = weight ÷ Σ weights of active peers; BSY% = the "
-                f"peer's measured busy time, averaged over its last {BUSY_WINDOW_US / 1e6:g} s. ACH% (achieved "
-                "share) = busy ÷ Σ busy of the active peers: time on the device, whatever the model "
-                "(plotted as a 5 s average against the configured share, dashed). TOK/S: over the "
-                f"engine's last {RATE_WINDOW_S:g} s of work (- until measured); SPD% = TOK/S ÷ its best tok/s "
-                "alone (its solo speed; - until it has run alone). ENGINE: the engine's state (running, loading, "
-                'exiting; "up …" under gpushare-tui up, "up ≠file" when its weight differs from the file); pacing '
-                "pauses are not a state: the timeline shows who runs. Foreign peers (no gpushare-tui control "
-                "socket) are read-only. On a "
-                "narrow terminal GPU, VRAM and HB are left out. Esc / ? closes.",
-                classes="foot",
-            )
+            yield Static("Columns", classes="title")
+            yield Static(column_table(), id="help-columns")
+            yield Static(screen_text(), classes="foot", id="help-screen-text")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -81,7 +81,8 @@ def display_key(r: PeerRow) -> tuple:
         p.pid,
         p.name,
         p.weight,
-        round(p.share_pct, 1),
+        None if p.window_pct is None else round(p.window_pct, 1),
+        p.floor_lifted,
         round(p.busy_pct),
         None if p.achieved_pct is None else round(p.achieved_pct),
         p.alive,
@@ -93,6 +94,28 @@ def display_key(r: PeerRow) -> tuple:
         r.managed,
         None if e is None else (e.state, bool(e.error), e.owner_config, r.differs_from_config),
     )
+
+
+def header_cells(sort_column: str, reverse: bool, width: int) -> tuple[tuple[Text, ...], tuple[int, str] | None]:
+    """The header's cells, the sorted one's label underlined with the sort arrow touching it: in its
+    padding (before a right-justified label, after a left-justified one), else in the blank before it.
+    Returns the cells and the `mark` (cell index, arrow) for that blank, or None."""
+    arrow = "▼" if reverse else "▲"
+    cells = []
+    mark = None
+    for i, c in enumerate(COLUMNS):
+        justify: JustifyMethod = "right" if c.right else "left"
+        if c.key != sort_column:
+            cells.append(Text(c.label, justify=justify))
+            continue
+        label = Text(c.label, style="underline", justify=justify)
+        if cell_len(c.label) < width:
+            label = Text.assemble(arrow, label) if c.right else Text.assemble(label, arrow)
+            label.justify = justify
+        else:
+            mark = (i, arrow)
+        cells.append(label)
+    return tuple(cells), mark
 
 
 def cell_text(r: PeerRow, column: str) -> str:
@@ -369,10 +392,11 @@ class PeersTable(ScrollView, can_focus=True):
 
     def _header(self) -> Strip:
         if self._header_strip is None:
-            cells = tuple(Text(c.label, justify="right" if c.right else "left") for c in COLUMNS)
+            widths = {i: w for i, w in self._layout}
             col = _INDEX[self.sort_column]
+            cells, mark = header_cells(self.sort_column, self.sort_reverse, widths.get(col, COLUMNS[col].width))
             style = self.get_component_rich_style("peers-table--header")
-            self._header_strip = self._render_row(cells, style, (col, "▼" if self.sort_reverse else "▲"))
+            self._header_strip = self._render_row(cells, style, mark)
         return self._header_strip
 
     def _row_strip(self, key: str, selected: int) -> Strip:

@@ -7,12 +7,14 @@ import time
 
 from rich.text import Text
 
+from ..core.text import counted
 from .text_line import TextLine
 
 
 def top_text(
     now_us: int | None, n_gpus: int, n_peers: int, interval_s: float, readonly: bool, host: str | None = None
 ) -> Text:
+    """`n_peers`: the live ones (a dead slot is no peer; the GPU panels count the same)."""
     t = Text()
     t.append(" gpushare-tui ", style="bold reverse")
     if readonly:
@@ -20,7 +22,7 @@ def top_text(
     t.append(f"  {host or socket.gethostname()}")
     if now_us is not None:
         t.append("  " + time.strftime("%H:%M:%S", time.localtime(now_us / 1e6)))
-    t.append(f"  {n_gpus} GPU segment{'s' if n_gpus != 1 else ''} · {n_peers} peer{'s' if n_peers != 1 else ''}")
+    t.append(f"  {counted(n_gpus, 'GPU segment')} · {counted(n_peers, 'peer')}")
     t.append(f"  refresh {interval_s:g}s")
     return t
 

@@ -1,10 +1,13 @@
 """Edit one peer's weight. Validated here (finite, > 0, fits f32): errors inline, nothing sent.
 
 As you type, the dialog previews the share the new weight would give, from the
-weights of the GPU's other members when the dialog opened: w ÷ (Σ others + w).
+weights of the GPU's other members when the dialog opened: its window share (the
+schedule's w ÷ Σw with the 10 % floor), and w ÷ Σw when the floor makes them differ.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -12,30 +15,42 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Static
 
 from ..core.abi import BadWeightError, parse_weight
+from ..core.schedule import window_shares
+from ..core.snapshot import floor_lifted
 from ..dashboard.model import GpuView, PeerRow
 from .dialog import Dialog
 
 
-def others_weight(row: PeerRow, view: GpuView | None) -> float:
-    """Σ weights of the schedule's other members (peers with a share) on the row's GPU."""
+def others_weights(row: PeerRow, view: GpuView | None) -> list[float]:
+    """The weights of the schedule's other members (peers with a window) on the row's GPU."""
     if view is None:
-        return 0.0
-    return sum(
+        return []
+    return [
         r.peer.weight
         for r in view.rows
-        if r.peer.slot != row.peer.slot and r.peer.share_pct > 0 and r.peer.weight is not None
-    )
+        if r.peer.slot != row.peer.slot and r.peer.window_pct is not None and r.peer.weight is not None
+    ]
 
 
-def share_preview(text: str, others: float, member: bool) -> tuple[str, bool]:
+def share_text(window_pct: float, share_pct: float) -> str:
+    """`share 90.0%`, with w ÷ Σw beside it when the floor (min(10 %, 1/n), spec §5.3) makes them differ."""
+    if abs(window_pct - share_pct) < 0.05:
+        return f"share {window_pct:.1f}%"
+    why = "lifted by the floor" if floor_lifted(share_pct, window_pct) else "less the others' floor"
+    return f"share {window_pct:.1f}% (w ÷ Σw {share_pct:.1f}%, {why})"
+
+
+def share_preview(text: str, others: Sequence[float], member: bool) -> tuple[str, bool]:
     """(what the dialog says about `text`, valid): the resulting share %, or why it is invalid."""
     try:
         w = parse_weight(text)
     except BadWeightError as e:
         return str(e), False
-    pct = 100.0 * w / (others + w)
-    alone = "  (no other member)" if others == 0 else f"  (others' weights: {others:g})"
-    return f"→ share {pct:.1f}%{'' if member else ' once active'}{alone}", True
+    total = sum(others)
+    pct = 100.0 * w / (total + w)
+    window = 100.0 * window_shares([w, *others])[0]
+    alone = "  (no other member)" if not others else f"  (others' weights: {total:g})"
+    return f"→ {share_text(window, pct)}{'' if member else ' once active'}{alone}", True
 
 
 class WeightModal(Dialog[float | None]):
@@ -54,8 +69,8 @@ class WeightModal(Dialog[float | None]):
         """`view`: the row's GPU, for the share preview (without it, as if the peer ran alone)."""
         super().__init__()
         self.row = row
-        self.others = others_weight(row, view)
-        self.member = row.peer.share_pct > 0
+        self.others = others_weights(row, view)
+        self.member = row.peer.window_pct is not None
 
     def compose(self) -> ComposeResult:
         p = self.row.peer
@@ -63,7 +78,8 @@ class WeightModal(Dialog[float | None]):
         text = "" if p.weight is None else f"{p.weight:g}"
         with Vertical():
             yield Label(f"Weight of {p.name or 'pid'} (pid {p.pid}, slot {p.slot})", classes="title", markup=False)
-            yield Static(f"now {current} → share {p.share_pct:.1f}%  ·  finite number > 0", classes="hint")
+            now = "not active: no window" if p.window_pct is None else share_text(p.window_pct, p.share_pct)
+            yield Static(f"now {current} → {now}  ·  finite number > 0", classes="hint")
             yield Input(value=text, id="weight-input", placeholder="e.g. 2 or 0.5", select_on_focus=True)
             yield Static(id="weight-preview")
             with Horizontal(classes="buttons"):

@@ -21,7 +21,7 @@ from ..lifecycle import exit_on_termination, termination_deferred
 from ..ownership import Owner
 from ..rate import StepRate
 from ..share import GpuShare
-from ..snapshot import sole_member
+from ..snapshot import runs_alone
 
 _BLOCK = b"\x5a" * 4096
 
@@ -117,7 +117,7 @@ def run_synth(
     final = "failed"
 
     def alone() -> bool:
-        return sole_member(membership.read_slots(), membership.slot, time.time_ns() // 1000)
+        return runs_alone(membership.read_slots(), membership.slot, time.time_ns() // 1000)
 
     try:
         while (duration_s <= 0 or time.monotonic() - t0 < duration_s) and not stop.is_set():
