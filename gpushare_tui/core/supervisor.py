@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import abi, activity, schedule
+from . import abi, activity, paths, schedule
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec
@@ -118,7 +118,10 @@ class Supervisor:
         spec = self.health_spec
         if spec.kind == "http" and spec.url is None:
             spec = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
-        log_ready = health.LogReady(self.log_path, spec.log_regex or "") if spec.kind == "log" else None
+        log_ready = None
+        if spec.kind == "log":  # followed from its end before the engine writes to it
+            os.close(paths.open_log(self.log_path))
+            log_ready = health.LogReady(self.log_path, spec.log_regex or "")
         try:
             if self.kind == LLAMA_SERVER:
                 self.proc = ls.start(self.args, self.log_path)
