@@ -198,33 +198,74 @@ def test_http_engine_paced_beside_a_real_llama_server(runs, llama_server, tiny_m
 # -- a multi-process job under --activity cpu -----------------------------------------------------------
 
 
+CPU_OPTIONS = ("--activity", "cpu", "--cpu-cores", "0.1")  # an idle tree (sleeping) reads 0
+
+
 def workers_of(pid: int) -> list[int]:
     return wait_for(lambda: (kids := tree_of(pid)[1:]) and len(kids) == 2 and kids, 10, what="two workers")
 
 
 def test_tree_workers_stop_and_continue_together_and_a_sigkilled_supervisor_leaves_none_stopped(runs) -> None:
-    sup_a, a = runs.run("--activity", "cpu", engine=[sys.executable, TREE_ENGINE], weight=1, name="tree")
+    # --cpu-cores 0.1: on a 2-core box with ~12 runnable processes two spinning workers get ~0.3 cores
+    sup_a, a = runs.run(*CPU_OPTIONS, engine=[sys.executable, TREE_ENGINE], weight=1, name="tree")
     _, b = runs.run("--activity", "always", engine=[sys.executable, TREE_ENGINE], weight=1, name="job")
     st = json.loads(run_cli("status", str(a), "--json").stdout)
     assert (st["kind"], st["activity"], st["port"]) == ("command", "cpu", None)
     wa, wb = workers_of(a), workers_of(b)
+    assert {os.getpgid(p) for p in (a, *wa)} == {a}  # the engine leads its own group, its workers in it
     wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 5, what="both active")
-    # both workers stop and continue together: their states agree but at the hand-off (the supervisor's
-    # SIGSTOP reaches each as it next runs); broken group signalling shows ~50%
-    ratio, split, counts = continued_ratio(wa, wb, 4.0)
+    # the engine and both workers stop and continue together: their states agree but at the hand-off (a
+    # SIGSTOP takes effect as each next runs: on this box, with 10+ runnable processes, tens of ms); a
+    # SIGSTOP to the leader alone shows ~50% (the workers never stop). Measured: 3-8% at load 7-11, 23% once
+    # at load 14 (the sampler itself then got 40 samples/s).
+    _, split, counts = continued_ratio([a, *wa], wb, 4.0)
     assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
-    assert split < 0.08, (split, counts)
-    assert 0.6 <= ratio <= 1.6, (ratio, counts)
+    assert split < 0.15, (split, counts)
     # SIGKILL the supervisor while its tree is stopped: the kernel continues the engine, the watchdog the rest
     wait_for(lambda: all(proc_state(p) == "T" for p in (a, *wa)), 10, 0.001, "the tree stopped by its supervisor")
     os.kill(sup_a.pid, signal.SIGKILL)
     time.sleep(1.0)
     assert [proc_state(p) for p in (a, *wa)].count("T") == 0, [proc_state(p) for p in (a, *wa)]
+    assert not _watchdogs_of(a)  # it continued the group and exited
+
+
+def _watchdogs_of(pgid: int) -> list[int]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if len(cmd) >= 2 and cmd[-2].endswith("watchdog.py") and cmd[-1] == str(pgid):
+            found.append(p.pid)
+    return found
+
+
+def test_launch_a_command_detached_and_stop_it(runs) -> None:
+    """`launch` passes the activity and health options through to `run` (spawn.run_argv); a command with no
+    --port is shown with it; `stop` ends its whole tree, and its watchdog goes with its supervisor."""
+    port = free_port()
+    r = run_cli(
+        "launch", "--json", "--gpu-key", runs.key, "--name", "web", *metrics_options(port), "--",
+        *http_engine(port, "--load-s", "0.5"), env=runs.env, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    pid = info["engine_pid"]
+    runs.engine_pids.append(pid)
+    assert info["port"] == port and httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    st = json.loads(run_cli("status", str(pid), "--json").stdout)
+    assert (st["kind"], st["activity"], st["name"]) == ("command", "metrics", "web")
+    workers = tree_of(pid)[1:]
+    assert workers and _watchdogs_of(pid)
+    assert run_cli("stop", str(pid)).returncode == 0
+    wait_for(lambda: proc_state(info["supervisor_pid"]) in (None, "Z"), 20, what="supervisor exit")
+    assert all(proc_state(p) in (None, "Z") for p in (pid, *workers))
+    wait_for(lambda: not _watchdogs_of(pid), 5, what="the watchdog's exit")
 
 
 def test_cpu_source_releases_an_idle_tree_within_2_5_s(runs) -> None:
     """A tree that stops working (its workers killed) drops `active` within 2.5 s."""
-    _, a = runs.run("--activity", "cpu", engine=[sys.executable, TREE_ENGINE], name="tree")
+    _, a = runs.run(*CPU_OPTIONS, engine=[sys.executable, TREE_ENGINE], name="tree")
     wa = workers_of(a)
     wait_for(lambda: runs.slot_of(a).active, 3, 0.005, "active raised by the tree's CPU")
     for w in wa:
