@@ -168,7 +168,7 @@ def test_two_http_engines_paced_two_to_one_by_their_gauges(runs) -> None:
     for lo in loads:
         lo.stop()
     print(
-        f"metrics 2:1 twins: continued ratio {ratio:.2f}, worker split {split:.3f}, {counts}, done {[lo.done for lo in loads]}"
+        f"metrics 2:1 twins: continued ratio {ratio:.2f}, split {split:.3f}, {counts}, done {[lo.done for lo in loads]}"
     )
     # the pacing's own measure, as test_supervisor's 2:1 test: continued time 2:1 (tolerant on a loaded box)
     assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
