@@ -132,7 +132,10 @@ class Supervisor:
                 log_ready.close()
             raise
         try:
-            self._watchdog = watchdog.start(self.proc.pid)  # before any SIGSTOP: the group's leader is the engine
+            try:
+                self._watchdog = watchdog.start(self.proc.pid)  # before any SIGSTOP: the engine leads the group
+            except OSError as e:
+                raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
             ready = health.ready_check(spec, log_ready=log_ready)
             health.wait_ready(
                 self.proc, ready, self.log_path, self.load_timeout_s, what=health.describe(spec), quit_event=self._quit
