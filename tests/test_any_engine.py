@@ -120,22 +120,51 @@ def tree_of(pid: int) -> list[int]:
     return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
 
 
+SPLIT_PERSIST_S = 0.1  # a SIGSTOP is taken as each process next runs: tens of ms on this box under load
+
+
 def continued_ratio(a: list[int], b: list[int], seconds: float) -> tuple[float, float, dict]:
-    """(continued samples of a / of b, the fraction of samples where a's processes disagreed,
-    counts): /proc states of two engines' processes sampled every 2 ms."""
-    cont = {"a": 0, "b": 0, "split": 0, "n": 0, "stopped_a": 0, "stopped_b": 0}
-    t_end = time.monotonic() + seconds
-    while time.monotonic() < t_end:
+    """(continued samples of a / of b, the fraction of the time a's processes disagreed (some stopped,
+    some not) for longer than SPLIT_PERSIST_S at a stretch, counts): /proc states of two engines'
+    processes sampled every 2 ms. Each SIGSTOP takes effect only as its target next runs, tens of ms
+    on a loaded 2-core box: that lag is a short disagreement at each edge (counted in `split`, not in
+    the persistent fraction) and shortens both engines' stopped spans alike, which pulls a 2:1
+    continued-time ratio towards 1; `only_a`/`only_b`: the samples where one ran alone."""
+    cont = {"a": 0, "b": 0, "split": 0, "n": 0, "stopped_a": 0, "stopped_b": 0, "only_a": 0, "only_b": 0}
+    persistent_s = 0.0
+    split_since: float | None = None
+    t0 = time.monotonic()
+    t_end = t0 + seconds
+    while (now := time.monotonic()) < t_end:
         sa = [proc_state(p) for p in a]
         sb = [proc_state(p) for p in b]
         cont["a"] += sa[0] != "T"
         cont["b"] += sb[0] != "T"
         cont["stopped_a"] += sa[0] == "T"
         cont["stopped_b"] += sb[0] == "T"
-        cont["split"] += len({s == "T" for s in sa}) > 1
+        cont["only_a"] += sa[0] != "T" and sb[0] == "T"
+        cont["only_b"] += sb[0] != "T" and sa[0] == "T"
+        split = len({s == "T" for s in sa}) > 1
+        cont["split"] += split
         cont["n"] += 1
+        if split and split_since is None:
+            split_since = now
+        elif not split and split_since is not None:
+            persistent_s += max(0.0, now - split_since - SPLIT_PERSIST_S)
+            split_since = None
         time.sleep(0.002)
-    return cont["a"] / max(1, cont["b"]), cont["split"] / cont["n"], cont
+    if split_since is not None:
+        persistent_s += max(0.0, time.monotonic() - split_since - SPLIT_PERSIST_S)
+    return cont["a"] / max(1, cont["b"]), persistent_s / (time.monotonic() - t0), cont
+
+
+def assert_two_to_one(ratio: float, counts: dict) -> None:
+    """Paced 2:1, by test_supervisor's measure (continued time) and bounds. Measured 1.65 at load 7; at load
+    11-13 (eight engineers' test runs on 2 cores) 1.17-1.73 here and the base branch's llama-server 2:1
+    test failed alike: an overloaded box, not this code (the integrator re-measures on a quiet one)."""
+    alone = counts["only_a"] / max(1, counts["only_b"])
+    print(f"continued {ratio:.2f}, ran alone {alone:.2f}")
+    assert 1.6 <= ratio <= 2.5, (ratio, alone, counts)
 
 
 # -- the HTTP engine under --activity metrics -----------------------------------------------------------
@@ -172,8 +201,8 @@ def test_two_http_engines_paced_two_to_one_by_their_gauges(runs) -> None:
     )
     # the pacing's own measure, as test_supervisor's 2:1 test: continued time 2:1 (tolerant on a loaded box)
     assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
-    assert 1.6 <= ratio <= 2.5, (ratio, counts)
-    assert split < 0.08, (split, counts)  # the worker stops and continues with its engine
+    assert_two_to_one(ratio, counts)
+    assert split < 0.05, (split, counts)  # the worker stops and continues with its engine
 
 
 @pytest.mark.llama
@@ -197,7 +226,7 @@ def test_http_engine_paced_beside_a_real_llama_server(runs, llama_server, tiny_m
         tokens.stop()
     print(f"metrics 2:1 beside llama-server: continued ratio {ratio:.2f}, {counts}")
     assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
-    assert 1.6 <= ratio <= 2.5, (ratio, counts)
+    assert_two_to_one(ratio, counts)
 
 
 # -- a multi-process job under --activity cpu -----------------------------------------------------------
@@ -219,14 +248,13 @@ def test_tree_workers_stop_and_continue_together_and_a_sigkilled_supervisor_leav
     wa, wb = workers_of(a), workers_of(b)
     assert {os.getpgid(p) for p in (a, *wa)} == {a}  # the engine leads its own group, its workers in it
     wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 5, what="both active")
-    # the engine and both workers stop and continue together: their states agree but at the hand-off (a
-    # SIGSTOP takes effect as each next runs: on this box, with 10+ runnable processes, tens of ms); a
-    # SIGSTOP to the leader alone shows ~50% (the workers never stop). Measured: 3-8% at load 7-11, 23% once
-    # at load 14 (the sampler itself then got 40 samples/s).
+    # the engine and both workers stop and continue together: they disagree only briefly at the hand-off
+    # (see continued_ratio); a SIGSTOP to the leader alone leaves the workers running through every
+    # stopped spell (~50% of the time)
     _, split, counts = continued_ratio([a, *wa], wb, 4.0)
     assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
-    print(f"cpu tree: leader/worker split {split:.3f}, {counts}")
-    assert split < 0.15, (split, counts)
+    print(f"cpu tree: leader/worker persistent split {split:.3f}, {counts}")
+    assert split < 0.05, (split, counts)
     # SIGKILL the supervisor while its tree is stopped: the kernel continues the engine, the watchdog the rest
     wait_for(lambda: all(proc_state(p) == "T" for p in (a, *wa)), 10, 0.001, "the tree stopped by its supervisor")
     os.kill(sup_a.pid, signal.SIGKILL)
