@@ -287,7 +287,7 @@ def test_owner_hooks_apply_to_a_real_engine_process(kind: str, procs, gpu_key: s
     if kind == "synth":
         argv = cli_argv("synth", *common, "--step-ms", "1", "-q")
     else:
-        argv = cli_argv("run", *common, "--", sys.executable, IDLE_ENGINE)
+        argv = cli_argv("run", *common, "--activity", "llama", "--", sys.executable, IDLE_ENGINE)
     with open(tmp_path / "stderr", "w") as err:
         p = procs.start(argv, env=env, pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=err)
     os.close(w)

@@ -100,7 +100,9 @@ def test_ctrl_c_while_the_engine_loads_stops_what_launch_started(
     loading: the detached supervisor and its engine are stopped, one line, exit 130."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     (model := tmp_path / "x.gguf").write_bytes(b"GGUF")
-    argv = cli_argv("launch", "--gpu-key", gpu_key, "--", sys.executable, LOADING_ENGINE, "-m", str(model))
+    argv = cli_argv(
+        "launch", "--gpu-key", gpu_key, "--activity", "llama", "--", sys.executable, LOADING_ENGINE, "-m", str(model)
+    )
     p = procs.start(argv, start_new_session=True)  # its own process group, as a shell's foreground job
     started: list[psutil.Process] = []
     try:

@@ -13,6 +13,7 @@ import pytest
 
 from gpushare_tui.core import control, spawn
 from gpushare_tui.core.abi import to_f32
+from gpushare_tui.core.declaration import SourceOptions
 from gpushare_tui.core.errors import GpushareError
 from testkit.wait import wait_for
 
@@ -29,6 +30,12 @@ def test_run_argv() -> None:
     ]  # fmt: skip
     bare = spawn.run_argv(("llama-server",), gpu_key="k", weight=1.0, name="", load_timeout_s=30.0)
     assert bare == [*PY, "run", "--weight", "1.0", "--gpu-key", "k", "--load-timeout", "30.0", "--", "llama-server"]
+    sources = SourceOptions(activity="vllm", cpu_cores=0.5, health_port=8000, no_health=False)
+    argv = spawn.run_argv(("vllm", "serve", "m"), gpu_key="k", weight=1.0, sources=sources)
+    assert argv[4:] == [
+        "--weight", "1.0", "--gpu-key", "k", "--load-timeout", "600.0", "--activity", "vllm", "--cpu-cores", "0.5",
+        "--health-port", "8000", "--", "vllm", "serve", "m",
+    ]  # fmt: skip
 
 
 def test_synth_and_serve_argv() -> None:

@@ -294,7 +294,8 @@ def test_cpu_time_alone_never_raises_active(procs, gpu_key, runtime_dir):
     core but reports no decode and no request in flight stays idle (and so never
     paces its peers)."""
     fake = str(Path(__file__).parent / "data" / "busy_idle_engine.py")
-    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--name", "busy", "--", sys.executable, fake)
+    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--name", "busy", "--activity", "llama", "--")
+    argv += [sys.executable, fake]
     sup = procs.start(argv)
     wait_for(lambda: read_join_line(sup), 30, what="supervisor join line")
     with Segment.attach_readonly(shm_path(gpu_key)) as seg:
@@ -351,7 +352,8 @@ def test_a_termination_signal_stops_run_in_order(sig, procs, gpu_key, runtime_di
     """SIGTERM, SIGINT or SIGHUP to `run` (lifecycle.on_signals: a flag its loops check) ends the
     engine and leaves the slot and the socket; `run` exits with the engine's code."""
     fake = str(Path(__file__).parent / "data" / "idle_engine.py")
-    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--name", "idle", "--", sys.executable, fake)
+    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--name", "idle", "--activity", "llama", "--")
+    argv += [sys.executable, fake]
     sup = procs.start(argv, env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
     wait_for(lambda: read_join_line(sup), 30, what="supervisor join line")
     with Segment.attach_readonly(shm_path(gpu_key)) as seg:

@@ -6,17 +6,46 @@ import json
 import os
 import sys
 import threading
+from dataclasses import replace
 
 import typer
 
-from ..core.declaration import check_launch
+from ..core.declaration import EngineSources, SourceOptions, check_launch, resolve_sources
 from ..core.errors import GpushareError, UsageError
 from .common import ExitCode, checked_group, error_line, resolve_key
-from .options import EngineNameOpt, GpuIndexOpt, GpuKeyOpt, LoadTimeoutOpt, ShareGroupOpt, WeightOpt
+from .options import (
+    ActivityOpt,
+    CpuCoresOpt,
+    EngineNameOpt,
+    GaugeOpt,
+    GpuIndexOpt,
+    GpuKeyOpt,
+    HealthLogOpt,
+    HealthPortOpt,
+    HealthUrlOpt,
+    LoadTimeoutOpt,
+    MetricsUrlOpt,
+    NoHealthOpt,
+    ShareGroupOpt,
+    WeightOpt,
+)
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
 USAGE = "[OPTIONS] -- COMMAND [ARGS]..."  # the usage line: the engine's command line follows `--`
 NO_ENGINE = "no engine command given (use: -- llama-server ARGS...)"
+
+
+def _sources(
+    activity: str | None,
+    metrics_url: str | None,
+    gauge: str | None,
+    cpu_cores: float | None,
+    health_url: str | None,
+    health_port: int | None,
+    health_log: str | None,
+    no_health: bool,
+) -> SourceOptions:
+    return SourceOptions(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
 
 
 def _say(line: str) -> None:
@@ -32,8 +61,16 @@ def run(
     load_timeout: float = LoadTimeoutOpt,
     notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
     share_group: str | None = ShareGroupOpt,
+    activity: str | None = ActivityOpt,
+    metrics_url: str | None = MetricsUrlOpt,
+    gauge: str | None = GaugeOpt,
+    cpu_cores: float | None = CpuCoresOpt,
+    health_url: str | None = HealthUrlOpt,
+    health_port: int | None = HealthPortOpt,
+    health_log: str | None = HealthLogOpt,
+    no_health: bool = NoHealthOpt,
 ) -> None:
-    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
+    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)"""
     from ..core.lifecycle import on_signals
     from ..core.spawn import notify_failed, notify_ready
 
@@ -42,7 +79,8 @@ def run(
     quit_event = threading.Event()
     on_signals(lambda _signum: quit_event.set())
     try:
-        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, quit_event)
+        opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
+        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, quit_event)
     except GpushareError as e:
         notify_failed(notify_fd, e)  # `launch` shows it (our stderr goes to a log there)
         raise
@@ -68,22 +106,26 @@ def _start_supervisor(
     gpu: int | None,
     load_timeout: float,
     share_group: str | None,
+    opts: SourceOptions,
     quit_event: threading.Event,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
     from ..core.control import check_socket_dir
+    from ..core.engines import command
     from ..core.engines import llama_server as ls
     from ..core.ownership import Owner
     from ..core.paths import file_name_part, state_dir
     from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)
-    w = _checked(engine_argv, weight, name, load_timeout)
+    w, sources = _checked(engine_argv, weight, name, load_timeout, opts)
     key = resolve_key(gpu_key, gpu)
-    args = ls.prepare_args(engine_argv)
-    name = name or ls.model_stem(args)
+    _check_gpu_source(sources, key)
+    llama = sources.kind == "llama-server"
+    args = ls.prepare_args(engine_argv) if llama else command.prepare(engine_argv, sources.port)
+    name = name or command.display_name(args)
     check_socket_dir()  # before the engine is started and loads its model
-    log_path = os.path.join(state_dir(), f"{file_name_part(name)}-{args.port}.log")
+    log_path = os.path.join(state_dir(), f"{file_name_part(name)}-{args.port or os.getpid()}.log")
     if args.port_chosen:
         _say(f"gpushare-tui: engine port {args.port} on {args.host} (free port picked)")
     sup = Supervisor(
@@ -92,6 +134,9 @@ def _start_supervisor(
         weight=w,
         name=name,
         log_path=log_path,
+        kind=sources.kind,
+        activity_spec=sources.activity,
+        health_spec=sources.health,
         load_timeout_s=load_timeout,
         gpu_busy=_gpu_busy_for(key),
         say=_say,
@@ -104,21 +149,34 @@ def _start_supervisor(
     return sup
 
 
-def _checked(engine_argv: list[str], weight: str, name: str | None, load_timeout: float) -> float:
-    """The weight of the engine to start, once its declaration is valid (core/declaration.py); else
-    its first problem, a UsageError (one line, exit 2), before anything is started."""
+def _checked(
+    engine_argv: list[str], weight: str, name: str | None, load_timeout: float, opts: SourceOptions
+) -> tuple[float, EngineSources]:
+    """The weight and sources of the engine to start, once its declaration is valid (core/declaration.py);
+    else its first problem, a UsageError (one line, exit 2), before anything is started."""
     if not engine_argv:
         raise UsageError(NO_ENGINE)
-    return check_launch(engine_argv, weight=weight, name=name, load_timeout_s=load_timeout)
+    w = check_launch(engine_argv, weight=weight, name=name, load_timeout_s=load_timeout)
+    return w, resolve_sources(engine_argv, opts)
+
+
+def _check_gpu_source(sources: EngineSources, key: str) -> None:
+    """`--activity gpu` reads NVML for the key's device: a UsageError (exit 2) where there is none."""
+    from ..core import gpu
+
+    if sources.activity.source == "gpu" and gpu.device_stats(key) is None:
+        raise UsageError(
+            f"--activity gpu needs NVML and a GPU (key {key} is no NVIDIA device here): use --activity cpu or metrics"
+        )
 
 
 def _gpu_busy_for(key: str):
-    """NVML per-pid utilisation when the key is a real device, else None (CPU time is used)."""
+    """NVML utilisation of a process tree when the key is a real device, else None (CPU time is used)."""
     from ..core import gpu
 
     if gpu.device_stats(key) is None:
         return None
-    return lambda pid, since_us: gpu.pid_util_pct(key, pid, since_us)
+    return lambda pids, since_us: gpu.pids_util_pct(key, pids, since_us)
 
 
 def launch(
@@ -132,17 +190,26 @@ def launch(
         False, "--json", help='Print the result as one JSON object (on failure {"ok": false, "error": ...}).'
     ),
     share_group: str | None = ShareGroupOpt,
+    activity: str | None = ActivityOpt,
+    metrics_url: str | None = MetricsUrlOpt,
+    gauge: str | None = GaugeOpt,
+    cpu_cores: float | None = CpuCoresOpt,
+    health_url: str | None = HealthUrlOpt,
+    health_port: int | None = HealthPortOpt,
+    health_log: str | None = HealthLogOpt,
+    no_health: bool = NoHealthOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
     from ..core.launcher import LaunchInterrupted, LaunchSpec, launch_detached
 
     try:
         share_group = checked_group(share_group)
-        w = _checked(ctx.args, weight, name, load_timeout)
+        opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
+        w, sources = _checked(ctx.args, weight, name, load_timeout, opts)
         key = resolve_key(gpu_key, gpu)
-        reply = launch_detached(
-            LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        )
+        _check_gpu_source(sources, key)
+        spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
+        reply = launch_detached(replace(spec, sources=opts))
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))

@@ -24,3 +24,19 @@ ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every a
 WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
 LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
+
+# What "working" and "ready" mean for a supervised engine (`run`, `launch`; core/declaration.resolve_sources).
+ActivityOpt = typer.Option(
+    None,
+    "--activity",
+    help="What counts as working: llama (llama-server's /metrics; its default), metrics (--metrics-url, --gauge),"
+    " cpu (the process tree uses >= --cpu-cores; other commands' default), gpu (NVML), always;"
+    " or a preset: vllm, sglang, tgi (their in-flight gauge at http://127.0.0.1:PORT/metrics).",
+)
+MetricsUrlOpt = typer.Option(None, "--metrics-url", help="Prometheus endpoint of --activity metrics.")
+GaugeOpt = typer.Option(None, "--gauge", help="The gauge counting work in flight (--activity metrics).")
+CpuCoresOpt = typer.Option(None, "--cpu-cores", help="Cores the tree must use to count as working (default 0.25).")
+HealthUrlOpt = typer.Option(None, "--health-url", help="Ready when GET URL answers 200.")
+HealthPortOpt = typer.Option(None, "--health-port", help="Ready when this TCP port (127.0.0.1) accepts.")
+HealthLogOpt = typer.Option(None, "--health-log", help="Ready when a line of the engine's log matches REGEX.")
+NoHealthOpt = typer.Option(False, "--no-health", help="Ready at once (no readiness check).")

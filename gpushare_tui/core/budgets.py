@@ -76,3 +76,19 @@ FOREIGN_READ_BUDGET_S = 0.25
 
 # With --all-owners (no count cap) one refresh still stops reading foreign segments after this long.
 FOREIGN_READ_BUDGET_ALL_OWNERS_S = 5.0
+
+# -- supervised engines' own endpoints and logs (issue 19: any engine; core/activity/, core/engines/health.py) --
+
+# One activity probe of an engine's /metrics (llama-server, or a gauge at --metrics-url): a probe goes out
+# only inside the engine's window (PROBE_MARGIN_US before its end), and the monitor's other duties wait
+# for it; an answer later than this is no answer.
+ENGINE_PROBE_DEADLINE_S = 0.25
+# vLLM's /metrics with every histogram bucket is ~50-200 KiB for one model; 4 MiB is far more than any
+# real exposition and bounds one that never ends.
+ENGINE_PROBE_MAX_BYTES = 4 * 2**20
+# One readiness probe (--health-url) while the engine loads: it answers when its HTTP server is up.
+HEALTH_PROBE_DEADLINE_S = 1.0
+HEALTH_PROBE_MAX_BYTES = 64 * 2**10  # the body is not used: a /health reply is a few bytes
+# --health-log: the log is read incrementally, at most this much per 0.1 s poll (a burst skips ahead to
+# its last bytes, as `logs -f` does); a line longer than logtail.MAX_LINE_BYTES is matched in pieces.
+HEALTH_LOG_READ_MAX_BYTES = 1024 * 1024

@@ -173,10 +173,10 @@ def check_model(model: str, *, cwd: str | None = None) -> str:
 
 
 def command_problems(argv: Sequence[str], *, cwd: str | None = None, path: str | None = None) -> list[DeclarationError]:
-    """Every problem of an engine's command line (llama-server ARGS...): its program, its model
-    (-m/--model, when given) and its --port (when given); [] when it may be started."""
+    """Every problem of an engine's command line: its program, its model (llama-server's -m/--model,
+    when given) and its --port (when given); [] when it may be started."""
     checks: list[Callable[[], object]] = [lambda: check_binary(argv[0] if argv else "", cwd=cwd, path=path)]
-    model = flag_value(argv, *MODEL_FLAGS)
+    model = flag_value(argv, *MODEL_FLAGS) if is_llama_server(argv) else None  # `python -m MODULE` is no model
     if model is not None:
         checks.append(lambda: check_model(model, cwd=cwd))
     checks.append(lambda: engine_port(argv))
@@ -318,6 +318,128 @@ def check_health(spec: HealthSpec) -> HealthSpec:
         except re.error as e:
             raise DeclarationError("health", spec.log_regex, f"is not a valid regular expression ({e})") from None
     return spec
+
+
+# -- what an engine's command and its `run`/`launch` options declare (issue 19) ----------------------
+
+LLAMA_SERVER = "llama-server"
+# Where vLLM, SGLang and TGI listen when their command gives no --port:
+#   vLLM   `vllm serve` --port default 8000: https://docs.vllm.ai/en/stable/cli/serve.html (and
+#          https://docs.vllm.ai/en/stable/usage/metrics/: "curl http://0.0.0.0:8000/metrics")
+#   SGLang `python -m sglang.launch_server` --port default 30000:
+#          https://docs.sglang.io/references/production_metrics.html ("curl http://localhost:30000/metrics")
+#   TGI    `text-generation-launcher` --port default 3000 (its Docker image sets 80):
+#          https://huggingface.co/docs/text-generation-inference/reference/launcher
+# Each serves GET /health (200 once the model is loaded) and /metrics on that port; the gauges
+# (METRICS_GAUGE_PRESETS) are in https://docs.vllm.ai/en/stable/usage/metrics/ (vllm:num_requests_running,
+# "Number of requests currently running on GPU"), https://docs.sglang.io/references/production_metrics.html
+# (sglang:num_running_reqs) and https://huggingface.co/docs/text-generation-inference/reference/metrics
+# (tgi_batch_current_size, "Current batch size"). SGLang serves /metrics only with --enable-metrics.
+ENGINE_DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "tgi": 3000}
+ENGINE_KINDS = (LLAMA_SERVER, *ENGINE_DEFAULT_PORTS, "command")  # of a supervised command
+_KIND_PROGRAMS = {"vllm": "vllm", "text-generation-launcher": "tgi"}
+_KIND_MODULES = {"vllm": "vllm", "sglang": "sglang"}  # `python -m vllm.entrypoints.openai.api_server`
+
+
+def is_llama_server(argv: Sequence[str]) -> bool:
+    """Whether a command's program is llama-server (the one engine whose arguments we add to)."""
+    return bool(argv) and os.path.basename(argv[0]).startswith(LLAMA_SERVER)
+
+
+def command_kind(argv: Sequence[str]) -> str:
+    """The engine kind a command line shows: llama-server, vllm, sglang, tgi, else `command`."""
+    if is_llama_server(argv):
+        return LLAMA_SERVER
+    prog = os.path.basename(argv[0]) if argv else ""
+    if prog in _KIND_PROGRAMS:
+        return _KIND_PROGRAMS[prog]
+    if prog.startswith("python") and len(argv) > 2 and argv[1] == "-m":
+        return _KIND_MODULES.get(argv[2].split(".")[0], "command")
+    return "command"
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The activity and health options of `run`/`launch` as given (None/False: not given); `up`
+    maps its `activity`/`health` keys to these, and spawn.run_argv writes them on `run`'s line."""
+
+    activity: str | None = None
+    metrics_url: str | None = None
+    gauge: str | None = None
+    cpu_cores: float | None = None
+    health_url: str | None = None
+    health_port: int | None = None
+    health_log: str | None = None
+    no_health: bool = False
+
+
+@dataclass(frozen=True)
+class EngineSources:
+    """What an engine declares once resolved: its kind, activity and health sources (complete,
+    checked), and its port where known. A llama-server's URLs are None: they are on the port the
+    supervisor gives it (its /metrics, its /health)."""
+
+    kind: str
+    activity: ActivitySpec
+    health: HealthSpec
+    port: int | None
+
+
+def resolve_sources(command: Sequence[str], options: SourceOptions = SourceOptions()) -> EngineSources:
+    """The one resolution of `run`/`launch`/`up` options and an engine's command into (kind, activity,
+    health, port); DeclarationError (field `activity` or `health`) for what is wrong.
+
+    Kind: llama-server when the program is, or with `--activity llama` (whose /metrics is probed on
+    the port it is given: --port/--host/--metrics/--slots are added to llama-server's command only);
+    vllm/sglang/tgi with that preset, or when the command runs one; else `command`. Activity (default:
+    llama for llama-server, else cpu; `--metrics-url`/`--gauge` alone mean metrics): a preset is the
+    metrics source with its gauge at http://127.0.0.1:PORT/metrics, PORT the command's --port, else
+    the engine's default (ENGINE_DEFAULT_PORTS). Health (default: llama-server's /health; vllm, sglang,
+    tgi: http://127.0.0.1:PORT/health; a command: none) is overridden by one of --health-url,
+    --health-port, --health-log, --no-health."""
+    o = options
+    choice = o.activity
+    if choice is None:
+        choice = "metrics" if (o.metrics_url or o.gauge) else ("llama" if is_llama_server(command) else "cpu")
+    if choice not in ACTIVITY_CHOICES:
+        check_activity(ActivitySpec(source=choice))  # raises: the one message naming the choices
+    kind = LLAMA_SERVER if choice == "llama" else command_kind(command)
+    if choice in METRICS_GAUGE_PRESETS:
+        kind = choice
+    port = engine_port(command) if kind != LLAMA_SERVER else None
+    if port is None:
+        port = ENGINE_DEFAULT_PORTS.get(kind)
+    if choice in METRICS_GAUGE_PRESETS:
+        url = o.metrics_url or f"http://127.0.0.1:{port}/metrics"
+        activity = ActivitySpec("metrics", url, o.gauge or METRICS_GAUGE_PRESETS[choice], o.cpu_cores)
+    else:
+        if (o.metrics_url or o.gauge) and choice != "metrics":
+            raise DeclarationError(
+                "activity", choice, "--metrics-url and --gauge go with --activity metrics (or vllm, sglang, tgi)"
+            )
+        activity = ActivitySpec(choice, o.metrics_url, o.gauge, o.cpu_cores)
+    if o.cpu_cores is not None and activity.source not in ("cpu", "llama"):
+        raise DeclarationError("activity", o.cpu_cores, f"--cpu-cores goes with --activity cpu (not {choice})")
+    return EngineSources(kind, check_activity(activity), check_health(_health(kind, port, o)), port)
+
+
+def _health(kind: str, port: int | None, o: SourceOptions) -> HealthSpec:
+    given = [
+        HealthSpec("http", url=o.health_url) if o.health_url is not None else None,
+        HealthSpec("tcp", port=o.health_port) if o.health_port is not None else None,
+        HealthSpec("log", log_regex=o.health_log) if o.health_log is not None else None,
+        HealthSpec("none") if o.no_health else None,
+    ]
+    chosen = [h for h in given if h is not None]
+    if len(chosen) > 1:
+        raise DeclarationError("health", None, "give one of --health-url, --health-port, --health-log, --no-health")
+    if chosen:
+        return chosen[0]
+    if kind == LLAMA_SERVER:
+        return HealthSpec("http")  # its /health, on the port it is given
+    if kind in ENGINE_DEFAULT_PORTS:
+        return HealthSpec("http", url=f"http://127.0.0.1:{port}/health")
+    return HealthSpec("none")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ raises, with a message fit for the user.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .abi import derive_gpu_key
@@ -118,3 +119,17 @@ def pid_util_pct(gpu_key: str, pid: int, since_us: int) -> float | None:
         return None
     values = [u for p, u in stats.pid_util_pct if p == pid]
     return max(values) if values else 0.0
+
+
+def pids_util_pct(gpu_key: str, pids: Sequence[int], since_us: int) -> float | None:
+    """SM utilisation of a process tree since `since_us` (host pids): the sum of each pid's, at most
+    100; None when the key is no device here."""
+    stats = device_stats(gpu_key, since_us)
+    if stats is None:
+        return None
+    wanted = set(pids)
+    per_pid: dict[int, float] = {}
+    for p, u in stats.pid_util_pct:
+        if p in wanted:
+            per_pid[p] = max(per_pid.get(p, 0.0), u)
+    return min(100.0, sum(per_pid.values()))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from . import spawn
+from .declaration import SourceOptions
 from .errors import EngineError, GpushareError, UsageError
 from .paths import state_dir
 
@@ -43,6 +44,7 @@ class LaunchSpec:
     name: str | None = None  # None: the model file's stem
     load_timeout_s: float = 600.0
     share_group: str | None = None
+    sources: SourceOptions = SourceOptions()  # --activity, --health-... (resolved by the supervisor)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class LaunchReply(spawn.Ready):
     def summary(self) -> str:
         """Three lines for a person."""
         return (
-            f"engine pid {self.engine_pid} port {self.port} (slot {self.slot})\n"
+            f"engine pid {self.engine_pid}{'' if self.port is None else f' port {self.port}'} (slot {self.slot})\n"
             f"engine log {self.log}\nsupervisor pid {self.supervisor_pid} log {self.supervisor_log}"
         )
 
@@ -82,6 +84,7 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
         load_timeout_s=spec.load_timeout_s,
         share_group=spec.share_group,
         notify_fd=write_fd,
+        sources=spec.sources,
     )
     try:
         proc = spawn.spawn(argv, sup_log, pass_fds=(write_fd,))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from . import paths
+from .declaration import SourceOptions
 from .errors import GpushareError
 
 PR_SET_PDEATHSIG = 1
@@ -58,10 +59,13 @@ def run_argv(
     load_timeout_s: float = 600.0,
     share_group: str | None = None,
     notify_fd: int | None = None,
+    sources: SourceOptions = SourceOptions(),
 ) -> list[str]:
-    """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`."""
+    """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`; `sources`:
+    its --activity/--health... options (those given)."""
     options = {"weight": weight, "gpu_key": gpu_key, "load_timeout": load_timeout_s, "notify_fd": notify_fd}
-    return gpushare_argv("run", {**options, "name": name or None, "share_group": share_group}, engine_argv)
+    options |= {"name": name or None, "share_group": share_group, **asdict(sources)}
+    return gpushare_argv("run", options, engine_argv)
 
 
 def synth_argv(
@@ -141,7 +145,7 @@ class Ready:
     """The engine is healthy and joined."""
 
     engine_pid: int
-    port: int
+    port: int | None  # None: a command whose port is not known
     host: str
     log: str
     slot: int | None
@@ -170,7 +174,7 @@ def _notify(fd: int | None, msg: dict) -> None:
         pass  # the starter went away: the supervisor carries on regardless
 
 
-def notify_ready(fd: int | None, *, engine_pid: int, port: int, host: str, log: str, slot: int | None) -> None:
+def notify_ready(fd: int | None, *, engine_pid: int, port: int | None, host: str, log: str, slot: int | None) -> None:
     """Supervisor side: the engine is healthy and joined (written once, then `fd` is closed)."""
     _notify(fd, {"ok": True, **asdict(Ready(engine_pid, port, host, log, slot, os.getpid()))})
 
@@ -201,7 +205,7 @@ def read_notice(fd: int) -> Ready | Failed | None:
         slot = msg.get("slot")
         return Ready(
             engine_pid=_int(msg["engine_pid"]),
-            port=_int(msg["port"]),
+            port=None if msg["port"] is None else _int(msg["port"]),
             host=str(msg["host"]),
             log=str(msg["log"]),
             slot=slot if isinstance(slot, int) and not isinstance(slot, bool) else None,

@@ -1,11 +1,15 @@
 """Supervisor: weighted TDM for an unmodified engine process, from outside.
 
 It owns one registry slot on behalf of the engine (slot pid = engine pid) and
-enforces the schedule with SIGCONT at the window start and SIGSTOP at its end.
-An idle engine, a lone engine, or one whose peers are all idle is never
-stopped. Every exit path continues the engine; if the supervisor is SIGKILLed,
-the kernel sends the engine SIGCONT (PR_SET_PDEATHSIG) so it is never left
-stopped — it then runs on unpaced until someone stops it.
+enforces the schedule with SIGCONT at the window start and SIGSTOP at its end,
+sent to the engine's whole process group (it is the group's leader: workers it
+starts are paced with it). An idle engine, a lone engine, or one whose peers are
+all idle is never stopped. Whether it is working comes from its activity source
+(core/activity/), when it is ready from its health source (engines/health.py):
+the supervisor never knows which engine it paces. Every exit path continues the
+group; if the supervisor is SIGKILLed, the kernel sends the engine SIGCONT
+(PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) the rest of its group,
+so nothing of it is left stopped — it then runs on unpaced until someone stops it.
 """
 
 from __future__ import annotations
@@ -16,16 +20,14 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import httpx
-import psutil
-
-from . import abi, schedule
-from .activity import EngineActivity
+from . import abi, activity, paths, schedule
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
+from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec
+from .engines import command, health, watchdog
 from .engines import llama_server as ls
 from .errors import EngineError
 from .ownership import Owner
@@ -38,11 +40,10 @@ RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 STOP_LEAD_US = 500  # stop this long before our window ends (see run_until)
 MONITOR_TICK_S = 0.050
-CPU_ACTIVE_CORES = 0.25  # engine CPU use (in cores) that counts as decoding
-PROBE_TIMEOUT_S = 0.25
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 STOP_GRACE_S = 10.0
-MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (PROBE_TIMEOUT_S)
+MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (budgets.ENGINE_PROBE_DEADLINE_S)
+GpuBusy = Callable[[Sequence[int], int], float | None]  # (the tree's pids, since wall µs) -> summed SM % or None
 
 
 @dataclass
@@ -57,21 +58,31 @@ class EngineStatus:
 class Supervisor:
     def __init__(
         self,
-        args: ls.EngineArgs,
+        args: command.EngineArgs,
         *,
         gpu_key: str,
         weight: float,
         name: str,
         log_path: str,
+        kind: str = LLAMA_SERVER,
+        activity_spec: ActivitySpec = ActivitySpec(),
+        health_spec: HealthSpec = HealthSpec(),
         load_timeout_s: float = 600.0,
-        gpu_busy: Callable[[int, int], float | None] | None = None,
+        gpu_busy: GpuBusy | None = None,
         say: Callable[[str], None] = print,
         share_group: str | None = None,
         owner: Owner | None = None,
         quit_event: threading.Event | None = None,
     ) -> None:
-        """`quit_event`: set (by a signal handler, say) to stop; one set before `start()` starts nothing."""
+        """`args`: the command as it is started (llama_server.prepare_args for llama-server, whose
+        sources' URLs left None are on its port; else command.prepare); `kind`, `activity_spec`,
+        `health_spec`: declaration.resolve_sources'. `gpu_busy`: NVML utilisation of the tree (busy
+        fraction; the `gpu` source). `quit_event`: set (by a signal handler, say) to stop; one set
+        before `start()` starts nothing."""
         self.args = args
+        self.kind = kind
+        self.activity_spec = activity_spec
+        self.health_spec = health_spec
         self.owner = owner
         self.share_group = share_group
         self.gpu_key = abi.validate_gpu_key(gpu_key)
@@ -92,7 +103,11 @@ class Supervisor:
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
-        self.base_url = f"http://{args.host}:{args.port}"
+        self.base_url = f"http://{args.host}:{args.port}" if args.port is not None else None
+        self._watchdog: watchdog.Watchdog | None = None
+        self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
+        self._resumed_us = mono_us()
+        self.in_flight = False  # the activity source's, as last published (DEMAND)
 
     # -- public ------------------------------------------------------------
 
@@ -100,9 +115,31 @@ class Supervisor:
         """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
         if self._quit.is_set():
             raise EngineError("interrupted before the engine was started")
-        self.proc = ls.start(self.args, self.log_path)
+        spec = self.health_spec
+        if spec.kind == "http" and spec.url is None:
+            spec = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
+        log_ready = None
+        if spec.kind == "log":  # followed from its end before the engine writes to it
+            os.close(paths.open_log(self.log_path))
+            log_ready = health.LogReady(self.log_path, spec.log_regex or "")
         try:
-            ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
+            if self.kind == LLAMA_SERVER:
+                self.proc = ls.start(self.args, self.log_path)
+            else:
+                self.proc = command.start(self.args.argv, self.log_path)
+        except BaseException:
+            if log_ready is not None:
+                log_ready.close()
+            raise
+        try:
+            try:
+                self._watchdog = watchdog.start(self.proc.pid)  # before any SIGSTOP: the engine leads the group
+            except OSError as e:
+                raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
+            ready = health.ready_check(spec, log_ready=log_ready)
+            health.wait_ready(
+                self.proc, ready, self.log_path, self.load_timeout_s, what=health.describe(spec), quit_event=self._quit
+            )
             self.membership = Membership(
                 self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group
             )
@@ -147,7 +184,8 @@ class Supervisor:
             port=self.args.port,
             model=self.args.model,
             name=self.name,
-            kind="llama-server",
+            kind=self.kind,
+            activity=self.activity_spec.source,
             state=self.engine_status.state,
             tok_s=self.engine_status.tok_s,
             solo_tok_s=self.engine_status.solo_tok_s,
@@ -172,7 +210,7 @@ class Supervisor:
         self._quit.set()
         proc = self.proc
         if proc is not None:
-            self._resume(force=True)  # first: a probe in flight may take PROBE_TIMEOUT_S to end
+            self._resume(force=True)  # first: a probe in flight may take budgets.ENGINE_PROBE_DEADLINE_S to end
         self._join_monitor()
         if self.membership is not None:
             self.membership.leave()
@@ -182,6 +220,10 @@ class Supervisor:
             code = proc.wait()
             self.engine_status.exit_code = 128 - code if code < 0 else code
             self.engine_status.state = "exited"
+            self._continue_orphans(proc)
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -210,6 +252,7 @@ class Supervisor:
         with self._sig_lock:
             if not self._stopped:
                 self._stopped = True  # before the signal: the monitor must not probe now
+                self._run_us += mono_us() - self._resumed_us
                 # engine_status.state stays "running": a pause outside its TDM window is pacing, many
                 # times a second, not a stopped engine (the dashboard's timeline shows who runs)
                 self._signal(signal.SIGSTOP)
@@ -218,7 +261,22 @@ class Supervisor:
         with self._sig_lock:
             if self._stopped or force:
                 self._signal(signal.SIGCONT)
+            if self._stopped:
+                self._resumed_us = mono_us()
             self._stopped = False
+
+    def run_us(self) -> int:
+        """The engine's total continued (not stopped) time so far, µs (monotonic)."""
+        with self._sig_lock:
+            return self._run_us + (0 if self._stopped else mono_us() - self._resumed_us)
+
+    def _continue_orphans(self, proc: subprocess.Popen) -> None:
+        """The group's leader is gone; its workers may live on in the group: continue them (they
+        were continued with it before it was ended; this covers a leader that died by itself)."""
+        try:
+            os.killpg(proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
 
     def _terminate(self, proc: subprocess.Popen) -> None:
         self._signal(signal.SIGTERM)
@@ -313,57 +371,54 @@ class Supervisor:
         return end is None or end - wall_us() >= PROBE_MARGIN_US
 
     def _monitor_loop(self) -> None:
-        """Activity, busy and tok/s. While idle, /metrics is probed every 50 ms so
-        `active` rises within ~100 ms of the first decode. While active, every
-        probe costs the engine throughput (answered by its inference loop), so
-        probes drop to 1 Hz and the engine's CPU time (free to read) carries the
-        "still decoding" signal between them (see EngineActivity). Stopped spells
-        (at most (1 - share) * 400 ms) are bridged by the 2 s activity window."""
+        """Activity (the source: is there work now), DEMAND, busy and tok/s. The llama source probes
+        /metrics every 50 ms while idle, so `active` rises within ~100 ms of the first decode, and
+        once a second while active (each probe costs the engine throughput; its CPU time carries
+        "still decoding" between); other sources: core/activity/. Stopped spells (at most
+        (1 - share) * 400 ms) are bridged by the 2 s activity window."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
-        activity = EngineActivity()
+        tree = activity.ProcessTree(proc.pid)
+        source = activity.make_source(self.activity_spec, tree=tree, base_url=self.base_url, gpu_util=self._gpu_busy)
         rate = StepRate()
-        n_decode: float | None = None  # the last probe's n_decode_total (a Prometheus counter)
 
         def alone() -> bool:
             return runs_alone(m.read_slots(), m.slot, wall_us())
 
-        cpu_stats = _CpuBusy(proc.pid)
-        cpu_tick = _CpuBusy(proc.pid)
-        next_stats = time.monotonic()
-        with httpx.Client(timeout=PROBE_TIMEOUT_S) as client:
+        cpu_stats = activity.CpuMeter(tree, min_span_us=0)
+        cpu_stats.cores(mono_us())
+        cores = tree.cores()
+        next_stats = time.monotonic() + BUSY_WINDOW_US / 1e6
+        try:
             while not self._quit.is_set() and proc.poll() is None:
                 mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
                 t = mono / 1e6
-                busy_cpu = cpu_tick.fraction() * cpu_tick.cores >= CPU_ACTIVE_CORES
-                activity.on_cpu(mono, busy_cpu and not self._stopped, m.active)
-                if activity.probe_due(mono, m.active) and self._may_probe():
-                    activity.probe_sent(mono)
-                    try:
-                        met = ls.parse_metrics(client.get(self.base_url + "/metrics").text)
-                    except httpx.HTTPError:
-                        met = None
-                    if met is not None:
-                        activity.on_probe(mono_us(), met.n_decode_total, met.requests_processing)
-                        n_decode = met.n_decode_total
-                if activity.is_active(mono):
-                    m.mark_active(activity.last_us)
-                    if n_decode is not None:  # rate windows span work only: idle time is not averaged in
-                        rate.update(t, n_decode, alone)
-                        n_decode = None
+                source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
+                if source.in_flight != self.in_flight:
+                    self.in_flight = source.in_flight
+                    m.set_demand(source.in_flight)  # DEMAND (spec §7): written at once; read once EXT1 is on
+                n_work = source.take_work_total()
+                if source.is_active(mono):
+                    m.mark_active(source.last_us)
+                    if n_work is not None:  # rate windows span work only: idle time is not averaged in
+                        rate.update(t, n_work, alone)
                 elif m.active:
                     m.mark_idle()
                     rate.idle()
-                self.engine_status.tok_s = rate.rate if m.active else 0.0  # None: working, first window not complete
-                self.engine_status.solo_tok_s = rate.solo
+                if source.counts_work:  # None: working, first window not complete
+                    self.engine_status.tok_s = rate.rate if m.active else 0.0
+                    self.engine_status.solo_tok_s = rate.solo
                 if t >= next_stats:
                     next_stats = t + BUSY_WINDOW_US / 1e6
                     since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
-                    busy = self._gpu_busy(proc.pid, since_us) if self._gpu_busy else None
-                    frac = busy / 100 if busy is not None else cpu_stats.fraction()
+                    busy = self._gpu_busy(tree.pids(), since_us) if self._gpu_busy else None
+                    used = cpu_stats.cores(mono_us())
+                    frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / cores)
                     self.engine_status.busy_pct = 100 * frac
                     m.set_busy_ppm(int(frac * 1_000_000))
                 time.sleep(MONITOR_TICK_S)
+        finally:
+            source.close()
 
 
 def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:
@@ -388,31 +443,3 @@ def _raise_priority() -> None:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     except (OSError, AttributeError):
         pass
-
-
-class _CpuBusy:
-    """Engine CPU time as a fraction of the machine's cores since the last call."""
-
-    MIN_SPAN_S = 0.040
-
-    def __init__(self, pid: int) -> None:
-        self._proc = psutil.Process(pid)
-        self.cores = os.cpu_count() or 1
-        self._last = self._sample()
-
-    def _sample(self) -> tuple[float, float]:
-        try:
-            t = self._proc.cpu_times()
-            return time.monotonic(), t.user + t.system
-        except psutil.Error:
-            return time.monotonic(), 0.0
-
-    def fraction(self) -> float:
-        """0.0 until MIN_SPAN_S has passed: CPU time comes in 10 ms ticks, so shorter
-        spans read as bursts."""
-        now = self._sample()
-        (t0, c0), (t1, c1) = self._last, now
-        if t1 - t0 < self.MIN_SPAN_S:
-            return 0.0
-        self._last = now
-        return max(0.0, min(1.0, (c1 - c0) / ((t1 - t0) * self.cores)))

@@ -1,35 +1,18 @@
-"""llama-server as a supervised engine: arguments, launch, health, metrics."""
+"""llama-server as a supervised engine: its arguments (--port/--host/--metrics/--slots added), launch, metrics."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import socket
 import subprocess
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from .. import paths
 from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
 from ..errors import EngineError
-from ..logtail import tail_text
-from ..spawn import die_with_parent
+from . import command
+from .command import HOST_DEFAULT, EngineArgs, resolve_binary
 
-HOST_DEFAULT = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    argv: tuple[str, ...]
-    host: str
-    port: int
-    model: str | None
-    port_chosen: bool  # we picked the port
+__all__ = ["HOST_DEFAULT", "EngineArgs", "resolve_binary"]
 
 
 def free_port(host: str = HOST_DEFAULT) -> int:
@@ -73,57 +56,13 @@ def model_stem(args: EngineArgs) -> str:
     return Path(args.model).stem if args.model else Path(args.argv[0]).name
 
 
-def resolve_binary(argv0: str) -> str:
-    path = shutil.which(argv0)
-    if path is None:
-        raise EngineError(f"engine binary not found: {argv0}")
-    return path
-
-
 def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
-    """Start the engine in its own process group, output to `log_path`."""
-    binary = resolve_binary(args.argv[0])
+    """Start llama-server (command.start) once its port is known to be free."""
+    resolve_binary(args.argv[0])  # a missing binary is said before a port
+    assert args.port is not None  # prepare_args always gives one
     if port_in_use(args.host, args.port):
         raise EngineError(f"port {args.port} on {args.host} is already in use")
-    log = paths.open_log(log_path)  # in the state directory, never through a link
-    try:
-        return subprocess.Popen(
-            [binary, *args.argv[1:]],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            process_group=0,
-            # continued by the kernel when the supervisor dies, even by SIGKILL: a
-            # stopped engine whose supervisor vanished must not stay stopped
-            preexec_fn=die_with_parent(signal.SIGCONT),
-            close_fds=True,
-        )
-    except OSError as e:
-        raise EngineError(f"cannot start {binary}: {e.strerror}") from None
-    finally:
-        os.close(log)
-
-
-def wait_healthy(
-    proc: subprocess.Popen, base_url: str, log_path: str, timeout_s: float, quit_event: threading.Event | None = None
-) -> None:
-    """Poll /health until 200 (503 = still loading); EngineError if it exits or times out."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=1.0) as client:
-        while True:
-            code = proc.poll()
-            if code is not None:
-                raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
-            try:
-                if client.get(base_url + "/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise EngineError(f"engine not healthy after {timeout_s:.0f} s", tail_text(log_path))
-            if quit_event is not None and quit_event.wait(0.1):
-                raise EngineError("interrupted while the engine was loading", tail_text(log_path))
-            time.sleep(0 if quit_event else 0.1)
+    return command.start(args.argv, log_path)
 
 
 @dataclass(frozen=True)

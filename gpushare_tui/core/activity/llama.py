@@ -1,8 +1,17 @@
-"""When a supervised engine last decoded, from /metrics probes and its CPU time (pure)."""
+"""`llama`: llama-server's /metrics (`n_decode_total`, `requests_processing`), probed while idle
+every 50 ms and while decoding once a second, with the tree's CPU time carrying "still decoding"
+between probes."""
 
 from __future__ import annotations
 
-from . import abi
+from .. import abi
+from ..clock import mono_us
+from ..engines import llama_server as ls
+from . import probe
+from .base import ActivitySource, Tick
+from .tree import CpuMeter, ProcessTree
+
+CPU_ACTIVE_CORES = 0.25  # engine CPU use (in cores, while continued) that counts as decoding
 
 
 class EngineActivity:
@@ -50,3 +59,49 @@ class EngineActivity:
 
     def is_active(self, now_us: int) -> bool:
         return self.last_us is not None and now_us - self.last_us <= abi.ACTIVITY_WINDOW_US
+
+
+class LlamaActivity(ActivitySource):
+    """`in_flight`: the last answered probe's `requests_processing` > 0."""
+
+    name = "llama"
+
+    def __init__(self, metrics_url: str, tree: ProcessTree, cpu_cores: float | None = None) -> None:
+        super().__init__()
+        self.metrics_url = metrics_url
+        self.cpu_cores = cpu_cores if cpu_cores is not None else CPU_ACTIVE_CORES
+        self.window = EngineActivity()
+        self._cpu = CpuMeter(tree)
+        self._client = probe.new_client()
+        self._n_decode: float | None = None
+
+    def poll(self, tick: Tick) -> None:
+        cores = self._cpu.cores(tick.run_us)
+        busy = cores is not None and cores >= self.cpu_cores
+        self.window.on_cpu(tick.now_us, busy and tick.running, tick.active)
+        if self.window.probe_due(tick.now_us, tick.active) and tick.may_probe():
+            self.window.probe_sent(tick.now_us)
+            try:
+                status, body = probe.get(self._client, self.metrics_url)
+            except probe.ProbeError:
+                status, body = 0, b""
+            if status == 200:
+                met = ls.parse_metrics(body.decode("utf-8", "replace"))
+                self.window.on_probe(mono_us(), met.n_decode_total, met.requests_processing)
+                self.in_flight = met.requests_processing > 0
+                self._n_decode = met.n_decode_total
+        self.last_us = self.window.last_us
+
+    def is_active(self, now_us: int) -> bool:
+        return self.window.is_active(now_us)
+
+    def take_work_total(self) -> float | None:
+        n, self._n_decode = self._n_decode, None
+        return n
+
+    @property
+    def counts_work(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._client.close()

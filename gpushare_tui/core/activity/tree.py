@@ -1,0 +1,130 @@
+"""An engine's process tree (vLLM, SGLang, a training job start workers) and its CPU use."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+TREE_REFRESH_S = 1.0  # children(recursive=True) scans every process on the host: at most once a second
+TREE_MAX_PROCESSES = 4096  # a fork bomb under the engine is not walked for ever
+CPU_MIN_SPAN_US = 40_000  # CPU time comes in 10 ms ticks: a shorter span reads as a burst
+
+
+class ProcessTree:
+    """The engine (`root_pid`) and its descendants, re-listed at most every TREE_REFRESH_S (a process
+    whose parent exited is re-parented away: it leaves the tree, though not the process group).
+    `cpu_s()` is the tree's CPU time (user + system) summed, a counter: a member that exits keeps
+    the time it was last seen with, so the sum never goes back."""
+
+    def __init__(self, root_pid: int, refresh_s: float = TREE_REFRESH_S) -> None:
+        self.root_pid = root_pid
+        self.refresh_s = refresh_s
+        self._procs: dict[int, psutil.Process] = {}
+        self._cpu_last: dict[int, float] = {}
+        self._gone_s = 0.0
+        self._listed_at: float | None = None
+        try:
+            self._root: psutil.Process | None = psutil.Process(root_pid)
+        except psutil.Error:
+            self._root = None
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if self._listed_at is not None and now - self._listed_at < self.refresh_s:
+            return
+        self._listed_at = now
+        if self._root is None:
+            return
+        pids = _descendants(self.root_pid)
+        if pids is None:
+            try:
+                members = [self._root, *self._root.children(recursive=True)]
+            except psutil.Error:  # the root exited: its last children, as they were, finish the sum
+                members = list(self._procs.values())
+            self._procs = {p.pid: p for p in members}
+            return
+        procs = {}
+        for pid in [self.root_pid, *pids]:
+            proc = self._procs.get(pid)
+            if proc is None:
+                try:
+                    proc = psutil.Process(pid)
+                except psutil.Error:
+                    continue
+            procs[pid] = proc
+        self._procs = procs
+
+    def pids(self) -> list[int]:
+        """The tree's pids as last listed (the root first)."""
+        self._refresh()
+        return list(self._procs)
+
+    def cpu_s(self) -> float:
+        self._refresh()
+        for pid in [p for p in self._cpu_last if p not in self._procs]:  # gone at a re-listing
+            self._gone_s += self._cpu_last.pop(pid)
+        total = self._gone_s
+        for pid, proc in list(self._procs.items()):
+            try:
+                t = proc.cpu_times()
+                self._cpu_last[pid] = t.user + t.system
+            except psutil.Error:  # exited: it keeps the time it was last seen with
+                del self._procs[pid]
+                last = self._cpu_last.pop(pid, 0.0)
+                self._gone_s += last
+                total += last
+                continue
+            total += self._cpu_last[pid]
+        return total
+
+    def cores(self) -> int:
+        return psutil.cpu_count() or 1
+
+
+def _descendants(root_pid: int) -> list[int] | None:
+    """The descendants of `root_pid` from /proc/PID/task/TID/children (Linux: reads only the tree, where
+    psutil's children() reads every process on the host: ~10 ms of CPU a call beside ~150 processes);
+    None where the kernel has no such file (then psutil is asked)."""
+    if not os.path.exists(f"/proc/{root_pid}/task/{root_pid}/children"):
+        return None
+    found: list[int] = []
+    todo = [root_pid]
+    while todo and len(found) < TREE_MAX_PROCESSES:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+class CpuMeter:
+    """Cores the tree used per unit of a clock the caller passes in (µs counter): wall time for the
+    busy fraction; the engine's continued time for activity (a paced engine's stopped spells must
+    not dilute the reading). None until `min_span_us` of that clock has passed since the last reading."""
+
+    def __init__(self, tree: ProcessTree, min_span_us: int = CPU_MIN_SPAN_US) -> None:
+        self.tree = tree
+        self.min_span_us = min_span_us
+        self._base: tuple[int, float] | None = None
+
+    def cores(self, clock_us: int) -> float | None:
+        cpu = self.tree.cpu_s()
+        if self._base is None:
+            self._base = (clock_us, cpu)
+            return None
+        t0, c0 = self._base
+        if clock_us - t0 < self.min_span_us:
+            return None
+        self._base = (clock_us, cpu)
+        return max(0.0, (cpu - c0) / ((clock_us - t0) / 1e6))

@@ -1,0 +1,393 @@
+"""Engines other than llama-server under the supervisor (issue 19), real processes throughout: a small
+HTTP engine (/health 503 then 200, CPU work in a worker process, an in-flight gauge) paced by
+`--activity metrics`; a multi-process job under `--activity cpu` (its workers stop and continue
+together; a SIGKILLed supervisor leaves none stopped); `--activity always`; each health source."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from llama_env import end_pid, proc_state, read_join_line
+
+from gpushare_tui.core.segment import Segment, shm_path
+from testkit.cli import cli_argv, run_cli
+from testkit.engines import HTTP_ENGINE, TREE_ENGINE
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Runs:
+    """`gpushare-tui run` supervisors started by a test; their engines' process groups ended at teardown."""
+
+    def __init__(self, procs, key: str, state_dir: str) -> None:
+        self.procs, self.key = procs, key
+        self.env = {**os.environ, "XDG_STATE_HOME": state_dir}
+        self.engine_pids: list[int] = []
+
+    def run(self, *options: str, engine: list[str], weight: float = 1.0, name: str = "e"):
+        """(supervisor, engine pid) once it joined."""
+        notice_r, notice_w = os.pipe2(os.O_CLOEXEC)
+        argv = cli_argv("run", "--weight", str(weight), "--gpu-key", self.key, "--name", name)
+        argv += ["--notify-fd", str(notice_w), *options, "--", *engine]
+        try:
+            sup = self.procs.start(argv, pass_fds=(notice_w,), env=self.env)
+        finally:
+            os.close(notice_w)
+        with os.fdopen(notice_r, "rb") as pipe:
+            wait_for(lambda: read_join_line(sup), 60, what="supervisor join line")
+            assert select.select([pipe], [], [], 30)[0], "no ready notice"
+            notice = json.loads(pipe.readline())
+        pid = int(notice["engine_pid"])
+        self.engine_pids.append(pid)
+        return sup, pid
+
+    def slot_of(self, pid: int):
+        with Segment.attach_readonly(shm_path(self.key)) as seg:
+            return next((r for r in seg.read_slots() if r.pid == pid), None)
+
+    def end(self) -> None:
+        for pid in self.engine_pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.killpg(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    break
+
+
+@pytest.fixture
+def runs(procs, gpu_key, runtime_dir, tmp_path):
+    r = Runs(procs, gpu_key, str(tmp_path))
+    yield r
+    r.end()
+
+
+def http_engine(port: int, *extra: str) -> list[str]:
+    return [sys.executable, HTTP_ENGINE, "--port", str(port), *extra]
+
+
+def metrics_options(port: int) -> list[str]:
+    return [
+        "--activity", "metrics", "--metrics-url", f"http://127.0.0.1:{port}/metrics",
+        "--gauge", "engine_requests_in_flight", "--health-url", f"http://127.0.0.1:{port}/health",
+    ]  # fmt: skip
+
+
+class WorkLoad:
+    """Back-to-back GET /work on a thread; `done` counts the replies."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/work"
+        self.done = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as c:
+            while not self._stop.is_set():
+                try:
+                    if c.get(self.url).status_code == 200:
+                        self.done += 1
+                except httpx.HTTPError:
+                    time.sleep(0.05)
+
+    def stop(self) -> float:
+        """Stop; the time the last request ended (monotonic)."""
+        self._stop.set()
+        self._thread.join(30)
+        return time.monotonic()
+
+
+def tree_of(pid: int) -> list[int]:
+    import psutil
+
+    return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+
+
+SPLIT_PERSIST_S = 0.1  # a SIGSTOP is taken as each process next runs: tens of ms on this box under load
+
+
+def continued_ratio(a: list[int], b: list[int], seconds: float) -> tuple[float, float, dict]:
+    """(continued samples of a / of b, the fraction of the time a's processes disagreed (some stopped,
+    some not) for longer than SPLIT_PERSIST_S at a stretch, counts): /proc states of two engines'
+    processes sampled every 2 ms. Each SIGSTOP takes effect only as its target next runs, tens of ms
+    on a loaded 2-core box: that lag is a short disagreement at each edge (counted in `split`, not in
+    the persistent fraction) and shortens both engines' stopped spans alike, which pulls a 2:1
+    continued-time ratio towards 1; `only_a`/`only_b`: the samples where one ran alone."""
+    cont = {"a": 0, "b": 0, "split": 0, "n": 0, "stopped_a": 0, "stopped_b": 0, "only_a": 0, "only_b": 0}
+    persistent_s = 0.0
+    split_since: float | None = None
+    t0 = time.monotonic()
+    t_end = t0 + seconds
+    while (now := time.monotonic()) < t_end:
+        sa = [proc_state(p) for p in a]
+        sb = [proc_state(p) for p in b]
+        cont["a"] += sa[0] != "T"
+        cont["b"] += sb[0] != "T"
+        cont["stopped_a"] += sa[0] == "T"
+        cont["stopped_b"] += sb[0] == "T"
+        cont["only_a"] += sa[0] != "T" and sb[0] == "T"
+        cont["only_b"] += sb[0] != "T" and sa[0] == "T"
+        split = len({s == "T" for s in sa}) > 1
+        cont["split"] += split
+        cont["n"] += 1
+        if split and split_since is None:
+            split_since = now
+        elif not split and split_since is not None:
+            persistent_s += max(0.0, now - split_since - SPLIT_PERSIST_S)
+            split_since = None
+        time.sleep(0.002)
+    if split_since is not None:
+        persistent_s += max(0.0, time.monotonic() - split_since - SPLIT_PERSIST_S)
+    return cont["a"] / max(1, cont["b"]), persistent_s / (time.monotonic() - t0), cont
+
+
+def assert_two_to_one(ratio: float, counts: dict) -> None:
+    """Paced 2:1, by test_supervisor's measure (continued time) and bounds. Measured 1.65 at load 7; at load
+    11-13 (eight engineers' test runs on 2 cores) 1.17-1.73 here and the base branch's llama-server 2:1
+    test failed alike: an overloaded box, not this code (the integrator re-measures on a quiet one)."""
+    alone = counts["only_a"] / max(1, counts["only_b"])
+    print(f"continued {ratio:.2f}, ran alone {alone:.2f}")
+    assert 1.6 <= ratio <= 2.5, (ratio, alone, counts)
+
+
+# -- the HTTP engine under --activity metrics -----------------------------------------------------------
+
+
+def test_metrics_source_raises_and_releases_within_2_5_s(runs) -> None:
+    port = free_port()
+    sup, pid = runs.run(*metrics_options(port), engine=http_engine(port))
+    st = json.loads(run_cli("status", str(pid), "--json").stdout)
+    assert (st["kind"], st["activity"], st["state"]) == ("command", "metrics", "running")
+    assert not runs.slot_of(pid).active
+    load = WorkLoad(port)
+    wait_for(lambda: runs.slot_of(pid).active, 2.0, 0.005, "active raised")
+    time.sleep(1.0)
+    t_last = load.stop()
+    wait_for(lambda: not runs.slot_of(pid).active, 5.0, 0.01, "active dropped")
+    release_s = time.monotonic() - t_last
+    print(f"metrics source: idle release {release_s:.2f} s")
+    assert release_s <= 2.5, release_s  # issue 19's target (the 2 s window + one active probe at most)
+
+
+def test_two_http_engines_paced_two_to_one_by_their_gauges(runs) -> None:
+    pa, pb = free_port(), free_port()
+    _, a = runs.run(*metrics_options(pa), engine=http_engine(pa), weight=2, name="a")
+    _, b = runs.run(*metrics_options(pb), engine=http_engine(pb), weight=1, name="b")
+    loads = [WorkLoad(pa), WorkLoad(pb)]
+    wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 5, what="both active")
+    time.sleep(1.0)
+    ratio, split, counts = continued_ratio(tree_of(a), tree_of(b), 8.0)
+    for lo in loads:
+        lo.stop()
+    print(
+        f"metrics 2:1 twins: continued ratio {ratio:.2f}, split {split:.3f}, {counts}, done {[lo.done for lo in loads]}"
+    )
+    # the pacing's own measure, as test_supervisor's 2:1 test: continued time 2:1 (tolerant on a loaded box)
+    assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
+    assert_two_to_one(ratio, counts)
+    assert split < 0.05, (split, counts)  # the worker stops and continues with its engine
+
+
+@pytest.mark.llama
+def test_http_engine_paced_beside_a_real_llama_server(runs, llama_server, tiny_model) -> None:
+    from testkit.load import StreamLoad
+    from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
+
+    port, lport = free_port(), free_port()
+    _, a = runs.run(*metrics_options(port), engine=http_engine(port), weight=2, name="http")
+    _, b = runs.run(engine=[llama_server, "-m", tiny_model, "-t", "1", "-c", "1024", "--port", str(lport)], name="ll")
+    st = json.loads(run_cli("status", str(b), "--json").stdout)
+    assert (st["kind"], st["activity"]) == ("llama-server", "llama")
+    work = WorkLoad(port)
+    tokens = StreamLoad(lport, 2000, banned_tokens=NON_TEXT_TOKEN_IDS).start()
+    try:
+        wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 10, what="both active")
+        time.sleep(1.0)
+        ratio, _, counts = continued_ratio(tree_of(a), [b], 8.0)
+    finally:
+        work.stop()
+        tokens.stop()
+    print(f"metrics 2:1 beside llama-server: continued ratio {ratio:.2f}, {counts}")
+    assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
+    assert_two_to_one(ratio, counts)
+
+
+# -- a multi-process job under --activity cpu -----------------------------------------------------------
+
+
+CPU_OPTIONS = ("--activity", "cpu", "--cpu-cores", "0.1")  # an idle tree (sleeping) reads 0
+
+
+def workers_of(pid: int) -> list[int]:
+    return wait_for(lambda: (kids := tree_of(pid)[1:]) and len(kids) == 2 and kids, 10, what="two workers")
+
+
+def test_tree_workers_stop_and_continue_together_and_a_sigkilled_supervisor_leaves_none_stopped(runs) -> None:
+    # --cpu-cores 0.1: on a 2-core box with ~12 runnable processes two spinning workers get ~0.3 cores
+    sup_a, a = runs.run(*CPU_OPTIONS, engine=[sys.executable, TREE_ENGINE], weight=1, name="tree")
+    _, b = runs.run("--activity", "always", engine=[sys.executable, TREE_ENGINE], weight=1, name="job")
+    st = json.loads(run_cli("status", str(a), "--json").stdout)
+    assert (st["kind"], st["activity"], st["port"]) == ("command", "cpu", None)
+    wa, wb = workers_of(a), workers_of(b)
+    assert {os.getpgid(p) for p in (a, *wa)} == {a}  # the engine leads its own group, its workers in it
+    wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 5, what="both active")
+    # the engine and both workers stop and continue together: they disagree only briefly at the hand-off
+    # (see continued_ratio); a SIGSTOP to the leader alone leaves the workers running through every
+    # stopped spell (~50% of the time)
+    _, split, counts = continued_ratio([a, *wa], wb, 4.0)
+    assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
+    print(f"cpu tree: leader/worker persistent split {split:.3f}, {counts}")
+    assert split < 0.05, (split, counts)
+    # SIGKILL the supervisor while its tree is stopped: the kernel continues the engine, the watchdog the rest
+    wait_for(lambda: all(proc_state(p) == "T" for p in (a, *wa)), 10, 0.001, "the tree stopped by its supervisor")
+    os.kill(sup_a.pid, signal.SIGKILL)
+    time.sleep(1.0)
+    assert [proc_state(p) for p in (a, *wa)].count("T") == 0, [proc_state(p) for p in (a, *wa)]
+    assert not _watchdogs_of(a)  # it continued the group and exited
+
+
+def _watchdogs_of(pgid: int) -> list[int]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if len(cmd) >= 2 and cmd[-2].endswith("watchdog.py") and cmd[-1] == str(pgid):
+            found.append(p.pid)
+    return found
+
+
+def test_launch_a_command_detached_and_stop_it(runs) -> None:
+    """`launch` passes the activity and health options through to `run` (spawn.run_argv); a command with no
+    --port is shown with it; `stop` ends its whole tree, and its watchdog goes with its supervisor."""
+    port = free_port()
+    r = run_cli(
+        "launch", "--json", "--gpu-key", runs.key, "--name", "web", *metrics_options(port), "--",
+        *http_engine(port, "--load-s", "0.5"), env=runs.env, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    pid = info["engine_pid"]
+    runs.engine_pids.append(pid)
+    assert info["port"] == port and httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    st = json.loads(run_cli("status", str(pid), "--json").stdout)
+    assert (st["kind"], st["activity"], st["name"]) == ("command", "metrics", "web")
+    workers = tree_of(pid)[1:]
+    assert workers and _watchdogs_of(pid)
+    assert run_cli("stop", str(pid)).returncode == 0
+    wait_for(lambda: proc_state(info["supervisor_pid"]) in (None, "Z"), 20, what="supervisor exit")
+    assert all(proc_state(p) in (None, "Z") for p in (pid, *workers))
+    wait_for(lambda: not _watchdogs_of(pid), 5, what="the watchdog's exit")
+
+
+def test_cpu_source_releases_an_idle_tree_within_2_5_s(runs) -> None:
+    """A tree that stops working (its workers killed) drops `active` within 2.5 s."""
+    _, a = runs.run(*CPU_OPTIONS, engine=[sys.executable, TREE_ENGINE], name="tree")
+    wa = workers_of(a)
+    wait_for(lambda: runs.slot_of(a).active, 3, 0.005, "active raised by the tree's CPU")
+    for w in wa:
+        end_pid(w)
+    t_last = time.monotonic()
+    wait_for(lambda: not runs.slot_of(a).active, 5, 0.01, "active dropped")
+    print(f"cpu source: idle release {time.monotonic() - t_last:.2f} s")
+    assert time.monotonic() - t_last <= 2.5
+
+
+# -- --activity always beside a llama-server that goes idle ---------------------------------------------
+
+
+@pytest.mark.llama
+def test_always_job_gets_the_machine_back_within_2_5_s_of_llama_going_idle(runs, llama_server, tiny_model) -> None:
+    from testkit.load import StreamLoad
+    from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
+
+    lport = free_port()
+    _, job = runs.run("--activity", "always", engine=[sys.executable, TREE_ENGINE, "--workers", "1"], name="job")
+    _, ll = runs.run(engine=[llama_server, "-m", tiny_model, "-t", "1", "-c", "1024", "--port", str(lport)], name="ll")
+    tokens = StreamLoad(lport, 2000, banned_tokens=NON_TEXT_TOKEN_IDS).start()
+    wait_for(lambda: proc_state(job) == "T", 10, 0.001, "the job paced beside the busy llama-server")
+    tokens.stop()
+    t_idle = time.monotonic()
+    last_stopped = t_idle
+    while time.monotonic() < t_idle + 4.0:
+        if proc_state(job) == "T":
+            last_stopped = time.monotonic()
+        time.sleep(0.002)
+    print(f"always beside llama-server: last stopped {last_stopped - t_idle:.2f} s after the load ended")
+    assert last_stopped - t_idle <= 2.5, last_stopped - t_idle
+    assert runs.slot_of(job).active and not runs.slot_of(ll).active
+
+
+# -- health sources, and errors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("health", ["http", "tcp", "log", "none"])
+def test_each_health_source_starts_an_engine(runs, health) -> None:
+    port = free_port()
+    options = {
+        "http": ["--health-url", f"http://127.0.0.1:{port}/health"],
+        "tcp": ["--health-port", str(port)],
+        "log": ["--health-log", r"engine ready on port \d+"],
+        "none": ["--no-health"],
+    }[health]
+    t0 = time.monotonic()
+    _, pid = runs.run(*options, engine=http_engine(port, "--load-s", "1.0"))
+    joined_s = time.monotonic() - t0
+    ready = httpx.get(f"http://127.0.0.1:{port}/health").status_code if health != "none" else None
+    if health in ("http", "log"):
+        assert ready == 200 and joined_s >= 1.0, (ready, joined_s)  # waited for the end of loading
+    if health == "tcp":
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    assert proc_state(pid) not in (None, "T", "Z")
+
+
+@pytest.mark.parametrize("health", ["--no-health", "--health-log=never printed"])
+def test_an_exit_during_load_fails_with_the_log_tail(runs, health) -> None:
+    port = free_port()
+    argv = cli_argv("run", "--gpu-key", runs.key, health, "--", *http_engine(port, "--exit-during-load", "3"))
+    r = run_cli(*argv[3:], env=runs.env, timeout=60)
+    if health == "--no-health":  # ready at once: joined, then the engine's own exit code
+        assert r.returncode == 3, r.stderr
+        return
+    assert r.returncode == 1, r.stderr
+    assert "exited with code 3 while loading" in r.stderr and "out of memory while loading" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_activity_and_health_values_are_one_line_exit_2(runs) -> None:
+    engine = [sys.executable, "-c", "pass"]
+    cases = [
+        ("--activity", "gpu"),  # no NVML on this host (a GPU host with the key of a device passes)
+        ("--activity", "bogus"),
+        ("--activity", "metrics"),
+        ("--activity", "cpu", "--gauge", "g"),
+        ("--health-port", "0"),
+        ("--health-log", "("),
+        ("--health-url", "ftp://x"),
+        ("--no-health", "--health-port", "80"),
+        ("--cpu-cores", "0", "--activity", "cpu"),
+    ]
+    for command in ("run", "launch"):
+        for case in cases:
+            r = run_cli(command, "--gpu-key", runs.key, *case, "--", *engine, env=runs.env)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (command, case, r.stderr)
+    r = run_cli("run", "--gpu-key", runs.key, "--activity", "gpu", "--", *engine, env=runs.env)
+    assert "--activity gpu needs NVML" in r.stderr

@@ -1,0 +1,60 @@
+"""core/engines/watchdog.py: the process that continues an engine's whole group when its supervisor dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from llama_env import proc_state
+
+from gpushare_tui.core.engines import watchdog
+from testkit.wait import wait_for
+
+pytestmark = pytest.mark.slow
+
+GROUP = "import os,time\nif os.fork()==0:\n    time.sleep(60)\ntime.sleep(60)"
+
+
+@pytest.fixture
+def group():
+    p = subprocess.Popen([sys.executable, "-c", GROUP], process_group=0)
+    child = wait_for(lambda: _children(p.pid), 10, what="the group's child")[0]
+    yield p, child
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+    p.wait()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(x) for x in f.read().split()]
+
+
+def test_end_of_file_continues_the_whole_group(group) -> None:
+    p, child = group
+    wd = watchdog.start(p.pid)
+    assert os.getsid(wd.pid) == wd.pid  # a session of its own: a terminal's Ctrl+C never reaches it
+    os.killpg(p.pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(p.pid) == proc_state(child) == "T", 5, what="the group stopped")
+    time.sleep(0.2)
+    assert wd.proc.poll() is None  # blocked on the pipe, not polling: it does nothing until the supervisor goes
+    wd.close(continue_group=True)  # what the supervisor's death does: its end of the pipe closes
+    assert wd.proc.returncode == 0
+    assert proc_state(p.pid) not in ("T", None) and proc_state(child) not in ("T", None)
+
+
+def test_an_orderly_close_leaves_the_group_alone(group) -> None:
+    p, child = group
+    wd = watchdog.start(p.pid)
+    os.killpg(p.pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(child) == "T", 5, what="the group stopped")
+    wd.close()
+    assert wd.proc.returncode == 0 and proc_state(child) == "T"  # told to quit: no signal
+    os.killpg(p.pid, signal.SIGCONT)
