@@ -29,6 +29,13 @@ def test_run_argv() -> None:
     ]  # fmt: skip
     bare = spawn.run_argv(("llama-server",), gpu_key="k", weight=1.0, name="", load_timeout_s=30.0)
     assert bare == [*PY, "run", "--weight", "1.0", "--gpu-key", "k", "--load-timeout", "30.0", "--", "llama-server"]
+    assert spawn.run_argv(("e",), gpu_key="k", weight=1.0, klass="batch") == spawn.run_argv(
+        ("e",), gpu_key="k", weight=1.0
+    )
+    chat = spawn.run_argv(("e",), gpu_key="k", weight=1.0, klass="interactive")
+    assert chat[-4:] == ["--class", "interactive", "--", "e"]  # the default (batch) is not written
+    synth = spawn.synth_argv(gpu_key="k", weight=1.0, name="s", klass="interactive")
+    assert synth[-3:] == ["--class", "interactive", "--quiet"]
 
 
 def test_synth_and_serve_argv() -> None:

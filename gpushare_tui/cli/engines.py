@@ -6,13 +6,14 @@ import json
 import os
 import sys
 import threading
+from dataclasses import replace
 
 import typer
 
-from ..core.declaration import check_launch
+from ..core.declaration import check_class, check_launch
 from ..core.errors import GpushareError, UsageError
 from .common import ExitCode, checked_group, error_line, resolve_key
-from .options import EngineNameOpt, GpuIndexOpt, GpuKeyOpt, LoadTimeoutOpt, ShareGroupOpt, WeightOpt
+from .options import ClassOpt, EngineNameOpt, GpuIndexOpt, GpuKeyOpt, LoadTimeoutOpt, ShareGroupOpt, WeightOpt
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
 USAGE = "[OPTIONS] -- COMMAND [ARGS]..."  # the usage line: the engine's command line follows `--`
@@ -32,6 +33,7 @@ def run(
     load_timeout: float = LoadTimeoutOpt,
     notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
     share_group: str | None = ShareGroupOpt,
+    klass: str = ClassOpt,
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
     from ..core.lifecycle import on_signals
@@ -42,7 +44,7 @@ def run(
     quit_event = threading.Event()
     on_signals(lambda _signum: quit_event.set())
     try:
-        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, quit_event)
+        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, quit_event, klass)
     except GpushareError as e:
         notify_failed(notify_fd, e)  # `launch` shows it (our stderr goes to a log there)
         raise
@@ -69,6 +71,7 @@ def _start_supervisor(
     load_timeout: float,
     share_group: str | None,
     quit_event: threading.Event,
+    klass: str = "batch",
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
     from ..core.control import check_socket_dir
@@ -78,6 +81,7 @@ def _start_supervisor(
     from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)
+    klass = check_class(klass, label="--class")
     w = _checked(engine_argv, weight, name, load_timeout)
     key = resolve_key(gpu_key, gpu)
     args = ls.prepare_args(engine_argv)
@@ -101,6 +105,8 @@ def _start_supervisor(
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
+    if klass != "batch":
+        sup.set_class(klass)
     return sup
 
 
@@ -132,17 +138,18 @@ def launch(
         False, "--json", help='Print the result as one JSON object (on failure {"ok": false, "error": ...}).'
     ),
     share_group: str | None = ShareGroupOpt,
+    klass: str = ClassOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
     from ..core.launcher import LaunchInterrupted, LaunchSpec, launch_detached
 
     try:
         share_group = checked_group(share_group)
+        klass = check_class(klass, label="--class")
         w = _checked(ctx.args, weight, name, load_timeout)
         key = resolve_key(gpu_key, gpu)
-        reply = launch_detached(
-            LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        )
+        spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
+        reply = launch_detached(replace(spec, klass=klass))
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))

@@ -24,3 +24,8 @@ ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every a
 WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
 LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
+ClassOpt = typer.Option(
+    "batch",
+    "--class",
+    help="Latency class: interactive (runs first while within its weight share) or batch (uses the rest).",
+)

@@ -43,6 +43,7 @@ class LaunchSpec:
     name: str | None = None  # None: the model file's stem
     load_timeout_s: float = 600.0
     share_group: str | None = None
+    klass: str = "batch"  # the latency class (spec §7): `run --class`
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
         load_timeout_s=spec.load_timeout_s,
         share_group=spec.share_group,
         notify_fd=write_fd,
+        klass=spec.klass,
     )
     try:
         proc = spawn.spawn(argv, sup_log, pass_fds=(write_fd,))

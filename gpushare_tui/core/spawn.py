@@ -58,10 +58,18 @@ def run_argv(
     load_timeout_s: float = 600.0,
     share_group: str | None = None,
     notify_fd: int | None = None,
+    klass: str = "batch",
 ) -> list[str]:
-    """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`."""
+    """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd` (`--class` only when
+    not the default batch)."""
     options = {"weight": weight, "gpu_key": gpu_key, "load_timeout": load_timeout_s, "notify_fd": notify_fd}
-    return gpushare_argv("run", {**options, "name": name or None, "share_group": share_group}, engine_argv)
+    options |= {"name": name or None, "share_group": share_group, "class": _class_option(klass)}
+    return gpushare_argv("run", options, engine_argv)
+
+
+def _class_option(klass: str) -> str | None:
+    """The `--class` value to pass: None for the default (batch), so default command lines stay as they were."""
+    return None if klass == "batch" else klass
 
 
 def synth_argv(
@@ -73,10 +81,12 @@ def synth_argv(
     step_ms: float | None = None,
     work_units: int | None = None,
     busy_idle: str | None = None,
+    klass: str = "batch",
 ) -> list[str]:
     """`gpushare-tui synth --quiet`; `work_units` (> 0) fixes the work per step instead of calibrating."""
     options = {"weight": weight, "gpu_key": gpu_key, "name": name, "share_group": share_group, "step_ms": step_ms}
-    return gpushare_argv("synth", {**options, "work_units": work_units or None, "busy_idle": busy_idle, "quiet": True})
+    options |= {"work_units": work_units or None, "busy_idle": busy_idle, "class": _class_option(klass)}
+    return gpushare_argv("synth", {**options, "quiet": True})
 
 
 def serve_argv(listen: str) -> list[str]:
