@@ -19,6 +19,8 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +36,34 @@ from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+
+
+class ProxyProcess:
+    """core/front_proxy.FrontProxy in a process of its own (`python -m bench.demand_detect --proxy-to PORT`):
+    its port, and its DEMAND changes (CLOCK_MONOTONIC is one clock for every process)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        argv = [sys.executable, "-m", "bench.demand_detect", "--proxy-to", str(upstream_port)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        self.pid = self.proc.pid
+        self.changes: list[tuple[float, bool]] = []
+
+    def __enter__(self) -> ProxyProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self.proc.communicate("\n", timeout=30)  # a line on stdin: print the changes and exit
+        self.changes = [(float(t), up == "1") for t, up in (line.split() for line in out.splitlines() if line)]
+
+
+def serve_proxy(upstream_port: int) -> None:
+    with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream_port)) as proxy:
+        print(proxy.port, flush=True)
+        sys.stdin.readline()
+        changes = list(proxy.demand_changes)
+    print("\n".join(f"{t!r} {int(up)}" for t, up in changes), flush=True)
 
 
 def thread_cpu_s(native_id: int | None) -> float:
@@ -162,7 +192,11 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=str(RESULTS / "demand_detect.json"))
+    ap.add_argument("--proxy-to", type=int, help=argparse.SUPPRESS)  # the proxy's own process
     a = ap.parse_args()
+    if a.proxy_to:
+        serve_proxy(a.proxy_to)
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     model = RESULTS / f"model-{a.embd}x{a.layers}.gguf"
     if not model.exists():
@@ -192,39 +226,48 @@ def main() -> None:
                 ends = [((pr.seen(s.end_s, False) or float("nan")) - s.end_s) * 1000 for s in streams]
                 tok = _med([s.tok_s() for s in streams])
                 rows.append(
-                    {"how": f"probe /metrics every {cadence_ms:g} ms", "idle_cpu_pct": cpu, "engine_extra_cpu_pct": extra,
+                    {"how": f"probe /metrics every {cadence_ms:g} ms", "idle_cpu_pct": cpu,
+                     "engine_extra_cpu_pct": extra,
                      "start_p50_ms": _med(starts), "start_max_ms": _p(starts, 1.0), "end_p50_ms": _med(ends),
                      "end_max_ms": _p(ends, 1.0), "tok_s": tok, "tok_s_cost_pct": 100 * (1 - tok / base_tok_s),
                      "ttft_ms": _med([s.ttft_ms for s in streams])}
                 )  # fmt: skip
-            with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", eng.port)) as proxy:
+            with ProxyProcess(eng.port) as proxy:  # its own process, as it would run beside the supervisor's loop
                 time.sleep(0.1)
-                cpu, _extra = idle_cpu_pct(eng.pid, proxy.thread_native_id, a.idle_s, base_engine_pct)
-                c0 = thread_cpu_s(proxy.thread_native_id)
+                c0, t0 = proc_cpu_s(proxy.pid), time.monotonic()
+                time.sleep(a.idle_s)
+                cpu = 100 * (proc_cpu_s(proxy.pid) - c0) / (time.monotonic() - t0)
+                c0 = proc_cpu_s(proxy.pid)
                 via, plain = [], []
                 for _ in range(a.trials):  # alternating: the machine's load drifts alike for both
                     time.sleep(rng.uniform(0.15, 0.35))
                     via.append(stream_once(client, proxy.port, a.n_predict))
                     time.sleep(rng.uniform(0.15, 0.35))
                     plain.append(stream_once(client, eng.port, a.n_predict))
-                proxy_cpu_s = thread_cpu_s(proxy.thread_native_id) - c0
-                changes = list(proxy.demand_changes)
+                proxy_cpu_s = proc_cpu_s(proxy.pid) - c0
+            changes = proxy.changes
             rises = [t for t, up in changes if up]
             falls = [t for t, up in changes if not up]
-            starts = [((next((t for t in rises if t >= s.sent_s - 0.001), float("nan"))) - s.sent_s) * 1000 for s in via]
+            starts = [
+                ((next((t for t in rises if t >= s.sent_s - 0.001), float("nan"))) - s.sent_s) * 1000 for s in via
+            ]
             # the fall after each request's rise (it may come before the client thread has read the last byte)
             ends = [((next((t for t in falls if t >= s.sent_s), float("nan"))) - s.end_s) * 1000 for s in via]
             n_tok = sum(len(s.tokens_s) for s in via)
-            gap_via, gap_plain = _med([g for s in via for g in s.gaps_ms()]), _med([g for s in plain for g in s.gaps_ms()])
+            gap_via, gap_plain = (
+                _med([g for s in via for g in s.gaps_ms()]),
+                _med([g for s in plain for g in s.gaps_ms()]),
+            )
             rows.append(
-                {"how": "front proxy (core/front_proxy.py)", "idle_cpu_pct": cpu, "engine_extra_cpu_pct": 0.0,
+                {"how": "front proxy (own process)", "idle_cpu_pct": cpu, "engine_extra_cpu_pct": 0.0,
                  "start_p50_ms": _med(starts), "start_max_ms": _p(starts, 1.0), "end_p50_ms": _med(ends),
                  "end_max_ms": _p(ends, 1.0), "tok_s": _med([s.tok_s() for s in via]),
                  "tok_s_cost_pct": 100 * (1 - _med([s.tok_s() for s in via]) / _med([s.tok_s() for s in plain])),
                  "ttft_ms": _med([s.ttft_ms for s in via]),
                  "added_ttft_ms": _med([s.ttft_ms for s in via]) - _med([s.ttft_ms for s in plain]),
                  "added_gap_ms": gap_via - gap_plain,
-                 "cpu_ms_per_request": 1000 * proxy_cpu_s / len(via), "cpu_us_per_token": 1e6 * proxy_cpu_s / max(1, n_tok)}
+                 "cpu_ms_per_request": 1000 * proxy_cpu_s / len(via),
+                 "cpu_us_per_token": 1e6 * proxy_cpu_s / max(1, n_tok)}
             )  # fmt: skip
     finally:
         end([eng])
@@ -254,7 +297,8 @@ def print_table(rows: list[dict], meta: dict) -> None:
     proxy = rows[-1]
     print(
         f"proxy: +{_f(proxy['added_ttft_ms'], '.2f')} ms TTFT, +{_f(proxy['added_gap_ms'], '.3f')} ms per token gap, "
-        f"{_f(proxy['cpu_ms_per_request'], '.2f')} ms CPU per request, {_f(proxy['cpu_us_per_token'], '.0f')} µs CPU per token"
+        f"{_f(proxy['cpu_ms_per_request'], '.2f')} ms CPU per request, "
+        f"{_f(proxy['cpu_us_per_token'], '.0f')} µs CPU per token"
     )
 
 

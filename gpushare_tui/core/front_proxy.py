@@ -260,7 +260,9 @@ class FrontProxy:
             sock.setblocking(False)
         except OSError as e:
             sock.close()
-            raise ProxyError(f"front proxy cannot listen on {self.listen[0]}:{self.listen[1]}: {e.strerror or e}") from None
+            raise ProxyError(
+                f"front proxy cannot listen on {self.listen[0]}:{self.listen[1]}: {e.strerror or e}"
+            ) from None
         self._sock = sock
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="gpushare-front-proxy", daemon=True)
@@ -390,7 +392,12 @@ class FrontProxy:
             parts = head.first_line.split(" ")
             self.timings.append(
                 RequestTiming(
-                    start, first[0] if first else None, self._clock(), parts[0][:16], parts[1][:200] if len(parts) > 1 else "", status
+                    start,
+                    first[0] if first else None,
+                    self._clock(),
+                    parts[0][:16],
+                    parts[1][:200] if len(parts) > 1 else "",
+                    status,
                 )
             )
             self._demand(-1)
