@@ -285,7 +285,8 @@ def main() -> None:
             rows.append({"round": rnd + 1, **row})
             print_row(rows[-1])
     meta = {"solo_tok_s": solo_tok_s, "model": f"{a.embd}x{a.layers}", "threads": a.threads, "ngl": a.ngl,
-            "seconds": a.seconds, "flood_s": a.flood_s, "mean_gap_s": a.mean_gap_s, "cpus": psutil.cpu_count()}  # fmt: skip
+            "seconds": a.seconds, "flood_s": a.flood_s, "mean_gap_s": a.mean_gap_s,
+            "cpus": psutil.cpu_count()}  # fmt: skip
     checks = target_checks(rows)
     Path(a.json).write_text(json.dumps({"meta": meta, "rows": rows, "targets": checks}, indent=1))
     print_table(rows, meta, checks)
