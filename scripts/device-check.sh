@@ -153,7 +153,7 @@ EOF
       if [ "$DC_MODE" = gpu ]; then
         args=(--ngl 99 --embd 2048 --layers 8 --threads 4 --seconds 8 --flood-s 20)
       elif [ "$DC_QUICK" = 1 ]; then
-        args=(--quick --embd 256 --layers 2 --threads 1 --seconds 3 --only "solo,v1 1:1")
+        args=(--quick --embd 256 --layers 2 --threads 1 --seconds 3 --mean-gap-s 1 --only "solo,v1 1:1")
       else
         args=(--quick --embd 768 --layers 8)
       fi
