@@ -37,6 +37,7 @@
 # Last runs (stage: seconds):
 #   --cpu --quick, 2 loaded cores, 2026-11-30: a 1, b 14, c 0 (cached CPU build), d 24; 40 s in all
 #   --cpu, 2 loaded cores, 2026-11-30: a 1, b 64, c 0 (cached CPU build), d 78; 2.5 min in all
+#   --cpu --quick with stage e, 2 cores at load ~11, 2026-12-02: 151 s in all (e about 40 s)
 #   GPU host: never run yet (no GPU host was available when this was written); expected about
 #   a 15, b 120, c 300 (unmeasured: a CUDA build of one architecture on 16 cores), d 130
 set -uo pipefail
