@@ -8,6 +8,7 @@ import asyncio
 import json
 from dataclasses import replace
 
+import pytest
 from slots import NOW, slot, snap
 
 from gpushare_tui.app import DashboardApp
@@ -21,6 +22,7 @@ from gpushare_tui.dashboard.source import FixedSource
 from gpushare_tui.serve.exposition import render_metrics
 from gpushare_tui.widgets.gpu_panel import info_line
 from gpushare_tui.widgets.peers_table import PeersTable, cell_text
+from testkit.wait import wait_for
 
 EXT1, INTER, DEMAND, PRIO = abi.FLAG_EXT1, abi.FLAG_INTERACTIVE, abi.FLAG_DEMAND, abi.FLAG_PRIORITY
 CHAT = EXT1 | INTER | DEMAND | PRIO  # an interactive peer with work in flight claiming priority
@@ -143,3 +145,34 @@ def test_pilot_shows_class_and_v1_compat() -> None:
     assert "CLS" in lines[0].split()
     assert [line.split()[-1] for line in lines[1:]] == ["int+", "bat+", "v1"]  # v1 compat: nobody holds priority
     assert "v1 compat (slot 2)" in panel
+
+
+@pytest.mark.slow
+def test_a_real_v1_peer_forces_v1_compat_until_it_leaves(procs, cli, gpu_key: str, runtime_dir: str) -> None:
+    """The independent v1 writer (tests/raw_writer.py: flags 0) beside an Extension-1 peer: `--once --json`
+    says schedule v1 and names the writer's slot; once the writer is dead, ext1 again."""
+    from serve_env import start_writer
+
+    from gpushare_tui import GpuShare
+
+    writer = start_writer(procs, gpu_key, "1:v1-engine")
+    with GpuShare(name="chat", gpu_key=gpu_key, klass="interactive", control=False) as share:
+        share.membership.set_flags(share.membership.flags | EXT1 | DEMAND)  # what the Extension-1 pacer publishes
+        share.active()
+
+        def gpu() -> dict:
+            r = cli("--once", "--json", "--gpu-key", gpu_key)
+            assert r.returncode == 0, r.stderr
+            return json.loads(r.stdout)["gpus"][0]
+
+        g = gpu()
+        assert (g["schedule_mode"], g["v1_peer"]) == ("v1", 0)
+        peers = {p["slot"]: p for p in g["peers"]}
+        assert (peers[0]["class"], peers[0]["demand"], peers[0]["priority"]) == (None, None, None)
+        assert (peers[share.slot]["class"], peers[share.slot]["demand"]) == ("interactive", True)
+        table = cli("--once", "--gpu-key", gpu_key).stdout
+        assert "schedule v1 compat (slot 0)" in table
+        writer.kill()
+        writer.wait()
+        wait_for(lambda: gpu()["schedule_mode"] == "ext1", 15, what="the v1 peer to die (3 s) and ext1 to resume")
+        assert gpu()["v1_peer"] is None
