@@ -72,6 +72,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 w.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
                 w.flush()
                 return
+            else:
+                w.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
             w.flush()
 
 
@@ -175,6 +177,13 @@ def test_the_engine_closing_an_idle_keepalive_connection_is_reconnected(proxy, u
         time.sleep(0.2)
         assert c.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
     assert proxy.requests_total == 2
+
+
+def test_health_checks_and_scrapes_are_no_work(proxy, upstream) -> None:
+    with httpx.Client() as c:
+        for path in ("/health", "/metrics?x=1", "/slots"):
+            assert c.get(f"http://127.0.0.1:{proxy.port}{path}").status_code == 404
+    assert proxy.requests_total == 3 and proxy.changes == [] and len(proxy.timings) == 3
 
 
 def test_a_taken_port_is_one_clear_error(upstream) -> None:

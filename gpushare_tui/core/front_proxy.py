@@ -11,8 +11,9 @@ HTTP/1.1 only as far as framing goes: request and response bodies by Content-Len
 coding (what llama-server's streamed completions use), else a response ends when the engine closes the
 connection; keep-alive connections carry one request after another; bytes are forwarded unchanged (a
 request's head is not rewritten). A request is in flight from the end of its head to the end of its
-response (or either side closing). `on_demand(True)` is called when the first request in flight arrives,
-`on_demand(False)` when the last one ends, on the proxy's thread. Per-request timings (head received, first
+response (or either side closing); a GET of NO_DEMAND_PATHS (a health check, a scrape) is no work.
+`on_demand(True)` is called when the first request in flight arrives, `on_demand(False)` when the last
+one ends, on the proxy's thread. Per-request timings (head received, first
 response byte, response end; monotonic seconds) are kept for the benchmark and an exporter (`timings`).
 
 Budgets on untrusted input: a request or response head holds at most MAX_HEAD_BYTES and must arrive
@@ -39,6 +40,8 @@ IDLE_KEEPALIVE_S = 60.0
 UPSTREAM_CONNECT_S = 5.0
 READ_CHUNK_BYTES = 64 * 2**10
 TIMINGS_KEPT = 4096
+# GETs that ask about the engine rather than give it work (health checks, scrapes, the dashboard's probes): no DEMAND
+NO_DEMAND_PATHS = frozenset({"/health", "/metrics", "/slots", "/props", "/models", "/v1/models"})
 LISTEN_BACKLOG = 128
 
 
@@ -363,7 +366,10 @@ class FrontProxy:
         """One request and its response; True when both connections may carry another."""
         start = self._clock()
         self.requests_total += 1
-        self._demand(+1)
+        parts = head.first_line.split(" ")
+        work = not (parts[0] in ("GET", "HEAD") and len(parts) > 1 and parts[1].split("?", 1)[0] in NO_DEMAND_PATHS)
+        if work:
+            self._demand(+1)
         first: list[float] = []
         status: int | None = None
         try:
@@ -389,7 +395,6 @@ class FrontProxy:
             close = "close" in (head.headers.get("connection", "") + rhead.headers.get("connection", "")).lower()
             return more and not close and status != 101
         finally:
-            parts = head.first_line.split(" ")
             self.timings.append(
                 RequestTiming(
                     start,
@@ -400,7 +405,8 @@ class FrontProxy:
                     status,
                 )
             )
-            self._demand(-1)
+            if work:
+                self._demand(-1)
 
 
 def _nodelay(writer: asyncio.StreamWriter) -> None:
