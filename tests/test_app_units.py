@@ -90,6 +90,7 @@ def test_row_cells():
         "hb": "<1s",
         "vram": "1234M",
         "gpu": "k",
+        "class": "v1",  # a v1 peer: no Extension 1 flags
     }
     foreign = PeerRow("k", rows[1])
     assert [cell_text(foreign, k) for k in ("status", "engine", "vram", "toks", "speed")] == [
@@ -175,8 +176,9 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
     scrollbar); GPU goes first, then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
     what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
     must = [c.key for c in COLUMNS if not c.drop]
-    cases = ((77, set(), {"gpu", "vram", "hb"}), (85, set(), {"gpu", "vram"}), (97, set(), {"gpu"}))
-    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (97, {"vram"}, {"vram"}))  # no VRAM: room for GPU
+    cases = ((77, set(), {"gpu", "vram", "hb", "class"}), (85, set(), {"gpu", "vram", "class"}))
+    cases += ((97, set(), {"gpu", "class"}), (102, set(), {"class"}))  # CLS goes first (issue 20)
+    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (97, {"vram"}, {"vram", "class"}))  # no VRAM: GPU fits
     for available, empty, dropped in cases:
         shown, name = fit_columns(available, frozenset(empty))
         keys = [c.key for c in shown]

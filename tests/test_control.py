@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from gpushare_tui.core import control, ownership, paths
+from gpushare_tui.core import abi, control, ownership, paths
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.ownership import Owner
 from gpushare_tui.core.registry import Membership
@@ -62,10 +62,11 @@ def test_status_reply_round_trip() -> None:
     full = StatusReply(
         engine_pid=1, port=8080, model="m.gguf", name="n", kind="llama-server", state="running", tok_s=1.5,
         solo_tok_s=3.0, weight=2.0, share_pct=50.0, busy_pct=10.0, uptime_s=3.0, slot=0, gpu_key="k", log="/l.log",
-        signal_lateness=SignalLateness(n=3, p50_us=1, p99_us=2, max_us=3),
+        signal_lateness=SignalLateness(n=3, p50_us=1, p99_us=2, max_us=3), klass="interactive",
     )  # fmt: skip
     doc = full.to_json()
-    assert list(doc) == list(StatusReply.__dataclass_fields__)
+    assert list(doc) == [{"klass": "class"}.get(k, k) for k in StatusReply.__dataclass_fields__]
+    assert doc["class"] == "interactive" and StatusReply.from_json({"klass": "batch"}).klass is None
     assert doc["signal_lateness"] == {"n": 3, "p50_us": 1, "p99_us": 2, "max_us": 3}
     assert StatusReply.from_json(json.loads(json.dumps({"ok": True, **doc}))) == full
 
@@ -109,6 +110,38 @@ def test_set_weight(engine, gpu_key: str) -> None:
         with pytest.raises(ControlError, match="invalid weight"):
             control.request(engine.pid, "set_weight")  # missing
         assert control.request(engine.pid, "status")["weight"] == r["weight"]
+
+
+@pytest.mark.slow
+def test_set_class(engine, gpu_key: str, cli) -> None:
+    """`set_class` (and `gpushare-tui class PID CLASS`) publishes INTERACTIVE at once (spec §7); `status`
+    says `class`; a bad class is one line, exit 2, and changes nothing."""
+    with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+        assert control.request(engine.pid, "status")["class"] == "batch" and not seg.read_slot(0).flags
+        r = cli("class", str(engine.pid), "interactive")
+        assert r.returncode == 0 and r.stdout.strip() == f"engine {engine.pid}: class interactive"
+        assert seg.read_slot(0).flags & abi.FLAG_INTERACTIVE
+        assert control.request(engine.pid, "status")["class"] == "interactive"
+        bad = cli("class", str(engine.pid), "urgent")
+        assert bad.returncode == 2 and bad.stderr.strip().endswith(
+            "invalid class 'urgent': must be one of interactive, batch"
+        )
+        assert seg.read_slot(0).flags & abi.FLAG_INTERACTIVE
+        with pytest.raises(ControlError, match="invalid class"):
+            control.request(engine.pid, "set_class")
+        assert control.request(engine.pid, "set_class", **{"class": "batch"})["class"] == "batch"
+        assert not seg.read_slot(0).flags & abi.FLAG_INTERACTIVE
+
+
+@pytest.mark.slow
+def test_synth_class_option(procs, gpu_key: str, runtime_dir: str) -> None:
+    p = procs.start(
+        cli_argv("synth", "--weight", "1", "--gpu-key", gpu_key, "--step-ms", "1", "-q", "--class", "interactive")
+    )
+    wait_for(lambda: control.is_managed(p.pid), 15, what="the control socket")
+    assert control.request(p.pid, "status")["class"] == "interactive"
+    with Segment.attach_readonly(shm_file(gpu_key)) as seg:
+        assert seg.read_slot(0).flags & abi.FLAG_INTERACTIVE
 
 
 @pytest.mark.slow
@@ -239,7 +272,7 @@ def _check_owned(pid: int, owner: Owner, owner_r: int, kind: str, stop_state: st
     """What an engine `up` owns answers on its socket: the owner's fields in `status`, `config_weight`
     moved by the owner's set_weight ("config": true) only, and a stop said on the owner's pipe first."""
     st = control.request(pid, "status")
-    assert list(st) == ["ok", *StatusReply.__dataclass_fields__]  # the reply's bytes keep their order
+    assert list(st) == ["ok", *StatusReply().to_json()]  # the reply's bytes keep their order
     assert (st["kind"], st["name"], st["weight"], st["state"]) == (kind, "owned", 2.0, "running")
     owned = (st["owner"], st["owner_pid"], st["config"], st["config_weight"], st["restarts"])
     assert owned == ("up", owner.pid, owner.config, 2.0, owner.restarts)

@@ -86,7 +86,7 @@ def test_errors_are_usage_errors_naming_field_and_part() -> None:
 
 
 def test_engine_keys_are_the_declarations_fields() -> None:
-    assert declaration.ENGINE_KEYS == tuple(f.name for f in dataclasses.fields(EngineDecl))
+    assert declaration.ENGINE_KEYS == tuple(f.metadata.get("key", f.name) for f in dataclasses.fields(EngineDecl))
     assert declaration.SYNTH_KEYS == tuple(f.name for f in dataclasses.fields(SynthDecl))
     assert config.EngineDecl is EngineDecl and config.SynthDecl is SynthDecl  # up's names for them
 
@@ -104,6 +104,7 @@ def test_a_table_of_every_key_parses_to_the_declaration(tmp_path) -> None:
         "env": {"B": "2", "A": "1"},
         "gpu_key": "k",
         "load_timeout_s": 5,
+        "class": "interactive",
     }
     decl = declaration.parse_engine(table, cwd=str(tmp_path))
     assert decl == EngineDecl(
@@ -116,6 +117,7 @@ def test_a_table_of_every_key_parses_to_the_declaration(tmp_path) -> None:
         "k",
         None,
         5.0,
+        "interactive",
     )
     assert declaration.engine_port(decl.command) == 8080
     synth = declaration.parse_engine({"name": "s", "synth": {"step_ms": 2, "work_units": 7}}, cwd=str(tmp_path))
@@ -171,3 +173,16 @@ def test_synth_rejects_a_name_it_used_to_truncate(gpu_key: str, capsys) -> None:
     name = "é" * 25
     assert main(["synth", "--weight", "1", "--gpu-key", gpu_key, "--name", name, "--duration", "0.1"]) == 2
     assert capsys.readouterr() == ("", f"gpushare-tui: invalid --name {name!r}: must be at most 48 bytes (UTF-8)\n")
+
+
+def test_class_is_interactive_or_batch_and_batch_by_default(tmp_path) -> None:
+    """The latency class (spec §7): `class = "interactive"` in `up`, batch when not given; anything else
+    is a DeclarationError on field `class` (up's file:line names the key)."""
+    assert declaration.check_class("interactive") == "interactive" and declaration.check_class("batch") == "batch"
+    assert declaration.parse_engine({"name": "s", "synth": {}}, cwd=str(tmp_path)).klass == "batch"
+    for bad in ("Interactive", "", None, 1, "realtime"):
+        with pytest.raises(DeclarationError) as e:
+            declaration.parse_engine({"name": "s", "synth": {}, "class": bad}, cwd=str(tmp_path))
+        assert e.value.field == "class" and "must be one of interactive, batch" in str(e.value)
+    with pytest.raises(DeclarationError, match="invalid --class 'x'"):
+        declaration.check_class("x", label="--class")

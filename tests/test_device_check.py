@@ -43,7 +43,7 @@ def test_cpu_quick_dry_run(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((tmp_path / "device-check.json").read_text())
     stages = {s["stage"]: s for s in report["stages"]}
-    assert list(stages) == ["a", "b", "c", "d"] and report["mode"] == "cpu" and report["quick"]
+    assert list(stages) == ["a", "b", "c", "d", "e"] and report["mode"] == "cpu" and report["quick"]
     assert stages["a"]["status"] == stages["b"]["status"] == "ok"
     assert report["env"]["packages"]["numpy"] and report["env"]["once_json_ok"] is True
     rows = {r["scenario"]: r for r in report["gpu_share"]["rows"]}
@@ -51,14 +51,17 @@ def test_cpu_quick_dry_run(tmp_path: Path) -> None:
     assert all(x > 0 for r in rows.values() for x in r["steps_per_s"])
     assert rows["2:1"]["ratio_achieved"][0] > 1.3  # paced toward 2:1; unpaced engines run about 1:1
     assert rows["2:1"]["idle_release_s"] is not None
-    for s in "abcd":
+    for s in "abcde":
         assert f"device-check: stage {s} (" in r.stdout
-    if stages["c"]["status"] == "ok":  # a cached CPU llama-server: stage d ran on it
-        assert stages["d"]["status"] == "ok"
+    if stages["c"]["status"] == "ok":  # a cached CPU llama-server: stages d and e ran on it
+        assert stages["d"]["status"] == stages["e"]["status"] == "ok"
         assert [x["scenario"] for x in report["pacing"]["summary"]] == ["solo", "2:1"]
+        assert [x["scenario"] for x in report["latency"]["rows"]] == ["solo", "v1 1:1"]
+        lat = {x["scenario"]: x for x in report["latency"]["rows"]}
+        assert lat["v1 1:1"]["batch_tok_s"] > 0 and lat["v1 1:1"]["aggregate_pct"] > 0  # the batch engine streamed
     else:  # none cached: quick mode builds none, and d has nothing to run
         assert stages["c"]["status"] == "skipped" and "no cached CPU llama-server" in stages["c"]["note"]
-        assert stages["d"]["status"] == "skipped"
+        assert stages["d"]["status"] == stages["e"]["status"] == "skipped"
     assert (tmp_path / "device-check.log").stat().st_size > 0
 
 
@@ -91,10 +94,11 @@ def test_quick_without_a_cached_llama_server_skips_c_and_d(tmp_path: Path) -> No
     home = tmp_path / "home"
     home.mkdir()
     env = {"HOME": str(home), "LLAMA_SERVER": ""}
-    r = run("--cpu", "--quick", "--stages", "c,d", "--out", str(tmp_path / "out"), env=env, timeout=60)
+    r = run("--cpu", "--quick", "--stages", "c,d,e", "--out", str(tmp_path / "out"), env=env, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "stage c (llama-server build) skipped: no cached CPU llama-server at" in r.stdout
     assert "stage d (pacing bench) skipped: no llama-server from stage c" in r.stdout
+    assert "stage e (latency bench) skipped: no llama-server from stage c" in r.stdout
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from http import HTTPStatus
 
 import pytest
@@ -25,6 +26,7 @@ from gpushare_tui.serve.exposition import render_metrics
 from gpushare_tui.serve.peers import peers_reply
 
 HOSTNAME = "golden-host"
+EXT1_CHAT = abi.FLAG_EXT1 | abi.FLAG_INTERACTIVE | abi.FLAG_DEMAND | abi.FLAG_PRIORITY
 REMOTE = "http://10.0.0.5:9464"
 DOWN = "http://10.0.0.9:9464"
 
@@ -73,7 +75,8 @@ def fixed_model() -> DashboardModel:
         "golden-a",
         [
             slot(0, 2.0, pid=2100, name="chat", busy=0.6),
-            slot(1, 1.0, pid=2101, name="模型-batch", busy=0.2),
+            # an Extension-1 batch peer with work in flight, put back on §5 by the v1 members (slot 0 first)
+            replace(slot(1, 1.0, pid=2101, name="模型-batch", busy=0.2), flags=abi.FLAG_EXT1 | abi.FLAG_DEMAND),
             slot(2, 0.5, active=0, pid=2102, name='say "hi"', busy=0.0),
             slot(3, 1.0, pid=2103, name="mute", busy=0.0),
             slot(4, 1.0, pid=2104, name="ghost", age_s=75.0, busy=0.9),
@@ -83,7 +86,11 @@ def fixed_model() -> DashboardModel:
     )
     b = _view(
         "golden-b",
-        [slot(0, 1.5, pid=2200, name="solo", busy=0.35), slot(1, math.nan, pid=2201, name="bad-weight")],
+        [
+            # an Extension-1 peer (spec §7): interactive, work in flight, holding priority
+            replace(slot(0, 1.5, pid=2200, name="solo", busy=0.35), flags=EXT1_CHAT),
+            slot(1, math.nan, pid=2201, name="bad-weight"),  # a v1 peer, no member: the schedule stays ext1
+        ],
         {},
         owner="bob",
         uid=1001,

@@ -178,7 +178,7 @@ def test_constructor_is_the_documented_one_and_stop_is_a_method(gpu_key: str) ->
     from gpushare_tui import GpuShare
 
     params = list(inspect.signature(GpuShare).parameters)
-    assert params == ["weight", "name", "gpu", "gpu_key", "share_group", "control", "kind", "model", "on_stop"]
+    assert params == ["weight", "name", "gpu", "gpu_key", "share_group", "control", "kind", "model", "on_stop", "klass"]
     stopped = []
     with GpuShare(gpu_key=gpu_key, control=False, on_stop=lambda: stopped.append(1)) as share:
         assert share.stop() == "exiting"
@@ -219,6 +219,7 @@ def test_pace_is_thread_safe(gpu_key: str, peer: Membership, runtime_dir: str) -
         ({"weight": 0}, "invalid weight"),
         ({"weight": float("nan")}, "invalid weight"),
         ({"gpu_key": "../x"}, "key"),
+        ({"klass": "fast"}, "invalid klass 'fast': must be one of interactive, batch"),
     ],
 )
 def test_bad_input_is_one_clear_error(kw: dict, msg: str, gpu_key: str) -> None:
@@ -387,3 +388,22 @@ def test_the_dashboard_shows_each_share_of_one_process(gpu_key: str, runtime_dir
             row = rows[share.slot]
             assert row.managed and row.engine is not None and row.engine.error is None, row.engine
             assert row.engine.model == share.model
+
+
+def test_class_is_published_in_the_slot_and_set_over_the_socket(gpu_key: str, runtime_dir: str) -> None:
+    """GpuShare(klass="interactive") sets INTERACTIVE in its slot once joined (spec §7); the control
+    socket's `set_class` changes it at once and `status` says `class`; a bad class changes nothing."""
+    from gpushare_tui import GpuShare
+
+    assert GpuShare(gpu_key=gpu_key, control=False).klass == "batch"  # the default
+    with GpuShare(name="chat", gpu_key=gpu_key, klass="interactive") as share:
+        assert slot_of(gpu_key, share.slot).flags & abi.FLAG_INTERACTIVE
+        assert request(os.getpid(), "status")["class"] == "interactive"
+        assert request(os.getpid(), "set_class", **{"class": "batch"}) == {"ok": True, "class": "batch"}
+        assert not slot_of(gpu_key, share.slot).flags & abi.FLAG_INTERACTIVE  # written at once
+        assert request(os.getpid(), "status")["class"] == "batch" and share.klass == "batch"
+        for bad in ("fast", None, 1):
+            with pytest.raises(GpushareError, match="invalid class"):
+                request(os.getpid(), "set_class", **{"class": bad})
+        assert share.set_class("interactive") == "interactive"
+        assert slot_of(gpu_key, share.slot).flags & abi.FLAG_INTERACTIVE

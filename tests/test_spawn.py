@@ -36,6 +36,13 @@ def test_run_argv() -> None:
         "--weight", "1.0", "--gpu-key", "k", "--load-timeout", "600.0", "--activity", "vllm", "--cpu-cores", "0.5",
         "--health-port", "8000", "--", "vllm", "serve", "m",
     ]  # fmt: skip
+    assert spawn.run_argv(("e",), gpu_key="k", weight=1.0, klass="batch") == spawn.run_argv(
+        ("e",), gpu_key="k", weight=1.0
+    )
+    chat = spawn.run_argv(("e",), gpu_key="k", weight=1.0, klass="interactive")
+    assert chat[-4:] == ["--class", "interactive", "--", "e"]  # the default (batch) is not written
+    synth = spawn.synth_argv(gpu_key="k", weight=1.0, name="s", klass="interactive")
+    assert synth[-3:] == ["--class", "interactive", "--quiet"]
 
 
 def test_synth_and_serve_argv() -> None:

@@ -341,3 +341,20 @@ def test_redeclared_while_being_removed_it_restarts_instead(make_child) -> None:
     assert c.redeclare(c.decl, c.key, c.cfg) == ["restarted a"]
     _tick_until(c, State.RUNNING)
     assert c.proc.pid != pid
+
+
+def test_a_declared_class_reaches_the_engine(start_up) -> None:
+    """`class = "interactive"` (issue 20): the engine publishes INTERACTIVE and says so in `status`;
+    an engine without the key is batch."""
+    from gpushare_tui.core import abi
+    from gpushare_tui.core.segment import Segment, shm_path
+
+    up = start_up(TWO.replace('name = "a"\n', 'name = "a"\nclass = "interactive"\n'))
+    a_pid, _ = up.slot("a")
+    b_pid, _ = up.slot("b")
+    up.wait_line(f"a: ready: engine pid {a_pid}, slot ")
+    assert control.request(a_pid, "status")["class"] == "interactive"
+    assert control.request(b_pid, "status")["class"] == "batch"
+    with Segment.attach_readonly(shm_path(up.key)) as seg:
+        flags = {r.pid: r.flags for r in seg.read_slots()}
+    assert flags[a_pid] & abi.FLAG_INTERACTIVE and not flags[b_pid] & abi.FLAG_INTERACTIVE

@@ -1,4 +1,4 @@
-"""`status`, `weight`, `stop`: requests to a managed engine's control socket (core/control.py).
+"""`status`, `weight`, `class`, `stop`: requests to a managed engine's control socket (core/control.py).
 
 A busy reply (every worker of the engine's socket held, e.g. by a flood of idle connections) is
 retried for up to budgets.CONTROL_BUSY_RETRY_S. A pid that serves several engines (several
@@ -12,6 +12,7 @@ import typer
 
 from ..core import budgets
 from ..core.abi import parse_weight
+from ..core.declaration import LATENCY_CLASSES, check_class
 from ..core.errors import GpushareError
 
 PidArg = typer.Argument(..., help="Engine pid.")
@@ -60,6 +61,17 @@ def weight(
     """Change a managed engine's weight."""
     reply = _ask(pid, "set_weight", slot, gpu_key, weight=parse_weight(value))
     print(f"engine {pid}: weight {reply['weight']:g}")
+
+
+def klass(
+    pid: int = PidArg,
+    value: str = typer.Argument(..., metavar="CLASS", help=f"New latency class: {' or '.join(LATENCY_CLASSES)}."),
+    slot: int | None = SlotOpt,
+    gpu_key: str | None = KeyOpt,
+) -> None:
+    """Change a managed engine's latency class (interactive runs first, within its weight share)."""
+    reply = _ask(pid, "set_class", slot, gpu_key, **{"class": check_class(value, label="class")})
+    print(f"engine {pid}: class {reply['class']}")
 
 
 def stop(

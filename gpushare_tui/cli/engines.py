@@ -10,11 +10,12 @@ from dataclasses import replace
 
 import typer
 
-from ..core.declaration import EngineSources, SourceOptions, check_launch, resolve_sources
+from ..core.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
 from ..core.errors import GpushareError, UsageError
 from .common import ExitCode, checked_group, error_line, resolve_key
 from .options import (
     ActivityOpt,
+    ClassOpt,
     CpuCoresOpt,
     EngineNameOpt,
     GaugeOpt,
@@ -69,6 +70,7 @@ def run(
     health_port: int | None = HealthPortOpt,
     health_log: str | None = HealthLogOpt,
     no_health: bool = NoHealthOpt,
+    klass: str = ClassOpt,
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)"""
     from ..core.lifecycle import on_signals
@@ -80,7 +82,9 @@ def run(
     on_signals(lambda _signum: quit_event.set())
     try:
         opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
-        sup = _start_supervisor(ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, quit_event)
+        sup = _start_supervisor(
+            ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, quit_event, klass
+        )
     except GpushareError as e:
         notify_failed(notify_fd, e)  # `launch` shows it (our stderr goes to a log there)
         raise
@@ -108,6 +112,7 @@ def _start_supervisor(
     share_group: str | None,
     opts: SourceOptions,
     quit_event: threading.Event,
+    klass: str = "batch",
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
     from ..core.control import check_socket_dir
@@ -118,6 +123,7 @@ def _start_supervisor(
     from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)
+    klass = check_class(klass, label="--class")
     w, sources = _checked(engine_argv, weight, name, load_timeout, opts)
     key = resolve_key(gpu_key, gpu)
     _check_gpu_source(sources, key)
@@ -146,6 +152,8 @@ def _start_supervisor(
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
+    if klass != "batch":
+        sup.set_class(klass)
     return sup
 
 
@@ -198,6 +206,7 @@ def launch(
     health_port: int | None = HealthPortOpt,
     health_log: str | None = HealthLogOpt,
     no_health: bool = NoHealthOpt,
+    klass: str = ClassOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed)."""
     from ..core.launcher import LaunchInterrupted, LaunchSpec, launch_detached
@@ -205,11 +214,12 @@ def launch(
     try:
         share_group = checked_group(share_group)
         opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
+        klass = check_class(klass, label="--class")
         w, sources = _checked(ctx.args, weight, name, load_timeout, opts)
         key = resolve_key(gpu_key, gpu)
         _check_gpu_source(sources, key)
         spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        reply = launch_detached(replace(spec, sources=opts))
+        reply = launch_detached(replace(spec, sources=opts, klass=klass))
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))

@@ -168,7 +168,7 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
     Unless `show_idle`, segments with no live peer are left out (counted in a last line). Names, keys and
     errors are untrusted: every cell goes through `printable` (the JSON form keeps them, escaped)."""
     from ..core.text import printable
-    from ..dashboard.columns import COLUMNS, legend
+    from ..dashboard.columns import COLUMNS, legend, schedule_note
 
     lines = []
     views = [(h, v) for h, v in data.views if show_idle or any(r.peer.alive for r in v.rows)]
@@ -177,6 +177,7 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
         g = v.snapshot
         period = f"{g.period_ms} ms" if g.period_ms is not None else "none (unthrottled)"
         warn = "  WARNING: group/world-writable" if g.writable_by_others else ""
+        warn += f"  schedule {note}" if (note := schedule_note(g)) else ""  # Extension 1 (issue 20)
         where = f"{printable(host)}  " if host is not None else ""
         lines.append(
             f"{where}{printable(g.segment)}  owner {printable(g.owner)}  mode {g.mode:04o}  "

@@ -40,3 +40,8 @@ HealthUrlOpt = typer.Option(None, "--health-url", help="Ready when GET URL answe
 HealthPortOpt = typer.Option(None, "--health-port", help="Ready when this TCP port (127.0.0.1) accepts.")
 HealthLogOpt = typer.Option(None, "--health-log", help="Ready when a line of the engine's log matches REGEX.")
 NoHealthOpt = typer.Option(False, "--no-health", help="Ready at once (no readiness check).")
+ClassOpt = typer.Option(
+    "batch",
+    "--class",
+    help="Latency class: interactive (runs first while within its weight share) or batch (uses the rest).",
+)

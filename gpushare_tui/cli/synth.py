@@ -8,10 +8,10 @@ import os
 import typer
 
 from ..core.abi import parse_weight
-from ..core.declaration import check_name, check_step_ms, check_work_units
+from ..core.declaration import check_class, check_name, check_step_ms, check_work_units
 from ..core.errors import UsageError
 from .common import checked_group, resolve_key
-from .options import GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
+from .options import ClassOpt, GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
 
 
 def synth(
@@ -27,6 +27,7 @@ def synth(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-second lines on stdout."),
     work_units: int = typer.Option(0, "--work-units", help="Fixed work per step (0 = calibrate to --step-ms)."),
     share_group: str | None = ShareGroupOpt,
+    klass: str = ClassOpt,
 ) -> None:
     """A synthetic engine: real CPU work per step, paced by the registry."""
     w = parse_weight(weight)
@@ -35,6 +36,7 @@ def synth(
     if not (math.isfinite(duration) and duration >= 0):
         raise UsageError(f"invalid --duration {duration}: a finite number of seconds >= 0 (0 = until stopped)")
     check_work_units(work_units, label="--work-units")
+    check_class(klass, label="--class")
     if status_file is not None:
         _check_status_file(status_file)
     from ..core.engines.synthetic import serve_synth
@@ -55,6 +57,7 @@ def synth(
         report=(lambda _line: None) if quiet else None,
         units=work_units or None,
         owner=Owner.from_env(),
+        klass=klass,
     )
 
 

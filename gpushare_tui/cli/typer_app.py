@@ -21,6 +21,7 @@ app.command(context_settings=engines.CONTEXT, options_metavar=engines.USAGE)(eng
 app.command(context_settings=engines.CONTEXT, options_metavar=engines.USAGE)(engines.launch)
 app.command()(control_cmds.status)
 app.command(context_settings=control_cmds.VALUE_CONTEXT)(control_cmds.weight)
+app.command("class")(control_cmds.klass)
 app.command()(control_cmds.stop)
 app.command(context_settings=logs.CONTEXT)(logs.logs)
 app.command()(demo.demo)

@@ -6,7 +6,8 @@ directory (core/paths.py). A process that serves several engines' sockets under 
 number this process does not hold); each is reachable and closes alone. A client finds them all
 by the pid (`socket_paths`); with more than one it picks the engine by its gpu key and slot
 (`Target`), as the `status` replies say, and without a target it is told which there are.
-Requests: {"cmd": "status"} | {"cmd": "set_weight", "weight": W} | {"cmd": "stop"}.
+Requests: {"cmd": "status"} | {"cmd": "set_weight", "weight": W} | {"cmd": "set_class", "class": C}
+| {"cmd": "stop"} (C: "interactive" or "batch", spec §7).
 Replies: {"ok": true, ...} or {"ok": false, "error": "..."}; the fields of a `status`
 reply are those of StatusReply (every one present, null when unknown).
 
@@ -35,6 +36,7 @@ import psutil
 
 from . import budgets
 from .abi import parse_weight
+from .declaration import check_class
 from .errors import ControlError, GpushareError
 from .ownership import Owner
 from .paths import runtime_dir, runtime_dir_path, unlink_in
@@ -89,17 +91,27 @@ class StatusReply:
     config: str | None = None  # the file that declares it
     config_weight: float | None = None  # its weight there (the live weight may differ: a dashboard edit)
     restarts: int | None = None
+    klass: str | None = None  # the latency class, "interactive" | "batch" (JSON key `class`, spec §7)
 
     def to_json(self) -> dict:
-        """Every field, in order; None as null."""
-        return asdict(self)
+        """Every field, in order (`klass` as `class`); None as null."""
+        return {_JSON_KEYS.get(k, k): v for k, v in asdict(self).items()}
 
     @classmethod
     def from_json(cls, data: object) -> StatusReply:
         """A reply as an engine sent it (any JSON value): a field that is missing or of the wrong
         type is None (a string stays the string it was, unsanitised; a number must be finite);
         other keys ("ok", unknown ones) are ignored. Never raises."""
-        return cls(**_typed_fields(cls, data if isinstance(data, dict) else {}))
+        data = data if isinstance(data, dict) else {}
+        return cls(**_typed_fields(cls, {name: data.get(key) for name, key in _JSON_KEYS.items()} | _unkeyed(data)))
+
+
+_JSON_KEYS = {"klass": "class"}  # StatusReply fields whose JSON key differs (a Python keyword)
+
+
+def _unkeyed(data: dict) -> dict:
+    """`data` without the keys that name a field by its Python name where the JSON key differs."""
+    return {k: v for k, v in data.items() if k not in _JSON_KEYS}
 
 
 def _typed_fields(cls: type, data: dict) -> dict:
@@ -223,6 +235,8 @@ class ManagedEngine(Protocol):
     """What a control socket serves: a supervised llama-server (core/supervisor.py), a Python
     engine (core/share.py's GpuShare) or a synthetic one (core/engines/synthetic.py)."""
 
+    klass: str  # its latency class, "interactive" | "batch" (the status reply's `class`)
+
     def status(self) -> StatusReply:
         """The `status` reply, without the owner's fields (control_handlers adds them)."""
         ...
@@ -235,6 +249,10 @@ class ManagedEngine(Protocol):
         """Ask the engine to end (thread-safe, returns at once); the state the reply reports."""
         ...
 
+    def set_class(self, klass: str) -> str:
+        """Publish a valid latency class ("interactive" | "batch", INTERACTIVE of spec §7); the class now."""
+        ...
+
 
 def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[str, Handler]:
     """The control socket's handlers for `engine`; with `owner` (`up` owns the engine) its status
@@ -242,6 +260,7 @@ def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[
 
     def status(_req: dict) -> dict:
         reply = engine.status()
+        reply = reply if reply.klass is not None else replace(reply, klass=engine.klass)
         return (replace(reply, **owner.status_fields()) if owner else reply).to_json()
 
     def set_weight(req: dict) -> dict:
@@ -250,7 +269,10 @@ def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[
     def stop(_req: dict) -> dict:
         return {"state": engine.stop()}
 
-    handlers = {"status": status, "set_weight": set_weight, "stop": stop}
+    def set_class(req: dict) -> dict:
+        return {"class": engine.set_class(check_class(req.get("class"), label="class"))}
+
+    handlers = {"status": status, "set_weight": set_weight, "stop": stop, "set_class": set_class}
     return owner.wrap(handlers) if owner else handlers
 
 

@@ -19,6 +19,7 @@ from . import abi
 from .errors import UsageError
 
 RESTART_POLICIES = ("always", "on-failure", "never")
+LATENCY_CLASSES = ("interactive", "batch")  # spec §7 INTERACTIVE set / clear; batch is the default
 MODEL_FLAGS = ("-m", "--model")
 PORT_FLAG = "--port"
 STEP_MS_MIN, STEP_MS_MAX = 0.05, 10_000.0
@@ -73,6 +74,13 @@ def check_port(text: str, *, any_port: bool = False) -> int:
     if text.isascii() and text.isdigit() and low <= int(text) <= 65535:
         return int(text)
     raise DeclarationError("command", text, f"must be {low}..65535", part="port")
+
+
+def check_class(value: object, *, label: str = "class") -> str:
+    """A latency class (spec §7): "interactive" (runs first, within its weight share) or "batch"."""
+    if value not in LATENCY_CLASSES:
+        raise DeclarationError("class", value, f"must be one of {', '.join(LATENCY_CLASSES)}", label=label)
+    return str(value)
 
 
 def check_gpu_key(value: object) -> str:
@@ -476,13 +484,20 @@ class EngineDecl:
     gpu_key: str | None = field(default=None, metadata={"parse": check_gpu_key})
     gpu: int | None = field(default=None, metadata={"parse": check_gpu})
     load_timeout_s: float = field(default=600.0, metadata={"parse": check_load_timeout})
+    # the `[[engine]]` key is `class` (a Python keyword: the field is `klass`)
+    klass: str = field(default="batch", metadata={"parse": check_class, "key": "class"})
 
     def same_but_weight(self, other: EngineDecl) -> bool:
         """Whether `other` differs from this at most in its weight (a live re-weight, no restart)."""
         return replace(self, weight=other.weight) == other
 
 
-ENGINE_KEYS = tuple(f.name for f in fields(EngineDecl))
+def _key(f) -> str:
+    """A field's `[[engine]]` key (its name, unless its metadata names another)."""
+    return f.metadata.get("key", f.name)
+
+
+ENGINE_KEYS = tuple(_key(f) for f in fields(EngineDecl))
 
 
 def parse_engine(table: Mapping[str, object], *, cwd: str) -> EngineDecl:
@@ -493,7 +508,7 @@ def parse_engine(table: Mapping[str, object], *, cwd: str) -> EngineDecl:
         raise DeclarationError(unknown, None, f"unknown key (known: {', '.join(ENGINE_KEYS)})")
     if "name" not in table:
         raise DeclarationError("name", None, "missing (every engine needs a unique name)")
-    decl = EngineDecl(**{f.name: f.metadata["parse"](table[f.name]) for f in fields(EngineDecl) if f.name in table})
+    decl = EngineDecl(**{f.name: f.metadata["parse"](table[_key(f)]) for f in fields(EngineDecl) if _key(f) in table})
     if decl.gpu_key is not None and decl.gpu is not None:
         raise DeclarationError("gpu", None, "give gpu_key or gpu, not both")
     if decl.command and decl.synth is not None:

@@ -45,6 +45,7 @@ class LaunchSpec:
     load_timeout_s: float = 600.0
     share_group: str | None = None
     sources: SourceOptions = SourceOptions()  # --activity, --health-... (resolved by the supervisor)
+    klass: str = "batch"  # the latency class (spec §7): `run --class`
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
         share_group=spec.share_group,
         notify_fd=write_fd,
         sources=spec.sources,
+        klass=spec.klass,
     )
     try:
         proc = spawn.spawn(argv, sup_log, pass_fds=(write_fd,))

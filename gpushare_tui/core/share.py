@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from .clock import mono_us, wall_us
 from .control import ControlServer, StatusReply, control_handlers, socket_path
+from .declaration import check_class
 from .lifecycle import termination_deferred
 from .ownership import Owner
 from .pacer import Pacer
@@ -58,11 +59,14 @@ class GpuShare:
         kind: str = "python",
         model: str | None = None,
         on_stop: Callable[[], None] | None = None,
+        klass: str = "batch",
     ) -> None:
+        """`klass`: the latency class, "interactive" or "batch" (spec §7; see set_class)."""
         if gpu_key is None:
             from .gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
 
             gpu_key = gpu_key_for_index(gpu or 0)
+        self.klass = check_class(klass, label="klass")
         self.name = name
         self.kind = kind
         self.model = model
@@ -91,6 +95,7 @@ class GpuShare:
             socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
         # each GpuShare of a process serves its own socket (`<pid>.sock`, then `<pid>.1.sock`, ...)
         self._membership.join()
+        self._membership.set_interactive(self.klass == "interactive")
         try:
             if self._control:
                 with termination_deferred():  # a signal between bind() and the assignment would leave the socket
@@ -175,6 +180,12 @@ class GpuShare:
     def set_weight(self, weight: float) -> float:
         """Validate (finite, > 0) and publish; returns the stored (f32) value."""
         return self._membership.set_weight(weight)
+
+    def set_class(self, klass: str) -> str:
+        """Publish the latency class ("interactive" | "batch", spec §7 INTERACTIVE) at once; the class now."""
+        self.klass = check_class(klass, label="klass")
+        self._membership.set_interactive(self.klass == "interactive")
+        return self.klass
 
     def stop(self) -> str:
         """Ask the loop to end (what the control socket's `stop` does): sets `stop_requested`,

@@ -9,7 +9,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import schedule
-from .abi import ALIVE_US, SlotRecord, segment_name, weight_is_valid
+from .abi import (
+    ALIVE_US,
+    FLAG_DEMAND,
+    FLAG_INTERACTIVE,
+    FLAG_PRIORITY,
+    SlotRecord,
+    segment_name,
+    weight_is_valid,
+)
 from .budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
 from .segment import (
     Segment,
@@ -46,6 +54,11 @@ class PeerSnapshot:
     def floor_lifted(self) -> bool:
         """The floor gave it a larger window than its plain share w ÷ Σw."""
         return floor_lifted(self.share_pct, self.window_pct)
+    # Extension 1 (spec §7), each None for a v1 peer (its flags lack EXT1): its latency class
+    # ("interactive" | "batch"), whether it has work in flight (DEMAND), and whether it holds priority now
+    klass: str | None = None
+    demand: bool | None = None
+    priority: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,8 @@ class GpuSnapshot:
     owner: str = ""  # the segment file's owner (user name, or the uid as text); "" when not known
     owner_uid: int = -1
     mode: int = 0  # its permission bits
+    schedule_mode: str = "v1"  # "ext1": every member implements Extension 1 (spec §7); "v1": §5 for everyone
+    v1_peer: int | None = None  # the slot of the member without EXT1 that puts everyone on §5 (None: none)
 
     @property
     def writable_by_others(self) -> bool:
@@ -88,6 +103,9 @@ def build_gpu_snapshot(
     shares = dict(zip((s for s, _ in members), schedule.share_pct([w for _, w in members]))) if members else {}
     windows = window_pcts(members)
     achieved = achieved_pcts(slots, [s for s, _ in members])
+    v1_peer = v1_compat_peer(slots, now_us)
+    ext1 = ext1_mode(slots, now_us)
+    holding = priority_holders(slots, now_us) if ext1 else frozenset()
     peers = []
     for rec in slots:
         if rec.pid == 0:
@@ -107,10 +125,41 @@ def build_gpu_snapshot(
                 boot_us=rec.boot_us,
                 achieved_pct=achieved.get(rec.index),
                 window_pct=windows.get(rec.index),
+                klass=("interactive" if rec.flags & FLAG_INTERACTIVE else "batch") if rec.ext1 else None,
+                demand=bool(rec.flags & FLAG_DEMAND) if rec.ext1 else None,
+                priority=(rec.index in holding) if rec.ext1 else None,
             )
         )
     period = sched.period_ms if sched else None
-    return GpuSnapshot(gpu_key, segment, period, tuple(peers), now_us, owner, owner_uid, mode)
+    return GpuSnapshot(
+        gpu_key, segment, period, tuple(peers), now_us, owner, owner_uid, mode, "ext1" if ext1 else "v1", v1_peer
+    )
+
+
+# -- Extension 1 (spec §7), for the views. Pure; the schedule itself is the pacer's (core/schedule*.py).
+
+
+def v1_compat_peer(slots: Iterable[SlotRecord], now_us: int) -> int | None:
+    """The lowest slot of a member (§4: alive, active, valid weight) whose flags lack EXT1: one such
+    member puts every peer back on §5 (spec §7 Compatibility). None when every member has EXT1."""
+    return next((r.index for r in sorted(slots, key=lambda r: r.index) if r.is_member(now_us) and not r.ext1), None)
+
+
+def ext1_mode(slots: Iterable[SlotRecord], now_us: int) -> bool:
+    """Whether the Extension-1 schedule applies: some alive peer has EXT1 and no member lacks it."""
+    slots = tuple(slots)
+    return any(r.ext1 and r.is_alive(now_us) for r in slots) and v1_compat_peer(slots, now_us) is None
+
+
+def priority_holders(slots: Iterable[SlotRecord], now_us: int) -> frozenset[int]:
+    """The slots that have priority by spec §7 rule 2: among the Extension-1 members (alive, valid weight,
+    DEMAND), those INTERACTIVE with PRIORITY set whose busy_ppm is within 1e6 × their plain share."""
+    members = [r for r in slots if r.is_alive(now_us) and weight_is_valid(r.weight) and r.flags & FLAG_DEMAND]
+    total = sum(float(r.weight) for r in members)
+    claim = FLAG_INTERACTIVE | FLAG_PRIORITY
+    return frozenset(
+        r.index for r in members if r.flags & claim == claim and r.busy_ppm <= 1_000_000 * float(r.weight) / total
+    )
 
 
 def window_pcts(members: Iterable[tuple[int, float]]) -> dict[int, float]:

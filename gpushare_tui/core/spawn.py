@@ -60,12 +60,18 @@ def run_argv(
     share_group: str | None = None,
     notify_fd: int | None = None,
     sources: SourceOptions = SourceOptions(),
+    klass: str = "batch",
 ) -> list[str]:
     """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`; `sources`:
-    its --activity/--health... options (those given)."""
+    its --activity/--health... options (those given); `--class` only when not the default batch."""
     options = {"weight": weight, "gpu_key": gpu_key, "load_timeout": load_timeout_s, "notify_fd": notify_fd}
-    options |= {"name": name or None, "share_group": share_group, **asdict(sources)}
+    options |= {"name": name or None, "share_group": share_group, "class": _class_option(klass), **asdict(sources)}
     return gpushare_argv("run", options, engine_argv)
+
+
+def _class_option(klass: str) -> str | None:
+    """The `--class` value to pass: None for the default (batch), so default command lines stay as they were."""
+    return None if klass == "batch" else klass
 
 
 def synth_argv(
@@ -77,10 +83,12 @@ def synth_argv(
     step_ms: float | None = None,
     work_units: int | None = None,
     busy_idle: str | None = None,
+    klass: str = "batch",
 ) -> list[str]:
     """`gpushare-tui synth --quiet`; `work_units` (> 0) fixes the work per step instead of calibrating."""
     options = {"weight": weight, "gpu_key": gpu_key, "name": name, "share_group": share_group, "step_ms": step_ms}
-    return gpushare_argv("synth", {**options, "work_units": work_units or None, "busy_idle": busy_idle, "quiet": True})
+    options |= {"work_units": work_units or None, "busy_idle": busy_idle, "class": _class_option(klass)}
+    return gpushare_argv("synth", {**options, "quiet": True})
 
 
 def serve_argv(listen: str) -> list[str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from . import abi, activity, paths, schedule
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
-from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec
+from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .engines import command, health, watchdog
 from .engines import llama_server as ls
 from .errors import EngineError
@@ -56,6 +56,8 @@ class EngineStatus:
 
 
 class Supervisor:
+    klass = "batch"  # the latency class (spec §7), set by set_class once joined
+
     def __init__(
         self,
         args: command.EngineArgs,
@@ -174,6 +176,13 @@ class Supervisor:
         assert self.membership is not None  # joined in start(), before the control socket is served
         self.weight = self.membership.set_weight(weight)
         return self.weight
+
+    def set_class(self, klass: str) -> str:
+        """Publish the latency class ("interactive" | "batch", spec §7 INTERACTIVE) at once (joined only)."""
+        assert self.membership is not None  # joined in start(), before the control socket is served
+        self.klass = check_class(klass)
+        self.membership.set_interactive(self.klass == "interactive")
+        return self.klass
 
     def status(self) -> StatusReply:
         """What the control socket's `status` answers (less the owner's fields)."""

@@ -18,6 +18,7 @@ from ..core.abi import ACTIVITY_WINDOW_US, ALIVE_US
 from ..core.pacer import BUSY_WINDOW_US
 from ..core.rate import RATE_WINDOW_S
 from ..core.schedule import SHARE_FLOOR
+from ..core.snapshot import GpuSnapshot
 from .model import PeerRow
 
 if TYPE_CHECKING:
@@ -98,6 +99,34 @@ def engine_text(r: PeerRow) -> str:
     if e.owner_config is not None:
         return "up ≠file" if r.differs_from_config else "up " + UP_STATE.get(state, state)
     return state
+
+
+# -- latency class (issue 20, spec §7 Extension 1) --------------------------------------------------------
+CLASS_SHORT = {"interactive": "int", "batch": "bat"}
+
+
+def class_text(r: PeerRow) -> str:
+    """The peer's latency class, `int`/`bat`, then `*` while it holds priority or `+` while it has work in
+    flight (DEMAND); `v1` for a peer without Extension 1 (no class, no demand)."""
+    p = r.peer
+    if p.klass is None:
+        return "v1"
+    return CLASS_SHORT.get(p.klass, "?") + ("*" if p.priority else "+" if p.demand else "")
+
+
+def _class_order(r: PeerRow) -> tuple[bool, bool, bool, bool]:
+    p = r.peer
+    return (p.klass != "interactive", p.klass is None, not p.priority, not p.demand)
+
+
+def schedule_note(g: GpuSnapshot) -> str:
+    """What a GPU line says of Extension 1: "v1 compat (slot N)" when a member without it (slot N) puts
+    Extension-1 peers back on §5, "ext1" when the Extension-1 schedule applies, "" for a v1-only segment."""
+    if g.schedule_mode == "ext1":
+        return "ext1"
+    if g.v1_peer is not None and any(p.alive and p.klass is not None for p in g.peers):
+        return f"v1 compat (slot {g.v1_peer})"
+    return ""
 
 
 def _state_order(r: PeerRow) -> int:
@@ -283,6 +312,15 @@ COLUMNS: tuple[Column, ...] = (
         lambda r: (r.gpu_key, r.peer.slot),
         drop=3,
         help="the gpu key of its segment (HOST:PORT/KEY for a --remote host's)",
+    ),
+    Column(
+        "class",
+        "CLS",
+        4,
+        class_text,
+        _class_order,
+        drop=4,
+        help="latency class (int/bat; * holds priority, + work in flight; v1: no Extension 1)",
     ),
 )
 COLUMN_BY_KEY = {c.key: c for c in COLUMNS}

@@ -270,6 +270,9 @@ def peer_from_json(d: object) -> PeerSnapshot:
         boot_us=_opt_int(d, "boot_us", 0, I64_MAX) or 0,
         achieved_pct=_opt_num(d, "achieved_pct", 0, 100),
         window_pct=_opt_num(d, "window_pct", 0, 100),
+        klass=d.get("class") if d.get("class") in ("interactive", "batch") else None,  # Extension 1: absent, null
+        demand=_opt_flag(d, "demand"),
+        priority=_opt_flag(d, "priority"),
     )
 
 
@@ -281,6 +284,12 @@ def _with_window_pcts(peers: tuple[PeerSnapshot, ...]) -> tuple[PeerSnapshot, ..
     members = sorted((p.slot, p.weight) for p in peers if p.share_pct > 0 and p.weight is not None)
     windows = window_pcts(members)
     return tuple(replace(p, window_pct=windows.get(p.slot)) for p in peers)
+
+
+def _opt_flag(d: dict, key: str) -> bool | None:
+    """An Extension 1 boolean (spec §7); None when absent, null or not a boolean (a v1 peer, an older serve)."""
+    v = d.get(key)
+    return v if isinstance(v, bool) else None
 
 
 def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
@@ -318,6 +327,8 @@ def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
         owner=owner[:REMOTE_MAX_TEXT_CHARS] if isinstance(owner, str) else "",
         owner_uid=owner_uid if type(owner_uid) is int and -1 <= owner_uid <= PID_MAX else -1,
         mode=mode_bits,
+        schedule_mode="ext1" if d.get("schedule_mode") == "ext1" else "v1",
+        v1_peer=v1 if type(v1 := d.get("v1_peer")) is int and 0 <= v1 < abi.SLOT_COUNT else None,
     )
 
 

@@ -69,7 +69,7 @@ def engine_json(row: PeerRow) -> dict | None:
 def peer_json(row: PeerRow) -> dict:
     """One peer: its snapshot's fields (NaN/inf weights null), `managed` and `engine` (engine_json)."""
     p = row.peer
-    d = asdict(p)
+    d = {"class" if k == "klass" else k: v for k, v in asdict(p).items()}  # `class`: a Python keyword
     d["weight"] = _json_number(p.weight)
     d["window_us"] = list(p.window_us) if p.window_us else None
     d["achieved_pct"] = _json_number(p.achieved_pct)
@@ -92,6 +92,8 @@ def gpu_json(view: GpuView, host: str | None = None) -> dict:
         "owner_uid": g.owner_uid,
         "mode": f"{g.mode:04o}",
         "writable_by_others": g.writable_by_others,
+        "schedule_mode": g.schedule_mode,  # "ext1" | "v1" (spec §7)
+        "v1_peer": g.v1_peer,  # the slot that puts everyone on §5, or null
     }
     return doc if host is None else {**doc, "host": host}
 

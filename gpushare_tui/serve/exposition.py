@@ -52,7 +52,18 @@ GPU_METRICS = {
     "gpushare_gpu_memory_total_bytes": "Device memory in total (NVML).",
 }
 HOST_METRICS = {"gpushare_segment_errors": "Segments that could not be read at this scrape."}
-METRIC_NAMES = frozenset({**PEER_METRICS, **ENGINE_METRICS, **GPU_METRICS, **HOST_METRICS})
+# Extension 1 (spec §7): only for peers that implement it; `class` is "interactive" or "batch"
+EXT1_PEER_METRICS = {
+    "gpushare_peer_demand": "1 while an Extension-1 peer has work in flight (DEMAND), else 0.",
+    "gpushare_peer_priority": "1 while an Extension-1 peer holds priority (interactive, within its share), else 0.",
+}
+EXT1_PEER_LABELS = [*PEER_LABELS, "class"]
+EXT1_GPU_METRICS = {
+    "gpushare_schedule_ext1": "1 when the Extension-1 schedule applies, 0 when every peer is on v1 (spec §5).",
+}
+METRIC_NAMES = frozenset(
+    {**PEER_METRICS, **ENGINE_METRICS, **GPU_METRICS, **HOST_METRICS, **EXT1_PEER_METRICS, **EXT1_GPU_METRICS}
+)
 
 
 def _gauge(name: str, helps: dict[str, str], labels: list[str]) -> GaugeMetricFamily:
@@ -70,7 +81,12 @@ def families(model: DashboardModel) -> list[Metric]:
     engine = {n: _gauge(n, ENGINE_METRICS, PEER_LABELS) for n in ENGINE_METRICS if n != "gpushare_engine_state"}
     state = _gauge("gpushare_engine_state", ENGINE_METRICS, [*PEER_LABELS, "state"])
     gpu = {n: _gauge(n, GPU_METRICS, GPU_LABELS) for n in GPU_METRICS}
+    ext1 = {n: _gauge(n, EXT1_PEER_METRICS, EXT1_PEER_LABELS) for n in EXT1_PEER_METRICS}
+    ext1_gpu = _gauge("gpushare_schedule_ext1", EXT1_GPU_METRICS, GPU_LABELS)
     for g in model.gpus:
+        ext1_gpu.add_metric([g.gpu_key], 1 if g.snapshot.schedule_mode == "ext1" else 0)
+        for r in g.rows:
+            _add_ext1_peer(ext1, _peer_labels(g, r), r)
         snap = g.snapshot
         if snap.period_ms is not None:
             gpu["gpushare_schedule_period_seconds"].add_metric([g.gpu_key], snap.period_ms / 1000)
@@ -89,7 +105,16 @@ def families(model: DashboardModel) -> list[Metric]:
             _add_peer(peer, engine, state, _peer_labels(g, r), r, achieved.get(r.peer.slot))
     errors = GaugeMetricFamily("gpushare_segment_errors", HOST_METRICS["gpushare_segment_errors"])
     errors.add_metric([], len(model.errors))
-    return [*peer.values(), *engine.values(), state, *gpu.values(), errors]
+    return [*peer.values(), *engine.values(), state, *gpu.values(), errors, *ext1.values(), ext1_gpu]
+
+
+def _add_ext1_peer(ext1: dict[str, GaugeMetricFamily], labels: list[str], r: PeerRow) -> None:
+    """DEMAND and priority of an alive Extension-1 peer, labelled with its class (a v1 peer has neither)."""
+    p = r.peer
+    if not p.alive or p.klass is None:
+        return
+    ext1["gpushare_peer_demand"].add_metric([*labels, p.klass], 1 if p.demand else 0)
+    ext1["gpushare_peer_priority"].add_metric([*labels, p.klass], 1 if p.priority else 0)
 
 
 def _add_peer(

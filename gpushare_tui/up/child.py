@@ -112,6 +112,7 @@ class Child:
                 share_group=group,
                 step_ms=d.synth.step_ms,
                 work_units=d.synth.work_units,
+                klass=d.klass,
             )
         return spawn.run_argv(
             d.command,
@@ -121,6 +122,7 @@ class Child:
             load_timeout_s=d.load_timeout_s,
             share_group=group,
             notify_fd=notify_fd,
+            klass=d.klass,
         )
 
     # -- life ------------------------------------------------------------------

@@ -10,6 +10,7 @@ from ..core.clock import ClockUs, wall_us
 from ..core.gpu import DeviceStats
 from ..core.snapshot import GpuSnapshot
 from ..core.text import counted
+from ..dashboard.columns import schedule_note
 from ..dashboard.model import GpuView
 from .text_line import TextLine
 from .timeline import Timeline
@@ -43,6 +44,8 @@ def info_line(view: GpuView, width: int | None = None) -> Text:
     active = sum(1 for p in snap.peers if p.alive and p.active)
     period = f"period {snap.period_ms} ms" if snap.period_ms is not None else "no schedule (unthrottled)"
     peers = f" · {counted(alive, 'peer')}, {active} active"
+    note = schedule_note(snap)  # Extension 1: "ext1", or "v1 compat (slot N)" (issue 20)
+    peers += f" · {note}" if note else ""
     warn = f"⚠ {'world' if snap.mode & 0o002 else 'group'}-writable · " if snap.writable_by_others else ""
     dev = device_parts(view.device)
     while width is not None and len(dev) > 1 and len(warn + period + peers + " · " + " · ".join(dev)) > width:

@@ -69,7 +69,16 @@ def row_cells(r: PeerRow) -> tuple[Text, ...]:
         engine=Text(plain["engine"], style=_engine_style(r, plain["engine"])),
         gpu=Text(plain["gpu"], style="dim", overflow="ellipsis", no_wrap=True),
     )
+    cells["class"] = Text(plain["class"], style=_class_style(r) if p.alive else base)  # latency class (issue 20)
     return tuple(cells[c.key] for c in COLUMNS)
+
+
+def _class_style(r: PeerRow) -> str:
+    """The CLS cell: bold magenta while it holds priority, magenta for an interactive peer, dim for a v1 peer."""
+    p = r.peer
+    if p.klass is None:
+        return "dim"
+    return "bold magenta" if p.priority else "magenta" if p.klass == "interactive" else ""
 
 
 def display_key(r: PeerRow) -> tuple:
@@ -93,6 +102,7 @@ def display_key(r: PeerRow) -> tuple:
         None if r.speed_pct is None else round(r.speed_pct),
         r.managed,
         None if e is None else (e.state, bool(e.error), e.owner_config, r.differs_from_config),
+        (p.klass, p.demand, p.priority),  # the CLS cell (issue 20)
     )
 
 

@@ -203,9 +203,18 @@ class _SynthShare(GpuShare):
     them exiting, and `owner` (`up`, when it owns the engine) hears of a stop first."""
 
     def __init__(
-        self, stats: SynthStats, owner: Owner | None, key: str, weight: float, name: str, share_group: str | None
+        self,
+        stats: SynthStats,
+        owner: Owner | None,
+        key: str,
+        weight: float,
+        name: str,
+        share_group: str | None,
+        klass: str = "batch",
     ) -> None:
-        super().__init__(weight, name, gpu_key=key, share_group=share_group, kind="synth", model="synthetic")
+        super().__init__(
+            weight, name, gpu_key=key, share_group=share_group, kind="synth", model="synthetic", klass=klass
+        )
         self._stats = stats
         self._owner = owner
 
@@ -236,6 +245,7 @@ def serve_synth(
     units: int | None = None,
     say: Callable[[str], None] = _say,
     owner: Owner | None = None,
+    klass: str = "batch",
 ) -> SynthStats:
     """A synthetic engine's whole life in this process: join `key`, serve the control socket,
     `run_synth` (see there), leave. Returns when the run ends (duration, `stop` request, Ctrl-C).
@@ -243,11 +253,11 @@ def serve_synth(
     GpushareError before joining if no control socket can be bound here (ControlError) or no
     slot can be had (RegistryFullError, SegmentError); a ControlError or StatusFileError later
     is raised after leaving. SIGTERM/SIGHUP become SystemExit(128 + signum), and however it
-    ends, neither the slot nor the socket file is left behind.
+    ends, neither the slot nor the socket file is left behind. `klass`: its latency class (spec §7).
     """
     exit_on_termination()
     stats = SynthStats()
-    share = _SynthShare(stats, owner, key, weight, name, share_group)
+    share = _SynthShare(stats, owner, key, weight, name, share_group, klass)
     try:
         share.open()  # binds the control socket too: a ControlError here leaves nothing behind
         say(

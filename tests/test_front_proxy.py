@@ -1,0 +1,250 @@
+"""core/front_proxy.py: requests pass through unchanged, and DEMAND rises when the first request in flight
+arrives and falls when the last response ends (Content-Length, chunked streaming, close-delimited); bad
+framing closes the connection; a real llama-server streams through it."""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+import time
+
+import httpx
+import pytest
+
+from gpushare_tui.core.front_proxy import MAX_HEAD_BYTES, FrontProxy, ProxyError, _ChunkedEnd, _Framing
+from testkit.wait import wait_for
+
+
+class _Upstream(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.release = threading.Event()  # lets /stream send its last chunks
+        self.bodies: list[bytes] = []
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    """A small HTTP/1.1 origin: /len (Content-Length), /stream (chunked, 3 events then waits for `release`,
+    then 2 more), /eof (delimited by closing), /echo (the request body back); keep-alive otherwise."""
+
+    def handle(self) -> None:
+        srv: _Upstream = self.server  # type: ignore[assignment]
+        while True:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                line = self.rfile.readline()
+                if not line:
+                    return
+                head += line
+            lines = head.decode().split("\r\n")
+            path = lines[0].split(" ")[1]
+            length = next((int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length:")), 0)
+            body = self.rfile.read(length) if length else b""
+            srv.bodies.append(body)
+            w = self.wfile
+            if path == "/len":
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            elif path == "/echo":
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            elif path == "/stream":
+                w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n")
+                for i in range(5):
+                    if i == 3:
+                        w.flush()
+                        srv.release.wait(10)
+                    event = b"data: %d\n\n" % i
+                    w.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    w.flush()
+                w.write(b"0\r\n\r\n")
+            elif path == "/bye":  # a keep-alive response, then the origin closes (an idle timeout)
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbye")
+                w.flush()
+                return
+            elif path == "/eof":
+                w.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
+                w.flush()
+                return
+            else:
+                w.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            w.flush()
+
+
+@pytest.fixture
+def upstream():
+    srv = _Upstream()
+    yield srv
+    srv.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def proxy(upstream):
+    changes: list[bool] = []
+    p = FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port), on_demand=changes.append).start()
+    p.changes = changes  # type: ignore[attr-defined]
+    yield p
+    p.close()
+
+
+def test_requests_pass_through_and_demand_follows_each_one(proxy) -> None:
+    url = f"http://127.0.0.1:{proxy.port}"
+    with httpx.Client() as c:  # one keep-alive connection for all three
+        assert c.get(url + "/len").text == "hello"
+        assert c.post(url + "/echo", content=b"x" * 100_000).content == b"x" * 100_000
+        assert c.get(url + "/len").text == "hello"
+    wait_for(lambda: len(proxy.changes) == 6, 5, what="three rises and falls")
+    assert proxy.changes == [True, False] * 3 and proxy.in_flight == 0 and proxy.requests_total == 3
+    t = list(proxy.timings)
+    assert [(x.method, x.path, x.status) for x in t] == [
+        ("GET", "/len", 200),
+        ("POST", "/echo", 200),
+        ("GET", "/len", 200),
+    ]
+    assert all(x.start_s <= (x.first_byte_s or 0) <= x.end_s for x in t)
+
+
+def test_a_stream_is_forwarded_as_it_comes_and_demand_lasts_until_its_end(proxy, upstream) -> None:
+    with httpx.Client() as c, c.stream("GET", f"http://127.0.0.1:{proxy.port}/stream") as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]  # 3 events (each a line and a blank) before the upstream finishes
+        assert [x for x in got if x] == ["data: 0", "data: 1", "data: 2"]
+        assert proxy.in_flight == 1 and proxy.changes == [True]  # the response is still going
+        upstream.release.set()
+        rest = [x for x in lines if x]
+    assert rest == ["data: 3", "data: 4"]
+    wait_for(lambda: proxy.changes == [True, False], 5, what="demand to fall at the stream's end")
+
+
+def test_two_requests_in_flight_raise_demand_once(proxy, upstream) -> None:
+    url = f"http://127.0.0.1:{proxy.port}/stream"
+    done: list[str] = []
+
+    def stream() -> None:
+        with httpx.Client() as c:
+            done.append(c.get(url).text)
+
+    threads = [threading.Thread(target=stream) for _ in range(2)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: proxy.in_flight == 2, 5, what="both requests in flight")
+    assert proxy.changes == [True]
+    upstream.release.set()
+    for t in threads:
+        t.join(10)
+    assert len(done) == 2 and proxy.changes == [True, False]
+
+
+def test_a_response_delimited_by_close(proxy) -> None:
+    assert httpx.get(f"http://127.0.0.1:{proxy.port}/eof").text == "until the end"
+    wait_for(lambda: proxy.changes == [True, False], 5, what="demand to fall when the engine closes")
+
+
+def test_bad_framing_closes_the_connection_and_leaves_no_demand(proxy) -> None:
+    for bad in (
+        b"GET / HTTP/1.1\r\nno colon here\r\n\r\n",
+        b"GET / HTTP/1.1\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n",
+    ):
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+            try:
+                s.sendall(bad)
+                assert s.recv(100) == b""  # closed, nothing forwarded
+            except ConnectionResetError:
+                pass
+    body_short = b"POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        s.sendall(body_short)
+        s.shutdown(socket.SHUT_WR)  # the client goes away inside its body
+        assert s.recv(100) == b""
+    wait_for(lambda: proxy.in_flight == 0, 5, what="the cut request to end")
+    assert proxy.changes in ([], [True, False])
+    assert httpx.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"  # still serving
+
+
+def test_the_engine_closing_an_idle_keepalive_connection_is_reconnected(proxy, upstream) -> None:
+    """llama-server closes a keep-alive connection idle for 5 s; the client's next request on its own
+    kept-alive connection to the proxy goes to a new engine connection, not to a closed one."""
+    with httpx.Client() as c:
+        assert c.get(f"http://127.0.0.1:{proxy.port}/bye").text == "bye"  # the origin closes after it
+        time.sleep(0.2)
+        assert c.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
+    assert proxy.requests_total == 2
+
+
+def test_health_checks_and_scrapes_are_no_work(proxy, upstream) -> None:
+    with httpx.Client() as c:
+        for path in ("/health", "/metrics?x=1", "/slots"):
+            assert c.get(f"http://127.0.0.1:{proxy.port}{path}").status_code == 404
+    assert proxy.requests_total == 3 and proxy.changes == [] and len(proxy.timings) == 3
+
+
+def test_a_taken_port_is_one_clear_error(upstream) -> None:
+    with pytest.raises(ProxyError, match=f"cannot listen on 127.0.0.1:{upstream.port}"):
+        FrontProxy(("127.0.0.1", upstream.port), ("127.0.0.1", upstream.port)).start()
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 5, 8, 13, 1000])
+def test_chunked_end_is_found_wherever_the_bytes_are_split(split: int) -> None:
+    body = b"4\r\nabcd\r\n1;ext=1\r\nx\r\n0\r\nTrailer: y\r\n\r\n"
+    parser = _ChunkedEnd()
+    parts = [body[i : i + split] for i in range(0, len(body), split)]
+    ends = [parser.feed(p) for p in parts]
+    assert ends[:-1] == [None] * (len(parts) - 1) and ends[-1] == len(parts[-1])
+    for bad in (b"zz\r\n", b"-1\r\n", b"1" * 2000):
+        with pytest.raises(_Framing):
+            _ChunkedEnd().feed(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_a_real_llama_server_streams_through_the_proxy(tmp_path) -> None:
+    """The same completion direct and through the proxy; DEMAND up during it, down within ms of its end."""
+    from llama_env import find_llama_server
+
+    from gpushare_tui.core.engines.llama_server import free_port
+    from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
+
+    server, why = find_llama_server()
+    if server is None:
+        pytest.skip(why)
+    model = write_tiny_llama(str(tmp_path / "m.gguf"))
+    port = free_port()
+    import subprocess
+
+    proc = subprocess.Popen(
+        [server, "-m", model, "-t", "1", "-c", "512", "--port", str(port), "--host", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: _healthy(port), 60, what="llama-server health")
+        body = {"prompt": "the", "n_predict": 16, "ignore_eos": True, "stream": True, "seed": 1, "temperature": 0,
+                "logit_bias": [[t, False] for t in NON_TEXT_TOKEN_IDS]}  # fmt: skip
+        with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", port)) as p, httpx.Client(timeout=60) as c:
+            via = c.post(f"http://127.0.0.1:{p.port}/completion", json=body).text
+            direct = c.post(f"http://127.0.0.1:{port}/completion", json=body).text
+            wait_for(lambda: p.in_flight == 0, 5, what="the request to end")
+            changes = list(p.demand_changes)
+            timing = p.timings[-1]
+        assert via.count('"content"') == direct.count('"content"') == 17  # 16 tokens and the final event
+        assert [up for _t, up in changes] == [True, False] and timing.path == "/completion"
+        assert timing.first_byte_s is not None and timing.end_s - timing.start_s < 30
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
