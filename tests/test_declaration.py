@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import unicodedata
 
 import pytest
@@ -122,7 +123,7 @@ def test_a_table_of_every_key_parses_to_the_declaration(tmp_path) -> None:
 
 
 def test_command_problems_names_each_part(tmp_path) -> None:
-    not_exec = tmp_path / "engine"
+    not_exec = tmp_path / "llama-server"  # -m is a model for llama-server only
     not_exec.write_text("")
     problems = declaration.command_problems(
         [str(not_exec), "--model", str(tmp_path / "none.gguf"), "--port=0"], cwd=str(tmp_path)
@@ -133,6 +134,7 @@ def test_command_problems_names_each_part(tmp_path) -> None:
         ("port", "must be 1..65535"),
     ]
     assert [p.part for p in declaration.command_problems(["no-such-program-xyz"])] == ["binary"]
+    assert declaration.command_problems([sys.executable, "-m", "http.server", "--port", "8000"]) == []
     assert declaration.command_problems(["sh", "-c", "true"]) == []  # no -m, no --port: nothing more to check
 
 

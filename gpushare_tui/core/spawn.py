@@ -58,10 +58,13 @@ def run_argv(
     load_timeout_s: float = 600.0,
     share_group: str | None = None,
     notify_fd: int | None = None,
+    sources: Mapping[str, object] | None = None,
 ) -> list[str]:
-    """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`."""
+    """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`; `sources`:
+    its --activity/--health... options (those given: None/False is left out)."""
     options = {"weight": weight, "gpu_key": gpu_key, "load_timeout": load_timeout_s, "notify_fd": notify_fd}
-    return gpushare_argv("run", {**options, "name": name or None, "share_group": share_group}, engine_argv)
+    options |= {"name": name or None, "share_group": share_group, **(sources or {})}
+    return gpushare_argv("run", options, engine_argv)
 
 
 def synth_argv(

@@ -121,6 +121,7 @@ class Child:
             load_timeout_s=d.load_timeout_s,
             share_group=group,
             notify_fd=notify_fd,
+            sources=d.run_options(),
         )
 
     # -- life ------------------------------------------------------------------
