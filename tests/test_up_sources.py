@@ -76,9 +76,7 @@ def test_run_options_carry_the_declaration_and_the_kinds_default() -> None:
         ENGINE,
         gpu_key="k",
         weight=1.0,
-        sources=_engine(
-            activity="metrics" and {"gauge": "g", "metrics_url": "http://h:1/m"}, health={"log": "up"}
-        ).run_options(),
+        sources=_engine(activity={"gauge": "g", "metrics_url": "http://h:1/m"}, health={"log": "up"}).run_options(),
     )
     tail = argv[argv.index("run") + 1 : argv.index("--")]
     assert tail[tail.index("--activity") + 1] == "metrics" and tail[tail.index("--gauge") + 1] == "g"
