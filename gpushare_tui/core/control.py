@@ -70,7 +70,8 @@ class StatusReply:
     port: int | None = None
     model: str | None = None
     name: str | None = None
-    kind: str | None = None  # "llama-server" | "synth"
+    kind: str | None = None  # "llama-server" | "vllm" | "sglang" | "tgi" | "command" | "python" | "synth"
+    activity: str | None = None  # a supervised engine's activity source (llama, metrics, cpu, gpu, always)
     state: str | None = None  # loading / running / stopped / exiting / exited ...
     tok_s: float | None = None  # over the last complete rate window (~1 s) of work; 0.0 when idle
     solo_tok_s: float | None = None  # the best tok_s reached as the schedule's only active member
