@@ -162,3 +162,21 @@ def test_synth_takes_no_sources() -> None:
 
 def test_every_declared_kind_has_a_default_activity() -> None:
     assert set(declaration._KIND_ACTIVITY) == set(declaration.ENGINE_KINDS)
+
+
+def test_the_readmes_any_engine_toml_checks(tmp_path, monkeypatch, capsys) -> None:
+    """README "Any engine": its `up` example passes `up --check` with its programs on PATH."""
+    from gpushare_tui.cli import main as cli_main
+    from testkit.paths import REPO
+
+    section = (REPO / "README.md").read_text().split("## Any engine", 1)[1]
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program in ("vllm", "python"):
+        (bin_dir / program).write_text("#!/bin/sh\n")
+        (bin_dir / program).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    path = tmp_path / "gpushare.toml"
+    path.write_text('gpu_key = "readme-any-engine"\n' + toml)
+    assert cli_main(["up", "--check", str(path)]) == 0, capsys.readouterr().err
