@@ -291,7 +291,7 @@ def _wait_health(port: int, timeout_s: float = 120) -> None:
 
 
 def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    return "-".rjust(int(spec.split(".")[0])) if x is None else format(x, spec)
 
 
 def main() -> None:
