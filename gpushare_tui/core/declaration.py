@@ -470,6 +470,87 @@ def _toml_synth(value: object) -> SynthDecl:
     return SynthDecl(**{f.name: f.metadata["parse"](value[f.name]) for f in fields(SynthDecl) if f.name in value})
 
 
+# -- `up`'s kind, activity and health keys (issue 19): checked here, passed to `run` as its options --------
+
+ACTIVITY_KEYS = ("source", "metrics_url", "gauge", "cpu_cores")
+HEALTH_KEYS = ("url", "port", "log")
+_HEALTH_EXAMPLES = {"tcp": "health = { port = 8000 }", "log": 'health = { log = "ready" }'}
+_KIND_ACTIVITY = {LLAMA_SERVER: "llama", "command": "cpu", **{k: k for k in METRICS_GAUGE_PRESETS}}
+
+
+def _toml_kind(value: object) -> str:
+    if value not in ENGINE_KINDS:
+        raise DeclarationError("kind", value, f"must be one of {', '.join(ENGINE_KINDS)}")
+    return str(value)
+
+
+def _toml_activity(value: object) -> ActivitySpec:
+    """`activity = "cpu"` (a source or preset name) or a table `{ source, metrics_url, gauge, cpu_cores }`
+    (source defaults to metrics when metrics_url or gauge is given): the declaration as written, whose
+    `source` may be a preset (vllm, sglang, tgi: the metrics source with that gauge, at the command's
+    port; `run --activity PRESET` resolves it), checked as `run` checks its options."""
+    if isinstance(value, str):
+        value = {"source": value}
+    if not isinstance(value, dict):
+        raise DeclarationError("activity", None, 'must be a source name or a table, e.g. activity = "cpu"')
+    _known("activity", value, ACTIVITY_KEYS)
+    source = value.get("source", "metrics" if ("metrics_url" in value or "gauge" in value) else None)
+    url, gauge, cores = value.get("metrics_url"), value.get("gauge"), value.get("cpu_cores")
+    if source is None:
+        raise DeclarationError("activity", None, f"needs a source ({', '.join(ACTIVITY_CHOICES)})")
+    if not isinstance(source, str) or source not in ACTIVITY_CHOICES:
+        raise DeclarationError("activity", source, f"must be one of {', '.join(ACTIVITY_CHOICES)}")
+    for key, v in (("metrics_url", url), ("gauge", gauge)):
+        if v is not None and not isinstance(v, str):
+            raise DeclarationError("activity", v, f"{key} must be a string")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int | float)):
+        raise DeclarationError("activity", cores, "cpu_cores must be a number of cores > 0")
+    spec = ActivitySpec(source, url, gauge, None if cores is None else float(cores))
+    if (url is not None or gauge is not None) and source not in ("metrics", *METRICS_GAUGE_PRESETS):
+        raise DeclarationError(
+            "activity", source, "metrics_url and gauge go with source metrics (or vllm, sglang, tgi)"
+        )
+    if cores is not None and source not in ("cpu", "llama"):
+        raise DeclarationError("activity", cores, f"cpu_cores goes with source cpu (not {source})")
+    if source in METRICS_GAUGE_PRESETS:  # its URL is known once the command's port is; check the rest now
+        check_activity(
+            replace(spec, source="metrics", metrics_url=url or "http://127.0.0.1/metrics", gauge=gauge or "-")
+        )
+        return spec
+    return check_activity(spec)
+
+
+def _toml_health(value: object) -> HealthSpec:
+    """`health = "none"`, `"http"` (the kind's own /health: llama-server, vllm, sglang, tgi) or one of
+    `{ url = "http://..." }` (ready on 200), `{ port = N }` (accepts a TCP connection), `{ log = "REGEX" }`."""
+    if value == "none":
+        return HealthSpec("none")
+    if value == "http":
+        return HealthSpec("http")
+    if isinstance(value, str) and value in _HEALTH_EXAMPLES:
+        raise DeclarationError("health", value, "needs its value: " + _HEALTH_EXAMPLES[value])
+    if not isinstance(value, dict):
+        given = value if isinstance(value, str) else None
+        raise DeclarationError("health", given, 'must be "none", "http" or { url = ... }, { port = N }, { log = ... }')
+    _known("health", value, HEALTH_KEYS)
+    if len(value) != 1:
+        raise DeclarationError("health", None, "give one of url, port, log")
+    ((key, v),) = value.items()
+    if key == "port":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DeclarationError("health", v, "needs a TCP port 1..65535")
+        return check_health(HealthSpec("tcp", port=v))
+    if not isinstance(v, str):
+        raise DeclarationError("health", v, f"{key} must be a string")
+    return check_health(HealthSpec("http", url=v) if key == "url" else HealthSpec("log", log_regex=v))
+
+
+def _known(field_name: str, table: Mapping[str, object], keys: Sequence[str]) -> None:
+    unknown = next((k for k in table if k not in keys), None)
+    if unknown is not None:
+        raise DeclarationError(field_name, None, f"unknown key {unknown!r} (known: {', '.join(keys)})")
+
+
 @dataclass(frozen=True)
 class EngineDecl:
     """One declared engine: a command (llama-server ARGS...) or a synthetic engine. Each field's
@@ -486,6 +567,40 @@ class EngineDecl:
     load_timeout_s: float = field(default=600.0, metadata={"parse": check_load_timeout})
     # the `[[engine]]` key is `class` (a Python keyword: the field is `klass`)
     klass: str = field(default="batch", metadata={"parse": check_class, "key": "class"})
+    kind: str | None = field(default=None, metadata={"parse": _toml_kind})  # None: derived (engine_kind)
+    activity: ActivitySpec | None = field(default=None, metadata={"parse": _toml_activity})  # None: the kind's
+    health: HealthSpec | None = field(default=None, metadata={"parse": _toml_health})  # None: the kind's
+
+    @property
+    def engine_kind(self) -> str:
+        """The declared kind, else the activity preset's, else what the command runs (command_kind)."""
+        if self.synth is not None:
+            return "synth"
+        if self.kind is not None:
+            return self.kind
+        if self.activity is not None and self.activity.source in METRICS_GAUGE_PRESETS:
+            return self.activity.source
+        return (
+            LLAMA_SERVER
+            if self.activity is not None and self.activity.source == "llama"
+            else command_kind(self.command)
+        )
+
+    def run_options(self) -> SourceOptions:
+        """`run`'s activity and health options for this engine (names as SourceOptions' fields; None/False:
+        not given, `run` derives it): the declared activity, else the declared kind's."""
+        a, h = self.activity, self.health
+        source = a.source if a is not None else (_KIND_ACTIVITY[self.kind] if self.kind is not None else None)
+        return SourceOptions(
+            activity=source,
+            metrics_url=a.metrics_url if a is not None else None,
+            gauge=a.gauge if a is not None else None,
+            cpu_cores=a.cpu_cores if a is not None else None,
+            health_url=h.url if h is not None and h.kind == "http" else None,
+            health_port=h.port if h is not None and h.kind == "tcp" else None,
+            health_log=h.log_regex if h is not None and h.kind == "log" else None,
+            no_health=h is not None and h.kind == "none",
+        )
 
     def same_but_weight(self, other: EngineDecl) -> bool:
         """Whether `other` differs from this at most in its weight (a live re-weight, no restart)."""
@@ -517,4 +632,26 @@ def parse_engine(table: Mapping[str, object], *, cwd: str) -> EngineDecl:
         raise DeclarationError("command", None, "missing (or give synth = { step_ms = 5 } for a synthetic engine)")
     if decl.command:
         check_command(decl.command, cwd=cwd, path=dict(decl.env).get("PATH"))
+    _check_sources(decl)
     return decl
+
+
+def _check_sources(decl: EngineDecl) -> None:
+    """The kind, activity and health keys together (each alone is checked by its parse)."""
+    declared = next((k for k in ("kind", "activity", "health") if getattr(decl, k) is not None), None)
+    if decl.synth is not None:
+        if declared is not None:
+            raise DeclarationError(declared, None, "goes with command (a synthetic engine has its own)")
+        return
+    a, kind = decl.activity, decl.kind
+    if a is not None and kind is not None:
+        preset = a.source if a.source in METRICS_GAUGE_PRESETS else None
+        if (kind in METRICS_GAUGE_PRESETS and preset not in (None, kind)) or (preset and kind != preset):
+            raise DeclarationError("activity", a.source, f"is the preset of another kind than {kind!r}")
+    h, resolved = decl.health, decl.engine_kind
+    if h is not None and h.kind == "http" and h.url is None and resolved not in (LLAMA_SERVER, *ENGINE_DEFAULT_PORTS):
+        raise DeclarationError(
+            "health",
+            "http",
+            f'a {resolved} has no /health of its own: health = {{ url = "http://127.0.0.1:PORT/health" }}',
+        )

@@ -19,7 +19,7 @@ from ..core.pacer import BUSY_WINDOW_US
 from ..core.rate import RATE_WINDOW_S
 from ..core.schedule import SHARE_FLOOR
 from ..core.snapshot import GpuSnapshot
-from .model import PeerRow
+from .model import EngineInfo, PeerRow
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
@@ -96,9 +96,25 @@ def engine_text(r: PeerRow) -> str:
     if e.error:
         return "no reply"
     state = e.state or "?"
+    shown = (kind_text(e) if state == "running" else None) or state
     if e.owner_config is not None:
-        return "up ≠file" if r.differs_from_config else "up " + UP_STATE.get(state, state)
-    return state
+        return "up ≠file" if r.differs_from_config else "up " + UP_STATE.get(shown, shown)
+    return shown
+
+
+# -- issue 19: a running engine that names its activity source shows its kind (and the source, unless the kind's own)
+KIND_SHORT = {"llama-server": "llama", "command": "cmd", "python": "py"}
+KIND_ACTIVITY = {"llama-server": "llama", "vllm": "metrics", "sglang": "metrics", "tgi": "metrics"}
+
+
+def kind_text(e: EngineInfo) -> str | None:
+    """The engine's kind ("llama", "vllm"), then ·its activity source unless that is the kind's own ("cmd·cpu",
+    "llama·always"); None when its status gave no activity (an older reply, a GpuShare or synthetic engine)."""
+    if e.activity is None:
+        return None
+    kind = e.kind or "?"
+    short = KIND_SHORT.get(kind, kind)
+    return short if KIND_ACTIVITY.get(kind) == e.activity else f"{short}·{e.activity}"
 
 
 # -- latency class (issue 20, spec §7 Extension 1) --------------------------------------------------------

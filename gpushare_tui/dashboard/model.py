@@ -28,6 +28,7 @@ class EngineInfo:
     owner_config: str | None = None  # the `up` config file that owns it (None: not owned by an up)
     config_weight: float | None = None  # its weight in that file
     kind: str | None = None
+    activity: str | None = None  # a supervised engine's activity source (None: an older reply, a GpuShare engine)
     port: int | None = None
     error: str | None = None
     lateness: SignalLateness | None = None  # a supervisor's SIGCONT/SIGSTOP lateness (llama-server engines)

@@ -61,6 +61,7 @@ def engine_json(row: PeerRow) -> dict | None:
         "model": e.model,
         "port": e.port,
         "kind": e.kind,
+        "activity": e.activity,
         "log": e.log,
         "error": e.error,
     }

@@ -111,6 +111,7 @@ class LiveSource:
                 config_weight=r.config_weight if r.owner == "up" else None,
                 model=text(r.model),
                 kind=text(r.kind),
+                activity=text(r.activity),
                 port=r.port,
                 lateness=r.signal_lateness,
                 log=text(r.log),

@@ -40,6 +40,7 @@ PEER_METRICS = {
 ENGINE_METRICS = {
     "gpushare_engine_tokens_per_second": "Decode rate of a managed engine (its control socket's status).",
     "gpushare_engine_state": "State of a managed engine: 1 for the state it is in.",
+    "gpushare_engine_info": "1 for a managed engine, labelled with its kind and activity source (empty: unknown).",
     "gpushare_engine_signal_lateness_p50_seconds": "Median lateness of the supervisor's SIGCONT/SIGSTOP.",
     "gpushare_engine_signal_lateness_p99_seconds": "99th percentile lateness of the supervisor's SIGCONT/SIGSTOP.",
     "gpushare_engine_signal_lateness_max_seconds": "Largest lateness of the supervisor's SIGCONT/SIGSTOP.",
@@ -78,8 +79,10 @@ def _peer_labels(g: GpuView, r: PeerRow) -> list[str]:
 def families(model: DashboardModel) -> list[Metric]:
     """Every metric family for `model`, in a fixed order (families without samples included)."""
     peer = {n: _gauge(n, PEER_METRICS, PEER_LABELS) for n in PEER_METRICS}
-    engine = {n: _gauge(n, ENGINE_METRICS, PEER_LABELS) for n in ENGINE_METRICS if n != "gpushare_engine_state"}
+    labelled = ("gpushare_engine_state", "gpushare_engine_info")
+    engine = {n: _gauge(n, ENGINE_METRICS, PEER_LABELS) for n in ENGINE_METRICS if n not in labelled}
     state = _gauge("gpushare_engine_state", ENGINE_METRICS, [*PEER_LABELS, "state"])
+    info = _gauge("gpushare_engine_info", ENGINE_METRICS, [*PEER_LABELS, "kind", "activity"])
     gpu = {n: _gauge(n, GPU_METRICS, GPU_LABELS) for n in GPU_METRICS}
     ext1 = {n: _gauge(n, EXT1_PEER_METRICS, EXT1_PEER_LABELS) for n in EXT1_PEER_METRICS}
     ext1_gpu = _gauge("gpushare_schedule_ext1", EXT1_GPU_METRICS, GPU_LABELS)
@@ -103,9 +106,11 @@ def families(model: DashboardModel) -> list[Metric]:
         achieved = dict(g.achieved_pct)
         for r in g.rows:
             _add_peer(peer, engine, state, _peer_labels(g, r), r, achieved.get(r.peer.slot))
+            if r.peer.alive and r.engine is not None and r.engine.error is None:
+                info.add_metric([*_peer_labels(g, r), r.engine.kind or "", r.engine.activity or ""], 1)
     errors = GaugeMetricFamily("gpushare_segment_errors", HOST_METRICS["gpushare_segment_errors"])
     errors.add_metric([], len(model.errors))
-    return [*peer.values(), *engine.values(), state, *gpu.values(), errors, *ext1.values(), ext1_gpu]
+    return [*peer.values(), *engine.values(), state, info, *gpu.values(), errors, *ext1.values(), ext1_gpu]
 
 
 def _add_ext1_peer(ext1: dict[str, GaugeMetricFamily], labels: list[str], r: PeerRow) -> None:

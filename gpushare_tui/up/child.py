@@ -123,6 +123,7 @@ class Child:
             share_group=group,
             notify_fd=notify_fd,
             klass=d.klass,
+            sources=d.run_options(),
         )
 
     # -- life ------------------------------------------------------------------

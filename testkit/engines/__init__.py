@@ -1,10 +1,46 @@
-"""Engines that are not llama-server, for tests and benchmarks (stdlib only, each run as a script:
-`sys.executable PATH ARGS`): paths here, behaviour in each file's docstring."""
+"""Stand-in engines of issue 19 (real processes, stdlib + prometheus_client only), run as modules:
+
+    python -m testkit.engines.http_engine --port N [--load-s S] [--work-units U] [--workers K]
+    python -m testkit.engines.multiproc_engine [--workers 2] [--work-cpu-s S]
+
+http_engine: an HTTP server whose /health is 503 while "loading" and 200 after; each POST /work does
+real CPU work in a worker process; /metrics exposes an in-flight gauge. multiproc_engine: a parent
+that starts CPU-bound worker processes (the tree a CUDA engine's workers make)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import ctypes
+import os
+import signal
+import time
 
-HERE = Path(__file__).parent
-HTTP_ENGINE = str(HERE / "http_engine.py")
-TREE_ENGINE = str(HERE / "tree_engine.py")
+PR_SET_PDEATHSIG = 1
+
+
+def burn_units(units: int) -> int:
+    """Deterministic CPU work: `units` rounds of integer arithmetic (about a millisecond each)."""
+    x = 0
+    for _ in range(units):
+        for i in range(5_000):
+            x = (x * 31 + i) & 0xFFFFFFFF
+    return x
+
+
+def burn_cpu_s(cpu_s: float) -> None:
+    """Spin until this process has used `cpu_s` of CPU time (time stopped by SIGSTOP does not count)."""
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        burn_units(1)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this worker when its parent exits (even by SIGKILL), so no stand-in engine's worker
+    outlives the engine a test killed by pid."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl
+        os._exit(1)
+
+# The runtime branch's script-run stand-ins (tests/test_any_engine.py), to be folded into the modules above.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+HTTP_ENGINE = os.path.join(_HERE, "http_stub.py")
+TREE_ENGINE = os.path.join(_HERE, "tree_engine.py")

@@ -1,78 +1,110 @@
-"""A small inference-server stand-in (stdlib only): `python http_engine.py --port N [--load-s S]
-[--work N] [--exit-during-load CODE]`.
+"""An HTTP engine for issue 19's tests and benchmarks (not llama-server): it knows nothing of gpushare.
 
-- It "loads" for S seconds (default 0.5): GET /health answers 503, then 200 (TCP accepts from the
-  start, as vLLM's does); once loaded it prints `engine ready on port N` to stdout (its log).
-- GET /work does real CPU work in a worker process (a child: the engine is a process tree) of
-  N loop iterations (default 200,000) and answers `done`.
-- GET /metrics is Prometheus text with the gauge `engine_requests_in_flight` (requests in progress)
-  and the counter `engine_requests_total` (requests done).
-- With --exit-during-load CODE it prints a few lines while loading and exits CODE.
-"""
+    python -m testkit.engines.http_engine --port N [--host 127.0.0.1] [--load-s 1.0] [--work-units 20]
+        [--workers 1] [--gauge engine_requests_running]
+
+- `GET /health`: 503 for the first `--load-s` seconds ("loading"), then 200.
+- `POST /work` (optional query `?units=U`): does U units of CPU work (testkit.engines.burn_units) in a
+  worker process (a pool of `--workers` started at launch: children of this process), replies
+  `{"units": U}` when done.
+- `GET /metrics`: Prometheus text: the gauge `--gauge` (requests in flight) and the counters
+  `engine_work_units_total`, `engine_requests_total`.
+It prints `ready <port> workers <pid> ...` on stdout once it serves 200. SIGTERM/SIGINT: exits.
+HttpLoad drives it from a test (back-to-back requests on threads, each completion's time kept)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
-import multiprocessing.pool
+import os
+import signal
 import sys
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from testkit.engines import burn_units, die_with_parent
+
+DEFAULT_GAUGE = "engine_requests_running"
 
 
-def burn(n: int) -> int:
-    x = 0
-    for i in range(n):
-        x ^= i * i
-    return x
-
-
-class State:
-    def __init__(self, load_s: float, work: int) -> None:
+class Engine:
+    def __init__(self, *, load_s: float, work_units: int, workers: int, gauge: str) -> None:
         self.ready_at = time.monotonic() + load_s
-        self.work = work
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.done = 0
-        self.pool: multiprocessing.pool.Pool | None = None
+        self.work_units = work_units
+        self.pool_started = threading.Event()
+        self.registry = CollectorRegistry()
+        self.in_flight = Gauge(gauge, "Requests being worked on", registry=self.registry)
+        self.units = Counter("engine_work_units", "Units of CPU work done", registry=self.registry)
+        self.requests = Counter("engine_requests", "Requests completed", registry=self.registry)
+        self.workers = workers
+
+    def start_workers(self) -> None:
+        # spawn: each worker is a fresh interpreter, a child of this process (in its process group)
+        self.pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        )
+        for f in [self.pool.submit(burn_units, 0) for _ in range(self.workers)]:
+            f.result()  # start every worker now, not at the first request
+        self.pool_started.set()
+
+    def ready(self) -> bool:
+        return self.pool_started.is_set() and time.monotonic() >= self.ready_at
+
+    def work(self, units: int) -> None:
+        with self.in_flight.track_inprogress():
+            self.pool.submit(burn_units, units).result()
+        self.units.inc(units)
+        self.requests.inc()
+
+    def worker_pids(self) -> list[int]:
+        return sorted(p.pid for p in self.pool._processes.values() if p.pid is not None)
 
 
-def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
+def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def _reply(self, code: int, body: bytes) -> None:
-            self.send_response(code)
+        def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        def do_GET(self) -> None:  # noqa: N802
-            loaded = time.monotonic() >= state.ready_at and state.pool is not None
-            if self.path == "/health":
-                self._reply(200 if loaded else 503, b"ok" if loaded else b"loading")
-            elif self.path == "/metrics":
-                body = (
-                    "# TYPE engine_requests_in_flight gauge\n"
-                    f'engine_requests_in_flight{{model="m"}} {state.in_flight}\n'
-                    "# TYPE engine_requests_total counter\n"
-                    f"engine_requests_total {state.done}\n"
-                )
-                self._reply(200, body.encode())
-            elif self.path == "/work" and loaded:
-                assert state.pool is not None
-                with state.lock:
-                    state.in_flight += 1
-                try:
-                    state.pool.apply(burn, (state.work,))
-                finally:
-                    with state.lock:
-                        state.in_flight -= 1
-                        state.done += 1
-                self._reply(200, b"done")
+        def do_GET(self) -> None:
+            path = urlparse(self.path).path
+            if path == "/health":
+                ok = engine.ready()
+                self._reply(200 if ok else 503, b'{"status":"ok"}' if ok else b'{"status":"loading"}')
+            elif path == "/metrics":
+                self._reply(200, generate_latest(engine.registry), "text/plain; version=0.0.4")
             else:
-                self._reply(503 if self.path == "/work" else 404, b"no")
+                self._reply(404, b'{"error":"not found"}')
+
+        def do_POST(self) -> None:
+            url = urlparse(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            if url.path != "/work":
+                self._reply(404, b'{"error":"not found"}')
+                return
+            if not engine.ready():
+                self._reply(503, b'{"error":"loading"}')
+                return
+            units = int(parse_qs(url.query).get("units", [str(engine.work_units)])[0])
+            engine.work(units)
+            self._reply(200, json.dumps({"units": units}).encode())
 
         def log_message(self, *_args: object) -> None:
             pass
@@ -80,32 +112,72 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--load-s", type=float, default=0.5)
-    p.add_argument("--work", type=int, default=200_000)
-    p.add_argument("--exit-during-load", type=int, default=None)
-    a = p.parse_args()
-    if a.exit_during_load is not None:
-        print("loading weights", flush=True)
-        time.sleep(min(a.load_s, 0.3))
-        print("error: out of memory while loading the model", flush=True)
-        return a.exit_during_load
-    state = State(a.load_s, a.work)
-    server = ThreadingHTTPServer((a.host, a.port), make_handler(state))
+class HttpLoad:
+    """`concurrency` threads sending back-to-back `POST /work` to the engine at `port` until stop();
+    `done` holds each completed request's time.monotonic()."""
+
+    def __init__(self, port: int, *, units: int | None = None, concurrency: int = 1, host: str = "127.0.0.1") -> None:
+        query = "" if units is None else f"?units={units}"
+        self.url = f"http://{host}:{port}/work{query}"
+        self.done: list[float] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
+
+    def start(self) -> HttpLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, join_s: float = 30.0) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(join_s)
+
+    def count_between(self, t0: float, t1: float) -> int:
+        return sum(1 for t in list(self.done) if t0 <= t < t1)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=120) as c:
+            while not self._stop.is_set():
+                try:
+                    ok = c.post(self.url).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.done.append(time.monotonic())
+                else:
+                    self.errors += 1
+                    time.sleep(0.05)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--load-s", type=float, default=1.0, help="seconds /health answers 503 (loading)")
+    ap.add_argument("--work-units", type=int, default=20, help="CPU work per request (~1 ms a unit)")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes doing the work")
+    ap.add_argument("--gauge", default=DEFAULT_GAUGE, help="name of the in-flight gauge on /metrics")
+    a = ap.parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a background job of a shell starts with it ignored
+        signal.signal(sig, lambda *_: sys.exit(0))
+    engine = Engine(load_s=a.load_s, work_units=a.work_units, workers=a.workers, gauge=a.gauge)
+    server = ThreadingHTTPServer((a.host, a.port), make_handler(engine))  # serves 503 from now on
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    state.pool = multiprocessing.get_context("fork").Pool(1)  # the worker: a child process
-    time.sleep(max(0.0, state.ready_at - time.monotonic()))
-    print(f"engine ready on port {a.port}", flush=True)
+    engine.start_workers()
+    time.sleep(max(0.0, engine.ready_at - time.monotonic()))
+    print("ready", a.port, "workers", *engine.worker_pids(), flush=True)
     try:
-        while True:
-            time.sleep(3600)
+        threading.Event().wait()
     except KeyboardInterrupt:
-        return 0
+        pass
+    finally:
+        for pid in engine.worker_pids():  # the pool's shutdown would wait on requests in flight
+            os.kill(pid, signal.SIGKILL)
+        os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
