@@ -167,7 +167,8 @@ def test_serve_on_a_port_in_use_says_why_and_is_given_up_until_reload(start_up) 
         up = start_up(TWO + f'\n[serve]\nlisten = "127.0.0.1:{port}"\n'.replace("{", "{{").replace("}", "}}"))
         up.slot("a")
         first = up.wait_line("serve: exited (code 1)", timeout=30)
-        assert f"cannot listen on 127.0.0.1:{port}: the port is in use; restart 1 in 1 s" in first
+        cause = f"gpushare-tui: cannot listen on 127.0.0.1:{port}: the port is in use"
+        assert f"serve: exited (code 1) before it was ready: {cause}; restart 1 in 1 s" in first
         line = up.wait_line("serve: exited (code 1)", timeout=60, count=GIVE_UP_AT)
         assert "the port is in use; gave up: 5 starts in a row not ready" in line
         assert not any("serve: listening" in x for x in up.lines)
@@ -180,7 +181,9 @@ def test_serve_on_a_port_in_use_says_why_and_is_given_up_until_reload(start_up) 
     up.wait_line(f"serve: listening on 127.0.0.1:{port} (pid ", timeout=30)
 
 
-def test_two_files_declaring_the_same_engine_name_have_their_own_logs(procs, gpu_key, runtime_dir, state_home, tmp_path):
+def test_two_files_declaring_the_same_engine_name_have_their_own_logs(
+    procs, gpu_key, runtime_dir, state_home, tmp_path
+) -> None:
     one = "gpu_key = \"{key}\"\n\n[[engine]]\nname = \"chat\"\nweight = {w}\nsynth = {{ step_ms = 2 }}\n"
     ups = []
     for i, w in ((1, 1), (2, 3)):

@@ -355,7 +355,8 @@ class Child:
         self.restarts += 1
         self.next_start_mono = time.monotonic() + delay
         loop = f"; crash loop: {self.backoff.failures} failures in a row" if self.backoff.crash_loop else ""
-        what = f"exited ({shown}) after {healthy_s:.1f} s healthy{because}" if shown else "failed"
+        when = "before it was ready" if self.ready_mono is None else f"after {healthy_s:.1f} s healthy"
+        what = f"exited ({shown}) {when}{because}" if shown else "failed"
         self._to(State.BACKOFF, f"{what}; restart {self.restarts} in {delay:g} s{loop}")
 
     def _after_stop(self, line: str | None) -> None:
