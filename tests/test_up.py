@@ -362,6 +362,18 @@ def test_child_goes_new_starting_running_stopping_stopped_saying_each(make_child
         c._to(State.RUNNING)
 
 
+def test_a_child_exiting_with_invalid_input_is_given_up_at_once_saying_why(make_child) -> None:
+    """A usage error (exit 2) before it was ready cannot be fixed by restarting: stopped, not backed off,
+    with the child's own error line (here: a share group this host does not have, which `up`
+    itself checks first; a Child made directly does not)."""
+    c, lines = make_child('share_group = "no-such-group-i18"\n' + TWO)
+    c.start()
+    _tick_until(c, State.STOPPED)
+    assert "a: exited (code 2): gpushare-tui: " in lines[-1] and "no-such-group-i18" in lines[-1], lines
+    assert "gave up: exit 2 is invalid input, which a restart cannot fix" in lines[-1]
+    assert c.restarts == 0 and not any("restart 1" in x for x in lines)
+
+
 def test_illegal_transitions_are_refused() -> None:
     assert all(State.REMOVED not in before for before in PREDECESSORS.values())  # REMOVED is final
     assert all(PREDECESSORS[s] for s in State if s is not State.NEW)  # every other state is reachable

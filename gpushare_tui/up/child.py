@@ -340,10 +340,14 @@ class Child:
         self._same_failures = self._same_failures + 1 if never_ready and cause == self._last_cause else int(never_ready)
         self._last_cause = cause if never_ready else None
         if policy != "always" and never_ready and (code == USAGE_EXIT or self._same_failures >= GIVE_UP_AT):
-            times = "" if self._same_failures < 2 else f" {self._same_failures} starts in a row"
+            why = (
+                f"{self._same_failures} starts in a row not ready, failing the same way"
+                if self._same_failures >= GIVE_UP_AT
+                else f"exit {USAGE_EXIT} is invalid input, which a restart cannot fix"
+            )
             self._to(
                 State.STOPPED,
-                f"exited ({shown}){because}; gave up:{times} not ready, failing the same way "
+                f"exited ({shown}){because}; gave up: {why} "
                 f"(fix the cause, then reload: `gpushare-tui up --reload {self.cfg.path}`)",
             )
             return
