@@ -142,9 +142,11 @@ class DashboardApp(App):
         launch_runner: Runner | None = None,
         host: str | None = None,
         demo: bool = False,
+        launch_defaults: dict[str, str] | None = None,
     ) -> None:
         """`demo`: the dashboard of `gpushare-tui demo` (its hints; the launch form starts a synthetic
-        engine first, and `launch_runner` ends what it launches with the demo)."""
+        engine first, and `launch_runner` ends what it launches with the demo). `launch_defaults`: the
+        launch form's initial field values."""
         super().__init__()
         if not interval_s >= MIN_INTERVAL_S:
             raise ValueError(f"interval must be at least {MIN_INTERVAL_S} s")
@@ -154,6 +156,7 @@ class DashboardApp(App):
         self.control: ControlClient = control if control is not None else LocalControl()
         self.launch_runner = launch_runner
         self.demo = demo
+        self.launch_defaults = launch_defaults or {}
         self.clock = clock  # the timelines' cursor too (frozen in tests)
         self.source: DataSource = source if source is not None else LiveSource(gpu_key, clock, control=self.control)
         self.set_reactive(DashboardApp.history_s, float(history_s or _env_history_s() or DEFAULT_HISTORY_S))
@@ -532,9 +535,10 @@ class DashboardApp(App):
         key = self.selected_gpu or self.gpu_key or ""
         if self.demo:  # no llama-server or model needed, and nothing outlives the demo
             note = "In the demo, engines launched here end with it."
-            form = LaunchForm(key, runner=self.launch_runner, defaults={"kind": SYNTHETIC.key}, note=note)
+            defaults = {"kind": SYNTHETIC.key, **self.launch_defaults}
+            form = LaunchForm(key, runner=self.launch_runner, defaults=defaults, note=note)
         else:
-            form = LaunchForm(key, runner=self.launch_runner)
+            form = LaunchForm(key, runner=self.launch_runner, defaults=self.launch_defaults)
         self.push_screen(form, self._launched)
 
     def _launched(self, result: LaunchResult | None) -> None:

@@ -54,6 +54,7 @@ class Demo:
     logs: list[str] = field(default_factory=list)
     janitor: subprocess.Popen | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
+    work_units: int = 0  # the engines' work per step (one calibration for all)
     launched: list[tuple[int, str]] = field(default_factory=list)  # (pid, log) of adopted engines
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -96,7 +97,7 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
     demo = Demo(key or default_key())
     # One calibration for all: engines that calibrate themselves at the same time on
     # a busy machine get different work per step, and their tok/s stop being comparable.
-    units = calibrate_units(step_ms)
+    units = demo.work_units = calibrate_units(step_ms)
     try:
         for name, weight, busy_idle in engines:
             # mkstemp: a new file of ours (O_EXCL, 0600), handed over as it is: never reopened by name
@@ -295,6 +296,7 @@ def run_demo(
             history_s=history_s,
             launch_runner=launch,
             demo=True,
+            launch_defaults={"work_units": str(demo.work_units)},  # as much work per step: tok/s compare
         )
         state["app"] = app
         app.run()

@@ -724,15 +724,19 @@ def test_the_demos_form_starts_a_synthetic_engine_that_ends_with_the_demo(runtim
         def launch(spec):
             return launch_in_worker(spec, started=demo.adopt)
 
-        app = DashboardApp(gpu_key=key, interval_s=0.2, launch_runner=launch, demo=True)
+        units = {"work_units": str(demo.work_units)}  # as run_demo: the demo engines' work per step
+        app = DashboardApp(gpu_key=key, interval_s=0.2, launch_runner=launch, demo=True, launch_defaults=units)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("l")
             form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
             assert form.kind == "synthetic" and "end with it" in form.status_text + str(
                 form.query_one("#launch-status").render()
             )
+            assert form.values()["work_units"] == str(demo.work_units) != "0"
             await pilot.click("#launch")  # every default is valid: name "synth", weight 1, step 5 ms
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
+            assert form.last_spec is not None and form.last_spec.synth is not None
+            assert form.last_spec.synth.work_units == demo.work_units
             row = await _launched_row(pilot, "synth")
             pids.append(row.peer.pid)
 
