@@ -280,11 +280,14 @@ class Child:
             return []
         return data.decode("utf-8", "replace").splitlines()
 
-    def failure_cause(self) -> str | None:
-        """Why this start ended, in one line: the supervisor's notice, else the last line its log got
-        since the start (a child's error line: `gpushare-tui: cannot listen on ...: the port is in use`)."""
+    def failure_cause(self, code: int) -> str | None:
+        """Why this start ended (exit status `code`), in one line: the supervisor's notice, else, when it
+        exited by itself (a signal's victim's last line is no cause), the last line its log got since
+        the start (a child's error line: `gpushare-tui: cannot listen on ...: the port is in use`)."""
         if self._cause is not None:
             return self._cause
+        if code <= 0:
+            return None
         last = next((ln for ln in reversed(self._log_since_start()) if ln.strip()), None)
         return None if last is None else _one_line(last)
 
@@ -331,7 +334,7 @@ class Child:
             self._to(State.STOPPED, f"stopped on request ({shown}); not restarted until a reload")
             return
         policy = self.decl.restart if self.decl else "on-failure"
-        cause = self.failure_cause()
+        cause = self.failure_cause(code)
         because = f": {cause}" if cause else ""
         if policy == "never" or (policy == "on-failure" and code == 0):
             self._to(State.STOPPED, f"exited ({shown}){because}; restart = {policy}: not restarted")
