@@ -37,7 +37,7 @@ from .dashboard.source import DataSource, LiveSource
 from .widgets.confirm_stop import ConfirmStop
 from .widgets.gpu_panel import GpuPanel
 from .widgets.help_screen import HelpScreen, help_rows
-from .widgets.launch_form import LaunchForm, LaunchResult, Runner
+from .widgets.launch_form import SYNTHETIC, LaunchForm, LaunchResult, Runner
 from .widgets.log_pane import LogPane, open_engine_log
 from .widgets.peers_table import PeersTable
 from .widgets.segment_errors import SegmentErrors
@@ -98,7 +98,7 @@ class DashboardApp(App):
         Binding("w", "edit_weight", "Weight", tooltip="edit the selected peer's weight (managed engines)"),
         Binding("plus", "nudge(1)", "+W", key_display="+", show=False, tooltip=_NUDGE_HELP),
         Binding("minus", "nudge(-1)", "-W", key_display="-", show=False, tooltip=_NUDGE_HELP),
-        Binding("l", "launch", "Launch", tooltip="launch a supervised engine (llama-server) on the selected GPU"),
+        Binding("l", "launch", "Launch", tooltip="launch an engine (llama-server, synthetic) on the selected GPU"),
         Binding("s", "stop_engine", "Stop", tooltip="stop the selected managed engine (asks first)"),
         Binding("w,plus,minus,l,s", "readonly_refused", show=False),
         Binding("L", "show_log", "Log", show=False, tooltip="show the selected managed engine's log, live"),
@@ -143,7 +143,12 @@ class DashboardApp(App):
         control: ControlClient | None = None,
         launch_runner: Runner | None = None,
         host: str | None = None,
+        demo: bool = False,
+        launch_defaults: dict[str, str] | None = None,
     ) -> None:
+        """`demo`: the dashboard of `gpushare-tui demo` (its hints; the launch form starts a synthetic
+        engine first, and `launch_runner` ends what it launches with the demo). `launch_defaults`: the
+        launch form's initial field values."""
         super().__init__()
         if not interval_s >= MIN_INTERVAL_S:
             raise ValueError(f"interval must be at least {MIN_INTERVAL_S} s")
@@ -152,6 +157,8 @@ class DashboardApp(App):
         self.readonly = readonly
         self.control: ControlClient = control if control is not None else LocalControl()
         self.launch_runner = launch_runner
+        self.demo = demo
+        self.launch_defaults = launch_defaults or {}
         self.clock = clock  # the timelines' cursor too (frozen in tests)
         self.source: DataSource = source if source is not None else LiveSource(gpu_key, clock, control=self.control)
         self.set_reactive(DashboardApp.history_s, float(history_s or _env_history_s() or DEFAULT_HISTORY_S))
@@ -195,9 +202,16 @@ class DashboardApp(App):
         which = f"/opencoti-gpu-{self.gpu_key}" if self.gpu_key else "/opencoti-gpu-* segments"
         if hidden:
             return f"{counted(hidden, 'segment')} with no live peers hidden: `e` shows them."
+        if self.demo:
+            return (
+                f"Waiting for the demo's engines on {which} … they show at the first refresh.\n"
+                "`l` launches one more (a synthetic engine), `?` lists every key."
+            )
+        key = f"--gpu-key {self.gpu_key} " if self.gpu_key else ""
+        cpu_host = "" if self.gpu_key else " (on a host without an NVIDIA GPU, add --gpu-key KEY)"
         return (
             f"Waiting for {which} … none on this host yet.\n"
-            "Start engines with `gpushare-tui launch --weight W -- llama-server -m MODEL`, "
+            f"Start engines with `gpushare-tui launch {key}--weight W -- llama-server -m MODEL`{cpu_host}, "
             "or try `gpushare-tui demo`."
         )
 
@@ -541,7 +555,14 @@ class DashboardApp(App):
         self.run_worker(work, thread=True, group="control", exit_on_error=False)
 
     def action_launch(self) -> None:
-        self.push_screen(LaunchForm(self.selected_gpu or self.gpu_key or "", runner=self.launch_runner), self._launched)
+        key = self.selected_gpu or self.gpu_key or ""
+        if self.demo:  # no llama-server or model needed, and nothing outlives the demo
+            note = "In the demo, engines launched here end with it."
+            defaults = {"kind": SYNTHETIC.key, **self.launch_defaults}
+            form = LaunchForm(key, runner=self.launch_runner, defaults=defaults, note=note)
+        else:
+            form = LaunchForm(key, runner=self.launch_runner, defaults=self.launch_defaults)
+        self.push_screen(form, self._launched)
 
     def _launched(self, result: LaunchResult | None) -> None:
         if result is not None:

@@ -9,7 +9,8 @@ engines use the segment (a --gpu-key shared with other engines). Engines that
 end while the demo runs (`s` in the dashboard) are reaped at once. If the demo
 itself is killed outright, the engines get SIGTERM from the kernel
 (PR_SET_PDEATHSIG) and a janitor process, which notices the demo's end by the
-close of a pipe, removes the segment and logs.
+close of a pipe, removes the segment and logs. Engines launched from the dashboard's `l` form
+(`Demo.adopt`) are the demo's too: ended with it, by it or by the janitor, and their logs removed.
 
 `start_demo` / `stop_demo` import no Textual; `run_demo` adds the dashboard.
 """
@@ -53,10 +54,28 @@ class Demo:
     logs: list[str] = field(default_factory=list)
     janitor: subprocess.Popen | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
+    work_units: int = 0  # the engines' work per step (one calibration for all)
+    launched: list[tuple[int, str]] = field(default_factory=list)  # (pid, log) of adopted engines
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
+
+    def adopt(self, pid: int, log: str) -> None:
+        """An engine the dashboard's launch form started (its supervisor or synthetic engine `pid`,
+        writing `log`; any thread): it ends with the demo, and the janitor is told so at once."""
+        with self._lock:
+            self.launched.append((pid, log))
+            if self.stopped.is_set():  # the demo ended meanwhile
+                _end_launched([pid])
+                return
+            if self.janitor is not None and self.janitor.stdin is not None:
+                try:
+                    self.janitor.stdin.write(f"{pid}\t{log}\n".encode())
+                    self.janitor.stdin.flush()
+                except (OSError, ValueError):
+                    pass  # gone: stop_demo ends it anyway
 
 
 def default_key() -> str:
@@ -78,7 +97,7 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
     demo = Demo(key or default_key())
     # One calibration for all: engines that calibrate themselves at the same time on
     # a busy machine get different work per step, and their tok/s stop being comparable.
-    units = calibrate_units(step_ms)
+    units = demo.work_units = calibrate_units(step_ms)
     try:
         for name, weight, busy_idle in engines:
             # mkstemp: a new file of ours (O_EXCL, 0600), handed over as it is: never reopened by name
@@ -139,7 +158,10 @@ def janitor_main() -> None:
     args = sys.argv[1:]
     sep = args.index("--")
     key, pids, logs = args[0], [int(a) for a in args[1:sep]], args[sep + 1 :]
-    sys.stdin.buffer.read()
+    adopted = [line.split("\t", 1) for line in sys.stdin.buffer.read().decode().splitlines() if "\t" in line]
+    launched = [int(pid) for pid, _log in adopted if pid.isdigit()]
+    _end_launched(launched)  # no PR_SET_PDEATHSIG for them: they started detached
+    pids, logs = pids + launched, logs + [log for _pid, log in adopted]
     deadline = time.monotonic() + JANITOR_GRACE_S
     while any(_running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -154,6 +176,17 @@ def janitor_main() -> None:
 
 
 JANITOR_GRACE_S = 5.0
+LAUNCHED_GRACE_S = 15.0  # a launched supervisor gives its engine 10 s after SIGTERM
+
+
+def _end_launched(pids: list[int]) -> None:
+    """SIGCONT + SIGTERM each (a supervisor then ends its engine)."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
 
 
 def _running(pid: int) -> bool:
@@ -204,7 +237,20 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
             except ProcessLookupError:
                 pass
             p.wait()
-    _remove_leftovers(demo.key, demo.pids, demo.logs)
+    with demo._lock:
+        launched = list(demo.launched)
+    _end_launched([pid for pid, _ in launched])
+    deadline = time.monotonic() + LAUNCHED_GRACE_S
+    while any(_running(pid) for pid, _ in launched) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, _ in launched:
+        if _running(pid):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+    _remove_leftovers(demo.key, demo.pids + [pid for pid, _ in launched], demo.logs + [log for _, log in launched])
     demo.logs.clear()
     if demo.janitor is not None:
         demo.janitor.kill()  # nothing left for it to do
@@ -236,8 +282,22 @@ def run_demo(
         print("gpushare-tui demo: starting 3 synthetic engines (weights 2/1/1)…", file=sys.stderr, flush=True)
         demo = start_demo(key)
         from .app import DashboardApp
+        from .widgets.launch_form import launch_in_worker
 
-        app = DashboardApp(gpu_key=demo.key, interval_s=interval_s, readonly=readonly, history_s=history_s)
+        adopt = demo.adopt
+
+        def launch(spec):  # what the `l` form starts is the demo's: it ends with the demo
+            return launch_in_worker(spec, started=adopt)
+
+        app = DashboardApp(
+            gpu_key=demo.key,
+            interval_s=interval_s,
+            readonly=readonly,
+            history_s=history_s,
+            launch_runner=launch,
+            demo=True,
+            launch_defaults={"work_units": str(demo.work_units)},  # as much work per step: tok/s compare
+        )
         state["app"] = app
         app.run()
     finally:

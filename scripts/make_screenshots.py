@@ -1,8 +1,8 @@
 """Screenshots of a real demo run, for the README: SVG (Textual) and PNG where a renderer exists.
 
 Starts the three demo engines (real `gpushare-tui synth` processes, their
-default weights 2/1/1), opens the dashboard on them headless at 120x40, lets
-the plots fill, and saves:
+default weights 2/1/1), opens the dashboard on them headless at 120x40 with its
+default time span (DEFAULT_HISTORY_S), lets the plots fill it, and saves:
 
   dashboard.svg         main view, 120x40, default weights
   weight-modal.svg      the weight modal, `chat` 2 -> 3 typed
@@ -20,7 +20,7 @@ and SVG renderers ignore `textLength`, so a fallback face would draw those
 runs too wide: for the PNGs each braille run is split into one glyph per
 cell, drawn with DejaVu Sans squeezed to the cell width.
 
-    .venv/bin/python scripts/make_screenshots.py [--seconds 50] [--out screenshots] [--no-llama]
+    .venv/bin/python scripts/make_screenshots.py [--seconds 120] [--out screenshots] [--no-llama]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from gpushare_tui.app import DashboardApp
+from gpushare_tui.app import DEFAULT_HISTORY_S, DashboardApp
 from gpushare_tui.demo import start_demo, stop_demo
 from gpushare_tui.widgets import launch_form
 from gpushare_tui.widgets.peers_table import PeersTable
@@ -62,7 +62,7 @@ async def shoot(out: str, seconds: float) -> list[str]:
     saved: list[str] = []
     demo = start_demo()
     try:
-        app = DashboardApp(gpu_key=demo.key, interval_s=1.0, history_s=60)
+        app = DashboardApp(gpu_key=demo.key, interval_s=1.0)  # the default span, as a user sees it
         async with app.run_test(size=(120, 40)) as pilot:
             table = app.query_one(PeersTable)
             await _until(
@@ -126,7 +126,7 @@ async def shoot_llama_pair(out: str, seconds: float) -> list[str]:
             time.sleep(IDLE_S)  # the activity window: it leaves the schedule before the next one runs
         for e in engines:
             e.load = StreamLoad(e.port, 256, banned_tokens=NON_TEXT_TOKEN_IDS).start()
-        app = DashboardApp(gpu_key=key, interval_s=1.0, history_s=60)
+        app = DashboardApp(gpu_key=key, interval_s=1.0)
         async with app.run_test(size=(120, 40)) as pilot:
             table = app.query_one(PeersTable)
             await _until(pilot, lambda: table.row_count == 2)
@@ -187,7 +187,12 @@ def to_png(svg_path: str) -> str | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=50.0, help="demo run time before the main screenshot")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=DEFAULT_HISTORY_S,
+        help="run time before the main screenshots (default: the plots' default span, filled)",
+    )
     ap.add_argument("--no-llama", action="store_true", help="skip the llama-server pair screenshot")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "screenshots"))
     args = ap.parse_args()

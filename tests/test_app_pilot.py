@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import psutil
 import pytest
 from slots import NOW, model_at, slot, snap
 from textual.geometry import Region
+from textual.widgets import Select
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
 from gpushare_tui.core import abi, segment
@@ -29,16 +32,17 @@ from gpushare_tui.core.segment import Segment
 from gpushare_tui.dashboard.control import LocalControl
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow
 from gpushare_tui.dashboard.source import FixedSource, LiveSource
+from gpushare_tui.demo import start_demo, stop_demo
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.gpu_panel import GpuPanel, info_line
 from gpushare_tui.widgets.help_screen import NAVIGATION, HelpScreen
-from gpushare_tui.widgets.launch_form import LaunchForm
+from gpushare_tui.widgets.launch_form import LaunchForm, launch_in_worker
 from gpushare_tui.widgets.peers_table import PeersTable, cell_text
 from gpushare_tui.widgets.share_plot import SharePlot
 from gpushare_tui.widgets.timeline import Timeline
 from gpushare_tui.widgets.weight_modal import WeightModal
 from testkit.cli import cli_argv
-from testkit.shm import shm_file
+from testkit.shm import shm_file, unique_key
 from testkit.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -747,5 +751,139 @@ def test_help_defines_every_column_and_the_strobe():
             text = " ".join(" ".join(lines).split())  # wrapped lines joined
             assert "10%" in text and "sum past 100" in text and "activity window" in text
             assert "strobe N× slower" in str(screen.query_one("#help-screen-text").render())
+
+
+# -- the launch form's engine kinds; the hints -------------------------------------------------------------
+
+
+def _end(pid: int) -> None:
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            break
+
+
+async def _launched_row(pilot, name: str):
+    table = pilot.app.query_one(PeersTable)
+    return await until(
+        pilot,
+        lambda: next((r for r in table._rows.values() if r.peer.name == name and r.managed), None),
+        timeout=30,
+        what=f"the launched engine {name!r} joined and shown",
+    )
+
+
+def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path, runtime_dir, monkeypatch):
+    """The kind selector shows the synthetic engine's fields (checked by core/declaration), and the
+    default runner starts a real `gpushare-tui synth` that joins and is shown as managed."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    started: list[int] = []
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("l")
+            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            assert form.kind == "llama-server" and form.query_one("#r-binary").display
+            assert not form.query_one("#r-step_ms").display
+            form.query_one("#f-kind", Select).value = "synthetic"
+            await until(pilot, lambda: not form.query_one("#r-binary").display, what="llama-server's fields hidden")
+            assert form.query_one("#r-step_ms").display and form.query_one("#r-work_units").display
+            assert set(form.values()) == {"kind", "step_ms", "work_units", "weight", "name", "gpu_key"}
+            for k, v in {"step_ms": "0", "work_units": "x", "weight": "-1", "name": ""}.items():
+                form.query_one(f"#f-{k}").value = v
+            await pilot.click("#launch")
+            await pilot.pause(0.05)
+            assert set(form.errors) == {"step_ms", "work_units", "weight"}, form.errors
+            assert "must be between 0.05 and 10000" in form.errors["step_ms"]
+            assert "must be an integer >= 0" in form.errors["work_units"]
+            assert "nothing was started" in form.status_text
+            for k, v in {"step_ms": "2", "work_units": "0", "weight": "3", "name": "from-form"}.items():
+                form.query_one(f"#f-{k}").value = v
+            await pilot.click("#launch")
+            await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
+            assert form.last_spec is not None and form.last_spec.synth is not None
+            row = await _launched_row(pilot, "from-form")
+            started.append(row.peer.pid)
+            assert row.peer.weight == 3.0 and row.gpu_key == gpu_key
+            said = f"synthetic engine pid {row.peer.pid} (slot "
+            await until(pilot, lambda: any(said in n for n in notes(app)), what=f"{said!r} in {notes(app)}")
+            assert psutil.Process(row.peer.pid).cmdline()[3] == "synth"
+
+    try:
+        asyncio.run(main())
+    finally:
+        for pid in started:
+            _end(pid)
+
+
+def test_the_demos_form_starts_a_synthetic_engine_that_ends_with_the_demo(runtime_dir, tmp_path, monkeypatch):
+    """In the demo the form starts a synthetic engine by default (no model needed); stopping the
+    demo ends it and removes its log and the segment."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    key = unique_key("demo")
+    demo = start_demo(key)
+    pids: list[int] = []
+
+    async def main():
+        def launch(spec):
+            return launch_in_worker(spec, started=demo.adopt)
+
+        units = {"work_units": str(demo.work_units)}  # as run_demo: the demo engines' work per step
+        app = DashboardApp(gpu_key=key, interval_s=0.2, launch_runner=launch, demo=True, launch_defaults=units)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("l")
+            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            assert form.kind == "synthetic" and "end with it" in form.status_text + str(
+                form.query_one("#launch-status").render()
+            )
+            assert form.values()["work_units"] == str(demo.work_units) != "0"
+            await pilot.click("#launch")  # every default is valid: name "synth", weight 1, step 5 ms
+            await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
+            assert form.last_spec is not None and form.last_spec.synth is not None
+            assert form.last_spec.synth.work_units == demo.work_units
+            row = await _launched_row(pilot, "synth")
+            pids.append(row.peer.pid)
+
+    try:
+        asyncio.run(main())
+        assert [pid for pid, _ in demo.launched] == pids and len(pids) == 1
+        log = demo.launched[0][1]
+        assert os.path.exists(log)
+    finally:
+        stop_demo(demo)
+        for pid in pids:
+            _end(pid)
+    assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+    assert not os.path.exists(log) and not os.path.exists(shm_file(key))
+
+
+@pytest.mark.parametrize(
+    ("kw", "shown", "not_shown"),
+    [
+        ({"demo": True}, ["the demo's engines on /opencoti-gpu-k1", "`l` launches one more"], ["gpushare-tui demo"]),
+        ({}, ["launch --weight W -- llama-server", "add --gpu-key KEY", "try `gpushare-tui demo`"], []),
+        ({"gpu_key": "k1"}, ["`gpushare-tui launch --gpu-key k1 --weight W -- llama-server -m MODEL`"], ["KEY"]),
+    ],
+)
+def test_the_first_frames_hint_suits_where_it_is_shown(kw, shown, not_shown):
+    """Before any engine shows: the demo does not suggest the demo; a --gpu-key dashboard suggests a
+    launch on that key (one without a GPU fails otherwise), and without one says to add it."""
+    kw = {"gpu_key": "k1", **kw} if kw.get("demo") else kw
+
+    async def main():
+        app = DashboardApp(FixedSource([DashboardModel(NOW, ())]), interval_s=3600, **kw)
+        async with app.run_test(size=SIZE) as pilot:
+            first = str(app.query_one("#empty").render())  # the first frame: no model yet
+            await until(pilot, lambda: app.models_seen, what="first model")
+            empty = app.query_one("#empty")
+            assert not empty.has_class("-hidden")
+            text = " ".join(str(empty.render()).split())
+            assert " ".join(first.split()) == text
+            for s in shown:
+                assert s in text, text
+            for s in not_shown:
+                assert s not in text, text
 
     asyncio.run(main())

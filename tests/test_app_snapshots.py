@@ -179,6 +179,7 @@ def test_launch_form(snap_compare):
         await pilot.pause()
         await pilot.press("enter")  # submit from the focused field (a click would leave a hover state)
         await pilot.pause()
+        await _steady_cursor(pilot)
 
     assert snap_compare(fixed_app(), terminal_size=(120, 40), run_before=run_before)
 

@@ -6,11 +6,12 @@ from slots import NOW, slot, snap
 
 from gpushare_tui.app import nudged_weight
 from gpushare_tui.core import abi
+from gpushare_tui.core.declaration import SynthDecl
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.dashboard.columns import COLUMNS, FLOOR_MARK, GAP, NAME_KEEP, NAME_WIDTH, fit_columns, legend
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.help_screen import column_table, screen_text
-from gpushare_tui.widgets.launch_form import LaunchResult, validate_launch
+from gpushare_tui.widgets.launch_form import FIELDS, KINDS, LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
 from gpushare_tui.widgets.peers_table import cell_text, header_cells, row_cells
 from gpushare_tui.widgets.timeline import bar_line, cursor_line
@@ -229,3 +230,33 @@ def test_launch_result_summary():
     lines = err.summary().splitlines()
     assert not err.ok and lines[0] == "engine exited" and lines[-1] == "l19" and len(lines) == 8
     assert LaunchResult(error="no such binary").summary() == "no such binary"
+
+
+def test_validate_launch_of_a_synthetic_engine_checks_its_fields_in_core_declaration():
+    synth = {"kind": "synthetic", "step_ms": "2.5", "work_units": "0", "weight": "3", "gpu_key": "k"}
+    spec, errors = validate_launch(synth)
+    assert errors == {}
+    assert spec == LaunchSpec((), "k", 3.0, name="synth", synth=SynthDecl(2.5, 0))
+    spec, errors = validate_launch(
+        {"kind": "synthetic", "step_ms": "nan", "work_units": "1.5", "weight": "0", "name": "x" * 49, "gpu_key": ""}
+    )
+    assert spec is None and set(errors) == {"step_ms", "work_units", "weight", "name", "gpu_key"}
+    assert errors["step_ms"] == "nan: must be between 0.05 and 10000"  # text that is a number: the number
+    assert errors["work_units"] == "'1.5': must be an integer >= 0 (0: calibrate to step_ms)"
+    # the llama-server's fields are not the synthetic engine's: a stale binary is no error
+    spec, errors = validate_launch({**synth, "binary": "/nope", "work_units": "7"})
+    assert errors == {} and spec is not None and spec.synth == SynthDecl(2.5, 7)
+    assert validate_launch({"kind": "tgi"})[1] == {"kind": "'tgi': not one of llama-server, synthetic"}
+
+
+def test_engine_kinds_are_a_table_of_fields():
+    """The form composes every kind's fields once; each kind names only fields it has."""
+    assert list(KINDS) == ["llama-server", "synthetic"]
+    keys = [f.key for f in FIELDS]
+    assert len(keys) == len(set(keys)) and keys[-3:] == ["weight", "name", "gpu_key"]
+    assert all(f in FIELDS for k in KINDS.values() for f in k.fields)
+
+
+def test_a_synthetic_launch_summary_has_no_port_or_supervisor():
+    reply = LaunchReply(4242, 0, "", "/tmp/synth.log", 3, 4242, "/tmp/synth.log")
+    assert LaunchResult(reply).summary() == "synthetic engine pid 4242 (slot 3)\nlog /tmp/synth.log"

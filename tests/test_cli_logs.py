@@ -10,12 +10,14 @@ import shutil
 import signal
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from llama_env import end_pid
 from up_env import UpProc, write
 
 from gpushare_tui.core.control import socket_path
+from gpushare_tui.core.paths import up_log_path
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment, shm_path
 from gpushare_tui.demo import start_demo, stop_demo
@@ -272,7 +274,7 @@ def test_engines_under_up_and_demo_report_their_log_files(procs, gpu_key, runtim
     up = UpProc(procs, write(tmp_path / "gpushare.toml", ONE_SYNTH.format(key=gpu_key)), gpu_key)
     try:
         pid, _w = up.slot("a")
-        log = tmp_path / "state" / "gpushare-tui" / "up-a.log"
+        log = Path(up_log_path(str(tmp_path / "state" / "gpushare-tui"), up.path, "a"))
         assert json.loads(run_cli("status", str(pid), "--json").stdout)["log"] == str(log)
         r = run_cli("logs", str(pid), "-n", "1000")
         assert (r.returncode, r.stderr) == (0, "")

@@ -199,3 +199,34 @@ def test_demo_engines_die_with_a_killed_demo(runtime_dir):
     finally:
         _kill(kids)
         d.close()
+
+
+@pytest.mark.parametrize("how", ["stop_demo", "janitor"])
+def test_engines_launched_in_the_demo_end_with_it_even_through_the_janitor(runtime_dir, tmp_path, monkeypatch, how):
+    """What the dashboard's form starts in the demo (Demo.adopt) ends with the demo: by stop_demo, and
+    by the janitor once the demo is gone (EOF on its pipe), with its log and the segment removed."""
+    from gpushare_tui.core.declaration import SynthDecl
+    from gpushare_tui.core.launcher import LaunchSpec, launch_detached
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    key = unique_key("demo")
+    demo = start_demo(key)
+    pids = [*demo.pids, demo.janitor.pid]
+    try:
+        reply = launch_detached(LaunchSpec((), key, 1.0, name="extra", synth=SynthDecl(2.0, 0)), started=demo.adopt)
+        pid = reply.engine_pid
+        pids.append(pid)
+        assert demo.launched == [(pid, reply.log)] and os.path.exists(reply.log)
+        wait_for(lambda: pid in [r.pid for r in peers(key)], 10, what="the launched engine joined")
+        if how == "janitor":  # as if the demo died: its end of the janitor's pipe closes
+            demo.janitor.stdin.close()
+            wait_for(lambda: _gone([pid]), 15, what="the janitor ending the launched engine")
+            wait_for(lambda: not os.path.exists(shm_file(key)), 15, what="the janitor removing the segment")
+        else:
+            stop_demo(demo)
+            assert _gone([pid]) and not os.path.exists(shm_file(key))
+        wait_for(lambda: not os.path.exists(reply.log), 10, what="the launched engine's log removed")
+    finally:
+        stop_demo(demo)
+        _kill(pids)
+    assert _gone(pids)

@@ -57,3 +57,22 @@ def test_share_loop_bad_key_is_one_line(runtime_dir: str) -> None:
     )
     assert r.returncode == 1
     assert r.stderr.startswith("share_loop: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_share_loop_runs_in_pure_python_without_numpy(gpu_key: str, runtime_dir: str) -> None:
+    """After `pip install .` alone (no numpy, no PyTorch) the example still runs and joins."""
+    hide = (
+        "import runpy, sys; sys.modules['numpy'] = None; sys.modules['torch'] = None; "  # their imports now fail
+        f"runpy.run_path({EXAMPLE!r}, run_name='__main__')"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", hide, "--gpu-key", gpu_key, "--seconds", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith(f"share_loop: python/cpu, slot 0 of {gpu_key}, weight 1"), r.stdout
+    assert int(lines[-1].split()[1]) > 0 and lines[-1].endswith(" steps"), r.stdout

@@ -133,3 +133,29 @@ def _engine_of(launch_pid: int) -> psutil.Process | None:
     except psutil.Error:
         pass
     return None
+
+
+@pytest.mark.slow
+def test_a_synthetic_engine_is_launched_detached_and_ready_once_it_serves(gpu_key, runtime_dir, tmp_path, monkeypatch):
+    """The synth path: a real `gpushare-tui synth` in a session of its own, `started` told at once,
+    the reply once it has joined; one that exits first is an EngineError with its log's tail."""
+    from gpushare_tui.core import control
+    from gpushare_tui.core.declaration import SynthDecl
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    told: list[tuple[int, str]] = []
+    spec = LaunchSpec((), gpu_key, 2.0, name="det", synth=SynthDecl(2.0, 0))
+    reply = launch_detached(spec, started=lambda pid, log: told.append((pid, log)))
+    try:
+        assert told == [(reply.engine_pid, reply.log)] and reply.supervisor_pid == reply.engine_pid
+        assert reply.log.startswith(str(tmp_path / "gpushare-tui" / "synth-det-"))
+        assert os.getsid(reply.engine_pid) == reply.engine_pid  # detached: its own session
+        st = control.StatusReply.from_json(control.request(reply.engine_pid, "status"))
+        assert (st.name, st.weight, st.gpu_key, st.slot) == ("det", 2.0, gpu_key, reply.slot)
+        assert reply.summary().startswith(f"synthetic engine pid {reply.engine_pid} (slot {reply.slot})")
+    finally:
+        control.request(reply.engine_pid, "stop")
+    wait_for(lambda: not psutil.pid_exists(reply.engine_pid), 15, what="the synthetic engine gone")
+    with pytest.raises(EngineError, match=r"^synthetic engine exited \(code 2\) before it joined$") as e:
+        launch_detached(LaunchSpec((), "bad key!", 1.0, synth=SynthDecl()))
+    assert "invalid gpu key 'bad key!'" in e.value.log_tail

@@ -18,7 +18,7 @@ from up_env import UpProc, alive_slots, used_slots, write
 from gpushare_tui.core import control
 from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.up import config as up_config
-from gpushare_tui.up.child import PREDECESSORS, Child, IllegalTransition, State
+from gpushare_tui.up.child import GIVE_UP_AT, PREDECESSORS, Child, IllegalTransition, State
 from testkit.cli import run_cli
 from testkit.procs import Procs
 from testkit.wait import wait_for
@@ -128,13 +128,20 @@ def test_killed_engine_is_restarted_with_a_new_pid(start_up) -> None:
     new_pid, w = up.slot("a", not_pid=a_pid, timeout=15)
     assert w == 2.0 and new_pid != a_pid
     assert time.monotonic() - t0 >= 0.9  # the first backoff is 1 s
-    up.wait_line("a: exited (signal 9) after ")
+    # "after N s healthy", or "before it was ready" when up had not seen it ready yet (a loaded box);
+    # no cause: a killed engine's last log line is not why it ended
+    line = up.wait_line("a: exited (signal 9) ")
+    assert line.endswith("; restart 1 in 1 s") and ": gpushare-tui:" not in line, line
     up.wait_line("restart 1 in 1 s")
     assert control.StatusReply.from_json(control.request(new_pid, "status")).restarts == 1
 
 
 def test_a_crash_loop_backs_off_and_is_reported(start_up, tmp_path) -> None:
-    crash = TWO.replace("synth = {{ step_ms = 5 }}\n\n[[engine]]", 'command = ["sh", "-c", "exit 3"]\n\n[[engine]]', 1)
+    crash = TWO.replace(
+        "synth = {{ step_ms = 5 }}\n\n[[engine]]",
+        'command = ["sh", "-c", "echo no such model here >&2; exit 3"]\n\n[[engine]]',
+        1,
+    )
     up = start_up(crash)
     up.slot("b")
     up.wait_line("a: failed to start: engine exited with code 3 while loading")
@@ -142,6 +149,69 @@ def test_a_crash_loop_backs_off_and_is_reported(start_up, tmp_path) -> None:
     up.wait_line("restart 2 in 2 s", timeout=30)
     line = up.wait_line("restart 3 in 4 s", timeout=30)
     assert "crash loop: 3 failures in a row" in line
+    # the same cause every time, never ready: given up (not a crash loop for ever), saying why
+    line = up.wait_line("a: exited (code ", timeout=60, count=GIVE_UP_AT)
+    assert "gave up: 5 starts in a row not ready, failing the same way" in line, up.text()
+    assert "engine exited with code 3 while loading; its log's last line: no such model here" in line
+    assert f"up --reload {up.path}" in line
+    time.sleep(2.5)
+    assert sum("a: starting" in x for x in up.lines) == GIVE_UP_AT
+    assert "b" in alive_slots(up.key)
+
+
+def test_serve_on_a_port_in_use_says_why_and_is_given_up_until_reload(start_up) -> None:
+    """The cause (the serve child's error line) on up's stderr, never "listening" before it has
+    bound; restarts back off, then stop; a reload once the port is free starts it again."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        up = start_up(TWO + f'\n[serve]\nlisten = "127.0.0.1:{port}"\n'.replace("{", "{{").replace("}", "}}"))
+        up.slot("a")
+        first = up.wait_line("serve: exited (code 1)", timeout=30)
+        cause = f"gpushare-tui: cannot listen on 127.0.0.1:{port}: the port is in use"
+        assert f"serve: exited (code 1) before it was ready: {cause}; restart 1 in 1 s" in first
+        line = up.wait_line("serve: exited (code 1)", timeout=60, count=GIVE_UP_AT)
+        assert "the port is in use; gave up: 5 starts in a row not ready" in line
+        assert not any("serve: listening" in x for x in up.lines)
+    finally:
+        taken.close()
+    time.sleep(1.5)
+    assert sum("serve: starting" in x for x in up.lines) == GIVE_UP_AT
+    up.proc.send_signal(signal.SIGHUP)
+    up.wait_line("started serve again")
+    up.wait_line(f"serve: listening on 127.0.0.1:{port} (pid ", timeout=30)
+
+
+def test_two_files_declaring_the_same_engine_name_have_their_own_logs(
+    procs, gpu_key, runtime_dir, state_home, tmp_path
+) -> None:
+    one = "gpu_key = \"{key}\"\n\n[[engine]]\nname = \"chat\"\nweight = {w}\nsynth = {{ step_ms = 2 }}\n"
+    ups = []
+    for i, w in ((1, 1), (2, 3)):
+        (tmp_path / f"d{i}").mkdir()
+        path = write(tmp_path / f"d{i}" / "gpushare.toml", one.format(key=gpu_key, w=w))
+        ups.append(UpProc(procs, path, gpu_key))
+    try:
+        logs, weights = {}, {}
+        for u, w in zip(ups, (1, 3)):
+            u.wait_line("chat: ready: engine pid ")
+            pid = next(int(x.split("engine pid ")[1].split(",")[0]) for x in u.lines if "chat: ready" in x)
+            u.seen_pids.add(pid)
+            status = json.loads(run_cli("status", str(pid), "--json").stdout)
+            logs[pid], weights[pid] = status["log"], w
+            assert os.path.dirname(status["log"]) == os.path.join(state_home, "gpushare-tui")
+        assert len(set(logs.values())) == 2, logs
+        for pid, log in logs.items():
+            r = run_cli("logs", str(pid), "-n", "1000")
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.splitlines() == open(log).read().splitlines()
+            other = 4 - weights[pid]  # each log is its own engine's only: its "joined" line has its weight
+            assert f"(weight {weights[pid]}, " in r.stdout and f"(weight {other}, " not in r.stdout, r.stdout
+    finally:
+        for u in ups:
+            u.end()
 
 
 def test_stop_from_the_control_socket_is_for_good_until_reload(start_up) -> None:
@@ -293,6 +363,18 @@ def test_child_goes_new_starting_running_stopping_stopped_saying_each(make_child
     assert len(lines) == 4  # one line per change
     with pytest.raises(IllegalTransition, match="stopped -> running"):
         c._to(State.RUNNING)
+
+
+def test_a_child_exiting_with_invalid_input_is_given_up_at_once_saying_why(make_child) -> None:
+    """A usage error (exit 2) before it was ready cannot be fixed by restarting: stopped, not backed off,
+    with the child's own error line (here: a share group this host does not have, which `up`
+    itself checks first; a Child made directly does not)."""
+    c, lines = make_child('share_group = "no-such-group-i18"\n' + TWO)
+    c.start()
+    _tick_until(c, State.STOPPED)
+    assert "a: exited (code 2): gpushare-tui: " in lines[-1] and "no-such-group-i18" in lines[-1], lines
+    assert "gave up: exit 2 is invalid input, which a restart cannot fix" in lines[-1]
+    assert c.restarts == 0 and not any("restart 1" in x for x in lines)
 
 
 def test_illegal_transitions_are_refused() -> None:

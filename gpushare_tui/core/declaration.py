@@ -231,6 +231,31 @@ def check_launch(
     return check_weight(weight)
 
 
+def synth_problems(
+    *, weight: str | float, name: str, step_ms: str | float, work_units: str | int
+) -> list[DeclarationError]:
+    """Every problem of a synthetic engine to start from here (the launch form, its values as typed:
+    text that is a number is that number), in the order of its fields."""
+    return _problems(
+        [
+            lambda: check_name(name),
+            lambda: check_weight(weight),
+            lambda: check_step_ms(_typed(step_ms, float)),
+            lambda: check_work_units(_typed(work_units, int)),
+        ]
+    )
+
+
+def _typed(value: object, kind: type[int] | type[float]) -> object:
+    """`value`, or the number of `kind` its text is (text that is none stays text, for the check to name)."""
+    if isinstance(value, str):
+        try:
+            return kind(value.strip())
+        except ValueError:
+            return value
+    return value
+
+
 def _toml_weight(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DeclarationError("weight", value, "must be a number > 0")

@@ -4,6 +4,8 @@
 of its own (it outlives the caller) and waits on a pipe for the supervisor's one-line notice
 (core/spawn.py: `notify_ready` once the engine is healthy and joined, `notify_failed` when it
 could not be started). The pipe closing without a notice means the supervisor died first.
+A synthetic engine (`spec.synth`) is started as `gpushare-tui synth` instead, detached the same way;
+it is ready once it has joined and serves its control socket.
 A Ctrl+C (KeyboardInterrupt) during that wait stops what was started: the supervisor gets
 SIGTERM and ends its engine (LaunchInterrupted).
 """
@@ -20,14 +22,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from . import spawn
-from .declaration import SourceOptions
+from .declaration import SourceOptions, SynthDecl
 from .errors import EngineError, GpushareError, UsageError
-from .paths import state_dir
+from .paths import file_name_part, state_dir
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
 # after a Ctrl+C: the supervisor ends its engine (SIGTERM, then SIGKILL after its STOP_GRACE_S) and exits
 INTERRUPT_STOP_WAIT_S = 15.0
+SYNTH_READY_TIMEOUT_S = 60.0  # a synthetic engine calibrates (well under 1 s), joins, binds its socket
+SYNTH_NAME = "synth"  # a synthetic engine's name when the spec gives none
+SYNTH_WHAT = "synthetic engine"
 
 
 class LaunchInterrupted(GpushareError):
@@ -36,16 +41,18 @@ class LaunchInterrupted(GpushareError):
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """A supervised engine to start: `engine_argv` is its command line (llama-server ARGS...)."""
+    """A supervised engine to start: `engine_argv` is its command line (llama-server ARGS...); or,
+    with `synth` (and no command), a synthetic engine doing that work."""
 
     engine_argv: tuple[str, ...]
     gpu_key: str
     weight: float = 1.0
-    name: str | None = None  # None: the model file's stem
+    name: str | None = None  # None: the model file's stem (a synthetic engine's: SYNTH_NAME)
     load_timeout_s: float = 600.0
     share_group: str | None = None
     sources: SourceOptions = SourceOptions()  # --activity, --health-... (resolved by the supervisor)
     klass: str = "batch"  # the latency class (spec §7): `run --class`
+    synth: SynthDecl | None = None
 
 
 @dataclass(frozen=True)
@@ -59,20 +66,30 @@ class LaunchReply(spawn.Ready):
         return {"ok": True, **asdict(self)}
 
     def summary(self) -> str:
-        """Three lines for a person."""
+        """Three lines for a person (two for a synthetic engine: no port, no supervisor)."""
+        if self.supervisor_pid == self.engine_pid:
+            return f"synthetic engine pid {self.engine_pid} (slot {self.slot})\nlog {self.log}"
         return (
             f"engine pid {self.engine_pid}{'' if self.port is None else f' port {self.port}'} (slot {self.slot})\n"
             f"engine log {self.log}\nsupervisor pid {self.supervisor_pid} log {self.supervisor_log}"
         )
 
 
-def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda: False) -> LaunchReply:
-    """Start the supervisor of `spec` detached and wait until the engine is healthy or failed.
+Started = Callable[[int, str], None]  # (pid, log) of the process just started, before the wait
+
+
+def launch_detached(
+    spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda: False, started: Started | None = None
+) -> LaunchReply:
+    """Start the supervisor of `spec` (or its synthetic engine) detached and wait until the engine is
+    healthy or failed; `started` is told what was started at once (the demo ends it with itself).
 
     UsageError without an engine command; ControlError if the state directory (logs) is
     unusable; EngineError with the engine log's tail when the engine could not be started.
     If `cancelled()` turns true meanwhile, the wait ends (GpushareError) and the launch goes
     on unobserved."""
+    if spec.synth is not None:
+        return _launch_synth(spec, spec.synth, cancelled, started)
     if not spec.engine_argv:
         raise UsageError("no engine command given (use: -- llama-server ARGS...)")
     sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
@@ -98,6 +115,8 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
         raise
     finally:
         os.close(write_fd)  # ours: EOF on the pipe then means the supervisor is gone
+    if started is not None:
+        started(proc.pid, sup_log)
     try:
         while not select.select([read_fd], [], [], POLL_S)[0]:
             if cancelled():
@@ -123,19 +142,68 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
     return LaunchReply(**asdict(notice), supervisor_log=sup_log)
 
 
-def _stop_supervisor(proc: subprocess.Popen, sup_log: str) -> str:
-    """SIGTERM the supervisor (it ends its engine in order) and wait for it; one line saying so."""
+def _launch_synth(
+    spec: LaunchSpec, synth: SynthDecl, cancelled: Callable[[], bool], started: Started | None
+) -> LaunchReply:
+    """`gpushare-tui synth` detached (its own session, its output to a log in the state directory),
+    ready once it serves its control socket (it has joined then); EngineError with its log's tail
+    if it exits first or is not ready within SYNTH_READY_TIMEOUT_S (it is stopped then)."""
+    from . import control
+    from .logtail import tail_text
+
+    name = spec.name or SYNTH_NAME
+    log = os.path.join(state_dir(), f"synth-{file_name_part(name)}-{int(time.time())}-{os.getpid()}.log")
+    argv = spawn.synth_argv(
+        gpu_key=spec.gpu_key,
+        weight=spec.weight,
+        name=name,
+        share_group=spec.share_group,
+        step_ms=synth.step_ms,
+        work_units=synth.work_units,
+    )
+    try:
+        proc = spawn.spawn(argv, log)
+    except OSError as e:
+        raise GpushareError(f"cannot start the synthetic engine: {e.strerror or e}") from None
+    if started is not None:
+        started(proc.pid, log)
+    deadline = time.monotonic() + SYNTH_READY_TIMEOUT_S
+    try:
+        while not control.is_managed(proc.pid):
+            if proc.poll() is not None:
+                raise EngineError(f"synthetic engine exited (code {proc.returncode}) before it joined", tail_text(log))
+            if cancelled():
+                _reap_later(proc)
+                raise GpushareError(f"stopped waiting: synthetic engine {proc.pid} goes on (log {log})")
+            if time.monotonic() > deadline:
+                _stop_supervisor(proc, log, SYNTH_WHAT)
+                raise EngineError(f"{SYNTH_WHAT} not ready within {SYNTH_READY_TIMEOUT_S:g} s: stopped", tail_text(log))
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        raise LaunchInterrupted(_stop_supervisor(proc, log, SYNTH_WHAT)) from None
+    _reap_later(proc)
+    slot = None
+    try:
+        slot = control.StatusReply.from_json(control.request(proc.pid, "status", 1.0)).slot
+    except control.ControlError:
+        pass  # it serves; the slot is only shown
+    return LaunchReply(proc.pid, 0, "", log, slot, proc.pid, supervisor_log=log)
+
+
+def _stop_supervisor(proc: subprocess.Popen, sup_log: str, what: str = "supervisor") -> str:
+    """SIGTERM the supervisor (it ends its engine in order) and wait for it; one line saying so.
+    `what`: what `proc` is (a synthetic engine is its own)."""
     try:
         proc.send_signal(signal.SIGTERM)
         proc.wait(INTERRUPT_STOP_WAIT_S)
     except subprocess.TimeoutExpired:
         _reap_later(proc)
         waited = f"{INTERRUPT_STOP_WAIT_S:g} s"
-        return f"interrupted: supervisor {proc.pid} told to stop, still ending after {waited} (log {sup_log})"
+        return f"interrupted: {what} {proc.pid} told to stop, still ending after {waited} (log {sup_log})"
     except KeyboardInterrupt:  # a second Ctrl+C: it has been told already; don't wait
         _reap_later(proc)
-        return f"interrupted: supervisor {proc.pid} told to stop (log {sup_log})"
-    return f"interrupted: supervisor {proc.pid} and its engine stopped"
+        return f"interrupted: {what} {proc.pid} told to stop (log {sup_log})"
+    return f"interrupted: {what} {proc.pid}{' and its engine' if what == 'supervisor' else ''} stopped"
 
 
 def _reap_later(proc: subprocess.Popen) -> None:

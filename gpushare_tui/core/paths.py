@@ -17,6 +17,7 @@ XDG_RUNTIME_DIR, say) the next candidate is used and one line on stderr says so.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import pwd
 import stat
@@ -303,3 +304,17 @@ def file_name_part(name: str) -> str:
     """`name` (an engine's, from the user) made safe as part of a file name in these directories:
     `[A-Za-z0-9._-]` kept, anything else `-`, at most 64 characters."""
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:64]
+
+
+def real_path_digest(path: str, length: int = 16) -> str:
+    """A short hex digest of `path`'s real path: the identity of a file (`up`'s config) in the names
+    of what belongs to it (its lock, its engines' logs), the same however the file is named."""
+    return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:length]
+
+
+def up_log_path(log_dir: str, config_path: str, engine: str) -> str:
+    """The log of engine `engine` of the `up` of `config_path`: `up-STEM-DIGEST-ENGINE.log`, one per
+    (file, engine), so two files that both declare `chat` never share a log, and the same file's
+    `up` appends to the same one after a restart."""
+    stem = file_name_part(os.path.splitext(os.path.basename(config_path))[0])[:32]
+    return os.path.join(log_dir, f"up-{stem}-{real_path_digest(config_path, 8)}-{file_name_part(engine)}.log")

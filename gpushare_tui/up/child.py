@@ -16,12 +16,21 @@ from collections.abc import Callable
 
 from ..core import control, spawn
 from ..core.ownership import ENV, STOP_EVENT, Owner
-from ..core.paths import UntrustedPathError, file_name_part
+from ..core.paths import UntrustedPathError, up_log_path
+from ..core.text import printable
 from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig
 
 STOP_GRACE_S = 13.0  # a supervisor gives its engine 10 s after SIGTERM before SIGKILL; then ours
 READY_STATUS_TIMEOUT_S = 1.0
+# A child that never got ready this many starts in a row, failing the same way each time (its log's
+# last line, or the supervisor's notice), has a cause that will not go away by itself (a port in
+# use, a bad model): it is not started again until a reload (unless restart = "always").
+GIVE_UP_AT = 5
+USAGE_EXIT = 2  # our CLI's exit status for invalid input: given up at once (restarting cannot fix it)
+CAUSE_MAX_BYTES = 4096  # of the log written since the start, read for the cause of a failure
+CAUSE_MAX_CHARS = 240
+SERVE_READY = "serve: listening on "  # the serve child's first line once it has bound
 
 
 class State(enum.Enum):
@@ -84,6 +93,11 @@ class Child:
         self._events_r: int | None = None
         self._stop_seen = False
         self._started_weight: float | None = None
+        self.log_path: str | None = None
+        self._log_start = 0  # the log's size when this start began: what follows is this run's
+        self._cause: str | None = None  # why the current start failed (the notice), if it said
+        self._same_failures = 0  # starts in a row that never got ready, failing with `_last_cause`
+        self._last_cause: str | None = None
 
     # -- the state machine ----------------------------------------------------------
 
@@ -148,7 +162,9 @@ class Child:
             env[ENV] = Owner(
                 os.path.abspath(self.cfg.path), os.getpid(), self.decl.weight, self.restarts, events_w
             ).to_env()
-        log_path = os.path.join(self.log_dir, f"up-{file_name_part(self.name)}.log")
+        log_path = self.log_path = up_log_path(self.log_dir, self.cfg.path, self.name)
+        self._log_start = _size(log_path)
+        self._cause = None
         try:
             # `up` SIGKILLed: each supervisor gets SIGTERM and ends its engine (SIGCONT first), so
             # nothing is left stopped, nor running unowned for a restarted `up` to collide with.
@@ -169,8 +185,6 @@ class Child:
                 if fd >= 0:
                     os.close(fd)
         self._to(State.STARTING, f"starting (pid {self.proc.pid}, log {log_path})")
-        if self.decl is None:
-            self._ready(self.proc.pid, None)
 
     def stop(self, then: str | None = None) -> None:
         """SIGTERM to the supervisor (it continues and ends its engine: TERM, 10 s, KILL), then ours.
@@ -231,7 +245,12 @@ class Child:
     # -- internals -------------------------------------------------------------
 
     def _check_ready(self) -> None:
-        assert self.proc is not None and self.decl is not None
+        assert self.proc is not None
+        if self.decl is None:  # serve: ready once it says it has bound (it may exit instead: port in use)
+            line = next((ln for ln in self._log_since_start() if SERVE_READY in ln), None)
+            if line is not None:
+                self._ready(self.proc.pid, None, listening=line.split(SERVE_READY, 1)[1].split()[0].removeprefix("http://"))
+            return
         if self.decl.synth is not None:
             if os.path.exists(control.socket_path(self.proc.pid)):
                 self._ready(self.proc.pid, None)
@@ -247,14 +266,41 @@ class Child:
         if isinstance(notice, spawn.Ready):
             self._ready(notice.engine_pid, notice.slot)
         elif notice is not None:  # None: closed without a notice; it is exiting, _exited says so
-            self.say(f"{self.name}: failed to start: {notice.error}")
+            last = next((ln for ln in reversed(notice.log_tail.splitlines()) if ln.strip()), None)
+            self._cause = _one_line(notice.error + (f"; its log's last line: {last}" if last else ""))
+            self.say(f"{self.name}: failed to start: {self._cause}")
 
-    def _ready(self, engine_pid: int, slot: int | None) -> None:
+    def _log_since_start(self) -> list[str]:
+        """The lines of this start's log written since it began (at most CAUSE_MAX_BYTES, the last)."""
+        if self.log_path is None:
+            return []
+        try:
+            with open(self.log_path, "rb") as f:
+                end = f.seek(0, os.SEEK_END)
+                f.seek(max(self._log_start, end - CAUSE_MAX_BYTES))
+                data = f.read(CAUSE_MAX_BYTES)
+        except OSError:
+            return []
+        return data.decode("utf-8", "replace").splitlines()
+
+    def failure_cause(self, code: int) -> str | None:
+        """Why this start ended (exit status `code`), in one line: the supervisor's notice, else, when it
+        exited by itself (a signal's victim's last line is no cause), the last line its log got since
+        the start (a child's error line: `gpushare-tui: cannot listen on ...: the port is in use`)."""
+        if self._cause is not None:
+            return self._cause
+        if code <= 0:
+            return None
+        last = next((ln for ln in reversed(self._log_since_start()) if ln.strip()), None)
+        return None if last is None else _one_line(last)
+
+    def _ready(self, engine_pid: int, slot: int | None, listening: str | None = None) -> None:
         self.engine_pid = engine_pid
         self.ready_mono = time.monotonic()
         self.ever_resolved = True
+        self._same_failures, self._last_cause = 0, None
         if self.decl is None:
-            self._to(State.RUNNING, f"listening on {self.serve_listen} (pid {engine_pid})")
+            self._to(State.RUNNING, f"listening on {listening or self.serve_listen} (pid {engine_pid})")
             return
         weight: float | None = self.decl.weight
         try:
@@ -291,18 +337,36 @@ class Child:
             self._to(State.STOPPED, f"stopped on request ({shown}); not restarted until a reload")
             return
         policy = self.decl.restart if self.decl else "on-failure"
+        cause = self.failure_cause(code)
+        because = f": {cause}" if cause else ""
         if policy == "never" or (policy == "on-failure" and code == 0):
-            self._to(State.STOPPED, f"exited ({shown}); restart = {policy}: not restarted")
+            self._to(State.STOPPED, f"exited ({shown}){because}; restart = {policy}: not restarted")
             return
-        self._failed(shown, healthy_s)
+        never_ready = self.ready_mono is None
+        self._same_failures = self._same_failures + 1 if never_ready and cause == self._last_cause else int(never_ready)
+        self._last_cause = cause if never_ready else None
+        if policy != "always" and never_ready and (code == USAGE_EXIT or self._same_failures >= GIVE_UP_AT):
+            why = (
+                f"{self._same_failures} starts in a row not ready, failing the same way"
+                if self._same_failures >= GIVE_UP_AT
+                else f"exit {USAGE_EXIT} is invalid input, which a restart cannot fix"
+            )
+            self._to(
+                State.STOPPED,
+                f"exited ({shown}){because}; gave up: {why} "
+                f"(fix the cause, then reload: `gpushare-tui up --reload {self.cfg.path}`)",
+            )
+            return
+        self._failed(shown, healthy_s, because)
 
-    def _failed(self, shown: str | None, healthy_s: float) -> None:
+    def _failed(self, shown: str | None, healthy_s: float, because: str = "") -> None:
         delay = self.backoff.on_exit(healthy_s)
         self.ever_resolved = True
         self.restarts += 1
         self.next_start_mono = time.monotonic() + delay
         loop = f"; crash loop: {self.backoff.failures} failures in a row" if self.backoff.crash_loop else ""
-        what = f"exited ({shown}) after {healthy_s:.1f} s healthy" if shown else "failed"
+        when = "before it was ready" if self.ready_mono is None else f"after {healthy_s:.1f} s healthy"
+        what = f"exited ({shown}) {when}{because}" if shown else "failed"
         self._to(State.BACKOFF, f"{what}; restart {self.restarts} in {delay:g} s{loop}")
 
     def _after_stop(self, line: str | None) -> None:
@@ -337,6 +401,19 @@ class Child:
             if fd is not None:
                 os.close(fd)
                 setattr(self, attr, None)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _one_line(text: str) -> str:
+    """A cause for up's stderr: printable, one line, at most CAUSE_MAX_CHARS."""
+    line = printable(" ".join(text.split()))
+    return line if len(line) <= CAUSE_MAX_CHARS else line[: CAUSE_MAX_CHARS - 1] + "…"
 
 
 def _end_group(pid: int) -> None:

@@ -5,7 +5,6 @@ The lock is opened relative to the checked runtime directory (core/paths.py), ne
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import signal
 
@@ -15,8 +14,7 @@ from ..core.paths import runtime_dir
 
 
 def lock_path(config_path: str) -> str:
-    digest = hashlib.sha256(os.path.realpath(config_path).encode()).hexdigest()[:16]
-    return os.path.join(runtime_dir(), f"up-{digest}.lock")
+    return os.path.join(runtime_dir(), f"up-{paths.real_path_digest(config_path)}.lock")
 
 
 class UpLock:

@@ -19,6 +19,7 @@ from ..core.errors import GpushareError
 from ..core.gpu import GpuKeyError, gpu_key_for_index
 from ..core.lifecycle import SignalWakeup, on_signals
 from . import config as cfgmod
+from .backoff import Backoff
 from .child import Child, State
 from .config import ConfigError, EngineDecl, UpConfig
 from .lock import UpLock
@@ -175,6 +176,10 @@ class Up:
             if self.serve is not None:
                 self.serve.start()
             done.append("serve")
+        elif self.serve is not None and self.serve.state is State.STOPPED:  # given up: try again
+            self.serve.backoff = Backoff()
+            self.serve.start()
+            done.append("started serve again")
         self.cfg = new
         self.say(f"reloaded {self.path}: {', '.join(done) if done else 'no change'}")
         sd_notify("READY=1")

@@ -1,8 +1,13 @@
-"""`l`: start a supervised engine detached (like `gpushare-tui launch`), and report how it went.
+"""`l`: start an engine detached (like `gpushare-tui launch`), and report how it went.
 
-The form validates every field first (core/declaration.py; inline errors, nothing started); then it calls
-`core.launcher.launch_detached` for `BINARY -m MODEL [--port P] EXTRA...` in a thread
-worker, which returns once the engine is healthy or with the engine's error.
+The form's first field picks the engine kind (KINDS: llama-server, a synthetic engine); the fields
+shown are the common ones and that kind's own. It validates every field first (core/declaration.py;
+inline errors, nothing started); then it calls `core.launcher.launch_detached` in a thread worker
+for the kind's LaunchSpec (llama-server: `BINARY -m MODEL [--port P] EXTRA...` under a supervisor;
+synthetic: `gpushare-tui synth`), which returns once the engine is healthy or with its error.
+
+Another kind is one more EngineKind in KINDS: its fields and the function that turns their values
+into a LaunchSpec or field errors.
 """
 
 from __future__ import annotations
@@ -17,30 +22,108 @@ from dataclasses import dataclass
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.widgets import Button, Input, Label, Static
+from textual.widgets import Button, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
 from ..core.declaration import (
     MODEL_FLAGS,
     PORT_FLAG,
     DeclarationError,
+    SynthDecl,
     check_gpu_key,
+    check_step_ms,
     check_weight,
+    check_work_units,
     launch_problems,
+    synth_problems,
 )
 from ..core.errors import GpushareError
-from ..core.launcher import LaunchReply, LaunchSpec, launch_detached
+from ..core.launcher import SYNTH_NAME, LaunchReply, LaunchSpec, Started, launch_detached
 from .dialog import Dialog
 
-FIELDS = (
-    ("binary", "Engine binary", "llama-server, or a path"),
-    ("model", "Model path", "/path/to/model.gguf"),
-    ("port", "Port", "empty: a free port"),
-    ("weight", "Weight", "finite number > 0"),
-    ("name", "Name", "empty: the model file's name"),
-    ("extra", "Extra args", "e.g. -c 4096 -t 4"),
-    ("gpu_key", "GPU key", "segment key"),
+
+@dataclass(frozen=True)
+class Field:
+    key: str  # the Input's id is `f-KEY`, its error line's `e-KEY`
+    label: str
+    hint: str
+
+
+Errors = dict[str, str]  # field key -> the problem shown at it
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """An engine the form can start: its own fields (shown after the kind, before COMMON) and `spec`,
+    which turns the values of those and COMMON (stripped) into what to launch, or adds field errors."""
+
+    key: str
+    label: str
+    fields: tuple[Field, ...]
+    spec: Callable[[dict[str, str], Errors], LaunchSpec | None]
+    defaults: Callable[[], dict[str, str]] = dict  # its fields' initial values
+
+
+COMMON = (
+    Field("weight", "Weight", "finite number > 0"),
+    Field("name", "Name", "empty: the model file's name"),
+    Field("gpu_key", "GPU key", "segment key"),
 )
+
+
+def _llama_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
+    try:
+        extra = shlex.split(v["extra"])
+    except ValueError as e:
+        errors["extra"] = f"cannot split: {e}"
+        extra = []
+    if any(flag in extra for flag in MODEL_FLAGS):
+        errors["extra"] = "give the model in the Model path field, not in extra args"
+    port = [PORT_FLAG, v["port"]] if v["port"] else []
+    engine_argv = (v["binary"], "-m", os.path.expanduser(v["model"]), *port, *extra)
+    for problem in launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None):
+        errors.setdefault(problem.part, problem.at_field)
+    if errors:
+        return None
+    return LaunchSpec(engine_argv, v["gpu_key"], check_weight(v["weight"]), name=v["name"] or None)
+
+
+def _synth_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
+    name = v["name"] or SYNTH_NAME
+    for problem in synth_problems(weight=v["weight"], name=name, step_ms=v["step_ms"], work_units=v["work_units"]):
+        errors.setdefault(problem.part, problem.at_field)
+    if errors:
+        return None
+    work = SynthDecl(check_step_ms(float(v["step_ms"])), check_work_units(int(v["work_units"])))
+    return LaunchSpec((), v["gpu_key"], check_weight(v["weight"]), name=name, synth=work)
+
+
+LLAMA_SERVER = EngineKind(
+    "llama-server",
+    "llama-server",
+    (
+        Field("binary", "Engine binary", "llama-server, or a path"),
+        Field("model", "Model path", "/path/to/model.gguf"),
+        Field("port", "Port", "empty: a free port"),
+        Field("extra", "Extra args", "e.g. -c 4096 -t 4"),
+    ),
+    _llama_spec,
+    lambda: {"binary": default_binary()},
+)
+SYNTHETIC = EngineKind(
+    "synthetic",
+    "synthetic (CPU work, no model)",
+    (
+        Field("step_ms", "Step ms", "CPU work per decode step, in ms"),
+        Field("work_units", "Work units", "0: calibrate to the step"),
+    ),
+    _synth_spec,
+    lambda: {"step_ms": f"{SynthDecl().step_ms:g}", "work_units": str(SynthDecl().work_units)},
+)
+KINDS: dict[str, EngineKind] = {k.key: k for k in (LLAMA_SERVER, SYNTHETIC)}
+DEFAULT_KIND = LLAMA_SERVER.key
+# every field of every kind, once (kinds may share one), then the common ones
+FIELDS: tuple[Field, ...] = (*dict.fromkeys(f for k in KINDS.values() for f in k.fields), *COMMON)
 
 TAIL_LINES = 7  # of the engine log, under the error line
 
@@ -90,22 +173,16 @@ def default_binary() -> str:
     return next((c for c in candidates if os.access(c, os.X_OK)), "llama-server")
 
 
-def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, dict[str, str]]:
-    """(what to launch, {}) or (None, {field: error}): the fields' engine declaration is checked by
-    core.declaration (as `launch` checks its command line); each problem is shown at its field."""
-    errors: dict[str, str] = {}
-    v = {k: (values.get(k) or "").strip() for k, _, _ in FIELDS}
-    try:
-        extra = shlex.split(v["extra"])
-    except ValueError as e:
-        errors["extra"] = f"cannot split: {e}"
-        extra = []
-    if any(flag in extra for flag in MODEL_FLAGS):
-        errors["extra"] = "give the model in the Model path field, not in extra args"
-    port = [PORT_FLAG, v["port"]] if v["port"] else []
-    engine_argv = (v["binary"], "-m", os.path.expanduser(v["model"]), *port, *extra)
-    for problem in launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None):
-        errors.setdefault(problem.part, problem.at_field)
+def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, Errors]:
+    """(what to launch, {}) or (None, {field: error}): `values["kind"]` (default: llama-server) picks
+    the kind whose fields are checked, by core.declaration (as `launch` / `up` check theirs); each
+    problem is shown at its field."""
+    errors: Errors = {}
+    kind = KINDS.get(values.get("kind") or DEFAULT_KIND)
+    if kind is None:
+        return None, {"kind": f"{values.get('kind')!r}: not one of {', '.join(KINDS)}"}
+    v = {f.key: (values.get(f.key) or "").strip() for f in (*kind.fields, *COMMON)}
+    spec = kind.spec(v, errors)
     key = v["gpu_key"]
     if not key:
         errors["gpu_key"] = "required (the segment the engine joins)"
@@ -114,16 +191,14 @@ def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, dict[str
             check_gpu_key(key)
         except DeclarationError as e:
             errors["gpu_key"] = e.at_field
-    if errors:
-        return None, errors
-    return LaunchSpec(engine_argv, key, check_weight(v["weight"]), name=v["name"] or None), {}
+    return (None, errors) if errors or spec is None else (spec, {})
 
 
-def launch_in_worker(spec: LaunchSpec) -> LaunchReply:
+def launch_in_worker(spec: LaunchSpec, started: Started | None = None) -> LaunchReply:
     """The form's default runner: `launch_detached`, giving up the wait (the engine starts
     regardless) once the worker is cancelled, e.g. as the dashboard exits."""
     worker = get_current_worker()
-    return launch_detached(spec, cancelled=lambda: worker.is_cancelled)
+    return launch_detached(spec, cancelled=lambda: worker.is_cancelled, started=started)
 
 
 class LaunchForm(Dialog[LaunchResult | None]):
@@ -145,10 +220,16 @@ class LaunchForm(Dialog[LaunchResult | None]):
 
     BINDINGS = [Binding("escape", "close", "Close")]
 
-    def __init__(self, gpu_key: str = "", *, runner: Runner | None = None, defaults: dict | None = None) -> None:
+    def __init__(
+        self, gpu_key: str = "", *, runner: Runner | None = None, defaults: dict | None = None, note: str = ""
+    ) -> None:
+        """`defaults`: initial field values (`kind`: the kind selected first); `note`: what the form says
+        of the launched engine's life (default: it outlives the dashboard)."""
         super().__init__()
         self.runner = runner or launch_in_worker
-        self.defaults = {"binary": default_binary(), "weight": "1", "gpu_key": gpu_key, **(defaults or {})}
+        kinds = {k: v for kind in KINDS.values() for k, v in kind.defaults().items()}
+        self.defaults = {"kind": DEFAULT_KIND, **kinds, "weight": "1", "gpu_key": gpu_key, **(defaults or {})}
+        self.note = note or "The engine runs detached and keeps running after the dashboard exits."
         self.running = False
         self.last_spec: LaunchSpec | None = None
         self.errors: dict[str, str] = {}
@@ -156,27 +237,59 @@ class LaunchForm(Dialog[LaunchResult | None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Label("Launch a supervised engine (gpushare-tui launch)", classes="title")
-            for key, label, hint in FIELDS:
-                with Horizontal(classes="row"):
-                    yield Label(label)
-                    yield Input(value=self.defaults.get(key, ""), placeholder=hint, id=f"f-{key}", compact=True)
-                yield Static("", id=f"e-{key}", classes="field-error -empty")
-            yield Static("The engine runs detached and keeps running after the dashboard exits.", id="launch-status")
+            yield Label("Launch an engine (like gpushare-tui launch)", classes="title")
+            with Horizontal(classes="row"):
+                yield Label("Engine kind")
+                options = [(k.label, k.key) for k in KINDS.values()]
+                kind = self.defaults["kind"] if self.defaults["kind"] in KINDS else DEFAULT_KIND
+                yield Select(options, value=kind, allow_blank=False, id="f-kind", compact=True)
+            yield Static("", id="e-kind", classes="field-error -empty")
+            for f in FIELDS:
+                with Horizontal(classes="row", id=f"r-{f.key}"):
+                    yield Label(f.label)
+                    yield Input(value=self.defaults.get(f.key, ""), placeholder=f.hint, id=f"f-{f.key}", compact=True)
+                yield Static("", id=f"e-{f.key}", classes="field-error -empty")
+            yield Static(self.note, id="launch-status")
             with Horizontal(classes="buttons"):
                 yield Button("Close", id="close")
                 yield Button("Launch", id="launch", variant="primary")
 
     def on_mount(self) -> None:
-        first_empty = next((k for k, _, _ in FIELDS if not self.defaults.get(k)), "binary")
+        self._show_kind(self.kind)
+        shown = self.kind_fields()
+        first_empty = next((f.key for f in shown if not self.defaults.get(f.key)), shown[0].key)
         self.query_one(f"#f-{first_empty}", Input).focus()
 
+    @property
+    def kind(self) -> str:
+        value = self.query_one("#f-kind", Select).value
+        return value if isinstance(value, str) and value in KINDS else DEFAULT_KIND
+
+    def kind_fields(self) -> tuple[Field, ...]:
+        """The fields shown: the selected kind's, then the common ones."""
+        return (*KINDS[self.kind].fields, *COMMON)
+
+    def _show_kind(self, kind: str) -> None:
+        own = {f.key for f in KINDS[kind].fields}
+        for f in FIELDS:
+            if f not in COMMON:
+                self.query_one(f"#r-{f.key}").display = f.key in own
+        placeholder = "empty: the model file's name" if kind == LLAMA_SERVER.key else f"empty: {SYNTH_NAME}"
+        self.query_one("#f-name", Input).placeholder = placeholder
+        self._show_errors({})
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        if event.select.id == "f-kind":
+            self._show_kind(self.kind)
+
     def values(self) -> dict[str, str]:
-        return {k: self.query_one(f"#f-{k}", Input).value for k, _, _ in FIELDS}
+        """The kind, and the values of its fields and the common ones."""
+        return {"kind": self.kind, **{f.key: self.query_one(f"#f-{f.key}", Input).value for f in self.kind_fields()}}
 
     def _show_errors(self, errors: dict[str, str]) -> None:
         self.errors = errors
-        for k, _, _ in FIELDS:
+        for k in ("kind", *(f.key for f in FIELDS)):
             w = self.query_one(f"#e-{k}", Static)
             msg = errors.get(k, "")
             w.update(msg)
