@@ -12,6 +12,7 @@ import typer.main
 from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE
 from gpushare_tui.cli.once import headless_args
+from gpushare_tui.core.abi import WEIGHT_RULE
 from testkit.shm import shm_file
 
 
@@ -68,9 +69,9 @@ BAD_KEY = "invalid gpu key '../x': use 1..64 characters of [A-Za-z0-9._-]"
         (["--json"], "--json needs --once"),
         (["--interval", "0.1"], "invalid --interval 0.1: at least 0.2 seconds"),
         (["demo", "--interval", "nan"], "invalid --interval nan: at least 0.2 seconds"),
-        (["synth", "--weight", "0", "--gpu-key", "k"], "invalid weight '0': must be a finite number > 0"),
-        (["weight", "1", "-1"], "invalid weight '-1': must be a finite number > 0"),  # a value, not an option
-        (["weight", "1", "-inf"], "invalid weight '-inf': must be a finite number > 0"),
+        (["synth", "--weight", "0", "--gpu-key", "k"], f"invalid weight '0': {WEIGHT_RULE}"),
+        (["weight", "1", "-1"], f"invalid weight '-1': {WEIGHT_RULE}"),  # a value, not an option
+        (["weight", "1", "-inf"], f"invalid weight '-inf': {WEIGHT_RULE}"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], line: str, capsys) -> None:

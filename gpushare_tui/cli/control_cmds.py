@@ -48,7 +48,27 @@ def status(
     else:
         for k, v in reply.items():
             if v is not None:
-                print(f"{k:>10}: {v:.2f}" if isinstance(v, float) else f"{k:>10}: {v}")
+                print(f"{k:>10}: {_status_value(v)}")
+
+
+def _status_value(value: object) -> str:
+    """One `status` field for a person: a float to 2 places, the signal lateness in words."""
+    if isinstance(value, dict):  # the only nested field: signal_lateness
+        return lateness_text(value)
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def lateness_text(lateness: dict) -> str:
+    """`p50 0.3 ms, p99 1.2 ms, max 4 ms (n=123)` (µs fields as ms); `none measured yet (n=0)`."""
+    n = lateness.get("n")
+    shown = [(label, lateness.get(f"{label}_us")) for label in ("p50", "p99", "max")]
+    parts = [f"{label} {_ms(us)} ms" for label, us in shown if isinstance(us, int | float)]
+    return f"{', '.join(parts) or 'none measured yet'} (n={n if n is not None else '?'})"
+
+
+def _ms(us: float) -> str:
+    ms = us / 1000
+    return f"{ms:.3g}" if abs(ms) < 1000 else f"{ms:.0f}"
 
 
 def weight(

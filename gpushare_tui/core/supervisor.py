@@ -33,6 +33,7 @@ from .pacer import BUSY_WINDOW_US
 from .rate import StepRate
 from .registry import Membership
 from .snapshot import own_peer, sole_member
+from .text import counted
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
@@ -114,7 +115,7 @@ class Supervisor:
         self.engine_status.state = "running"
         self._say(
             f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
-            f"(weight {self.weight:g}, {self.membership.peers_alive()} peers alive)"
+            f"(weight {self.weight:g}, {counted(self.membership.peers_alive(), 'peer')} alive)"
         )
 
     def run(self) -> int:

@@ -11,6 +11,11 @@ from .snapshot import GpuSnapshot, SegmentProblem
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and the English noun, plural unless n is 1: "1 peer", "2 peers", "0 peers"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def printable(text: str) -> str:
     """`text` with every control character replaced by U+FFFD, so a name like
     `\\x1b]2;OWNED\\x07` shows as text and never reaches the terminal as a sequence."""
