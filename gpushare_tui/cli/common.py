@@ -6,9 +6,13 @@ from __future__ import annotations
 import enum
 import math
 import sys
+from typing import TYPE_CHECKING
 
 from ..core import abi
 from ..core.errors import GpushareError, UsageError
+
+if TYPE_CHECKING:
+    from ..core.control import EngineRef
 from ..dashboard import MIN_INTERVAL_S
 
 
@@ -58,3 +62,12 @@ def checked_interval(seconds: float) -> float:
     if not math.isfinite(seconds) or seconds < MIN_INTERVAL_S:
         raise UsageError(f"invalid --interval {seconds}: at least {MIN_INTERVAL_S} seconds")
     return seconds
+
+
+def engine_ref(engine: str, slot: int | None = None, gpu_key: str | None = None) -> EngineRef:
+    """The engine an ENGINE argument names (a pid, or a managed engine's unique name:
+    core/control.resolve_engine), with --slot/--gpu-key picking one of a pid's several engines."""
+    from ..core.control import Target, resolve_engine
+
+    given = Target(slot=slot, gpu_key=gpu_key) if slot is not None or gpu_key is not None else None
+    return resolve_engine(engine, given)

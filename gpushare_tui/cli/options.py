@@ -24,3 +24,11 @@ ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every a
 WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
 LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
+
+ENGINE_HELP = (
+    "Engine: its pid (all digits), or its name when exactly one managed engine has it (an unknown name"
+    " exits 1, one several engines have exits 2; both list the engines as name=pid)."
+)
+EngineArg = typer.Argument(..., metavar="ENGINE", help=ENGINE_HELP)
+EngineSlotOpt = typer.Option(None, "--slot", help="The engine's slot, when the pid serves several engines.")
+EngineKeyOpt = typer.Option(None, "--gpu-key", help="The engine's GPU key, when its slot number repeats across keys.")
