@@ -71,3 +71,24 @@ def engine_ref(engine: str, slot: int | None = None, gpu_key: str | None = None)
 
     given = Target(slot=slot, gpu_key=gpu_key) if slot is not None or gpu_key is not None else None
     return resolve_engine(engine, given)
+
+
+PROGRESS_EVERY_S = 5.0  # on a terminal, a line this often while a model loads
+
+
+class WaitProgress:
+    """A wait's progress for a person, on stderr (a core/spawn.Progress callback): on a terminal a line
+    every PROGRESS_EVERY_S, `waiting for WHAT (12 s of 600 s)`; terminal or not, one line once ready,
+    `ready after 3.2 s (waited for WHAT)`. Nothing else: a log or a pipe is not filled with lines."""
+
+    def __init__(self, on_terminal: bool | None = None, every_s: float = PROGRESS_EVERY_S) -> None:
+        self._on_terminal = sys.stderr.isatty() if on_terminal is None else on_terminal
+        self._every_s = every_s
+        self._next_s = every_s
+
+    def __call__(self, what: str, waited_s: float, allowed_s: float, ready: bool) -> None:
+        if ready:
+            error_line(f"ready after {waited_s:.1f} s (waited for {what})")
+        elif self._on_terminal and waited_s >= self._next_s:
+            self._next_s = waited_s + self._every_s
+            error_line(f"waiting for {what} ({waited_s:.0f} s of {allowed_s:g} s)")

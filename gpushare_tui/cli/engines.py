@@ -11,7 +11,7 @@ import typer
 
 from ..core.declaration import check_launch
 from ..core.errors import GpushareError, UsageError
-from .common import ExitCode, checked_group, error_line, resolve_key
+from .common import ExitCode, WaitProgress, checked_group, error_line, resolve_key
 from .options import EngineNameOpt, GpuIndexOpt, GpuKeyOpt, LoadTimeoutOpt, ShareGroupOpt, WeightOpt
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
@@ -33,7 +33,10 @@ def run(
     notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
     share_group: str | None = ShareGroupOpt,
 ) -> None:
-    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS..."""
+    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS...
+
+    While the model loads it says what it waits for every few seconds (on a terminal), and once
+    when the engine is ready."""
     from ..core.lifecycle import on_signals
     from ..core.spawn import notify_failed, notify_ready
 
@@ -98,6 +101,7 @@ def _start_supervisor(
         share_group=share_group,
         owner=Owner.from_env(),
         quit_event=quit_event,
+        load_progress=WaitProgress(),
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
@@ -133,7 +137,10 @@ def launch(
     ),
     share_group: str | None = ShareGroupOpt,
 ) -> None:
-    """Start a supervised engine detached; returns once it is healthy (or failed)."""
+    """Start a supervised engine detached; returns once it is healthy (or failed).
+
+    While the model loads it says what it waits for every few seconds (on a terminal), and once
+    when the engine is ready (on stderr: --json's stdout stays one object)."""
     from ..core.launcher import LaunchInterrupted, LaunchSpec, launch_detached
 
     try:
@@ -141,7 +148,8 @@ def launch(
         w = _checked(ctx.args, weight, name, load_timeout)
         key = resolve_key(gpu_key, gpu)
         reply = launch_detached(
-            LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
+            LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group),
+            progress=WaitProgress(),
         )
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever

@@ -63,13 +63,16 @@ class LaunchReply(spawn.Ready):
         )
 
 
-def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda: False) -> LaunchReply:
+def launch_detached(
+    spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda: False, progress: spawn.Progress | None = None
+) -> LaunchReply:
     """Start the supervisor of `spec` detached and wait until the engine is healthy or failed.
 
     UsageError without an engine command; ControlError if the state directory (logs) is
     unusable; EngineError with the engine log's tail when the engine could not be started.
     If `cancelled()` turns true meanwhile, the wait ends (GpushareError) and the launch goes
-    on unobserved."""
+    on unobserved. `progress` (spawn.Progress) is called every POLL_S of the wait with the load
+    timeout as the time allowed, and once the engine is ready; it prints, not this."""
     if not spec.engine_argv:
         raise UsageError("no engine command given (use: -- llama-server ARGS...)")
     sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
@@ -93,8 +96,12 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
         raise
     finally:
         os.close(write_fd)  # ours: EOF on the pipe then means the supervisor is gone
+    what = f"{os.path.basename(spec.engine_argv[0])} to load and join (supervisor {proc.pid})"
+    started = time.monotonic()
     try:
         while not select.select([read_fd], [], [], POLL_S)[0]:
+            if progress is not None:
+                progress(what, time.monotonic() - started, spec.load_timeout_s, False)
             if cancelled():
                 _reap_later(proc)
                 raise GpushareError(f"stopped waiting: supervisor {proc.pid} goes on (log {sup_log})")
@@ -115,6 +122,8 @@ def launch_detached(spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda:
     _reap_later(proc)
     if isinstance(notice, spawn.Failed):
         raise EngineError(notice.error, notice.log_tail)
+    if progress is not None:
+        progress(what, time.monotonic() - started, spec.load_timeout_s, True)
     return LaunchReply(**asdict(notice), supervisor_log=sup_log)
 
 

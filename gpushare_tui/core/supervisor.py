@@ -33,6 +33,7 @@ from .pacer import BUSY_WINDOW_US
 from .rate import StepRate
 from .registry import Membership
 from .snapshot import own_peer, sole_member
+from .spawn import Progress
 from .text import counted
 
 RECHECK_US = 20_000  # re-read the registry at least this often
@@ -70,8 +71,10 @@ class Supervisor:
         share_group: str | None = None,
         owner: Owner | None = None,
         quit_event: threading.Event | None = None,
+        load_progress: Progress | None = None,
     ) -> None:
-        """`quit_event`: set (by a signal handler, say) to stop; one set before `start()` starts nothing."""
+        """`quit_event`: set (by a signal handler, say) to stop; one set before `start()` starts nothing.
+        `load_progress`: called while the engine loads (llama_server.wait_healthy's `progress`)."""
         self.args = args
         self.owner = owner
         self.share_group = share_group
@@ -82,6 +85,7 @@ class Supervisor:
         self.load_timeout_s = load_timeout_s
         self._gpu_busy = gpu_busy
         self._say = say
+        self._load_progress = load_progress
         self.engine_status = EngineStatus()
         self.proc: subprocess.Popen | None = None
         self.membership: Membership | None = None
@@ -103,7 +107,14 @@ class Supervisor:
             raise EngineError("interrupted before the engine was started")
         self.proc = ls.start(self.args, self.log_path)
         try:
-            ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
+            ls.wait_healthy(
+                self.proc,
+                self.base_url,
+                self.log_path,
+                self.load_timeout_s,
+                quit_event=self._quit,
+                progress=self._load_progress,
+            )
             self.membership = Membership(
                 self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group
             )

@@ -18,7 +18,7 @@ from .. import paths
 from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
 from ..errors import EngineError
 from ..logtail import tail_text
-from ..spawn import die_with_parent
+from ..spawn import Progress, die_with_parent
 
 HOST_DEFAULT = "127.0.0.1"
 
@@ -105,17 +105,30 @@ def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
 
 
 def wait_healthy(
-    proc: subprocess.Popen, base_url: str, log_path: str, timeout_s: float, quit_event: threading.Event | None = None
+    proc: subprocess.Popen,
+    base_url: str,
+    log_path: str,
+    timeout_s: float,
+    quit_event: threading.Event | None = None,
+    progress: Progress | None = None,
 ) -> None:
-    """Poll /health until 200 (503 = still loading); EngineError if it exits or times out."""
-    deadline = time.monotonic() + timeout_s
+    """Poll /health until 200 (503 = still loading); EngineError if it exits or times out. `progress`
+    is called before every poll with what is waited for and for how long, and once healthy (spawn.Progress)."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    engine = Path(str(proc.args[0])).name if isinstance(proc.args, list | tuple) else "the engine"
+    what = f"{engine} /health on {base_url.split('://', 1)[-1]}"
     with httpx.Client(timeout=1.0) as client:
         while True:
+            if progress is not None:
+                progress(what, time.monotonic() - started, timeout_s, False)
             code = proc.poll()
             if code is not None:
                 raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
             try:
                 if client.get(base_url + "/health").status_code == 200:
+                    if progress is not None:
+                        progress(what, time.monotonic() - started, timeout_s, True)
                     return
             except httpx.HTTPError:
                 pass
