@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from . import control_cmds, dashboard, demo, engines, logs, serve, synth, up
+from . import control_cmds, dashboard, demo, engines, gc, logs, serve, synth, up
 from .common import ExitCode, error_line
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ app.command(context_settings=logs.CONTEXT)(logs.logs)
 app.command()(demo.demo)
 app.command()(serve.serve)
 app.command()(up.up)
+app.command()(gc.gc)
 
 
 def run_app(argv: list[str]) -> int:
