@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import typer
@@ -13,6 +15,7 @@ from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE
 from gpushare_tui.cli.once import headless_args
 from gpushare_tui.core.abi import WEIGHT_RULE
+from testkit.cli import run_cli
 from testkit.shm import shm_file
 
 
@@ -89,6 +92,26 @@ def test_version(capsys) -> None:
 
     assert main(["--version"]) == 0
     assert capsys.readouterr() == (f"gpushare-tui {__version__}\n", "")
+
+
+@pytest.mark.slow
+def test_version_and_completion_in_a_real_process() -> None:
+    from gpushare_tui import __version__
+
+    for flag in ("-V", "--version"):
+        r = run_cli(flag)
+        assert (r.returncode, r.stdout, r.stderr) == (0, f"gpushare-tui {__version__}\n", "")
+    r = run_cli("--help")
+    assert all(f in r.stdout for f in ("-V, --version", "--install-completion", "--show-completion")), r.stdout
+    r = run_cli("--show-completion", "bash", env={**os.environ, "SHELL": "/bin/bash"})
+    assert r.returncode == 0 and "complete " in r.stdout, r.stderr
+    # what the shell's completion function runs (the console script's name picks the variable)
+    env = {**os.environ, "_GPUSHARE_TUI_COMPLETE": "complete_bash", "COMP_WORDS": "gpushare-tui st", "COMP_CWORD": "1"}
+    as_console_script = (
+        "import sys; from gpushare_tui.cli import entrypoint; sys.argv[0] = 'gpushare-tui'; entrypoint()"
+    )
+    r = subprocess.run([sys.executable, "-c", as_console_script], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["status", "stop"], (r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])

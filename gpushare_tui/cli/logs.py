@@ -16,7 +16,7 @@ import typer
 from ..core.budgets import LOG_FOLLOW_READ_MAX_BYTES, LOG_OUTPUT_MAX_BYTES, LOG_TAIL_MAX_BYTES
 from ..core.errors import GpushareError, UsageError
 from .common import engine_ref
-from .options import ENGINE_HELP, EngineKeyOpt, EngineSlotOpt
+from .options import ENGINE_HELP, EngineKeyOpt, EngineSlotOpt, complete_engine
 
 if TYPE_CHECKING:
     from ..core.control import Target
@@ -29,7 +29,10 @@ CONTEXT = {"ignore_unknown_options": True}
 
 def logs(
     engine: str = typer.Argument(
-        ..., metavar="ENGINE", help=f"A managed engine (`run`, `launch`, `synth`, `up`, `demo`). {ENGINE_HELP}"
+        ...,
+        metavar="ENGINE",
+        help=f"A managed engine (`run`, `launch`, `synth`, `up`, `demo`). {ENGINE_HELP}",
+        autocompletion=complete_engine,
     ),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Then print lines as they are appended, until Ctrl+C or the engine exits."

@@ -29,6 +29,17 @@ ENGINE_HELP = (
     "Engine: its pid (all digits), or its name when exactly one managed engine has it (an unknown name"
     " exits 1, one several engines have exits 2; both list the engines as name=pid)."
 )
-EngineArg = typer.Argument(..., metavar="ENGINE", help=ENGINE_HELP)
+
+
+def complete_engine(incomplete: str) -> list[str]:
+    """Shell completion of ENGINE: the names (and pids) of the managed engines that start so."""
+    from ..core.control import managed_engines
+
+    engines = managed_engines(timeout_s=0.3)
+    words = [e.status.name for e in engines if e.status.name] + [str(e.ref.pid) for e in engines]
+    return sorted({w for w in words if w.startswith(incomplete) and w.isprintable() and " " not in w})
+
+
+EngineArg = typer.Argument(..., metavar="ENGINE", help=ENGINE_HELP, autocompletion=complete_engine)
 EngineSlotOpt = typer.Option(None, "--slot", help="The engine's slot, when the pid serves several engines.")
 EngineKeyOpt = typer.Option(None, "--gpu-key", help="The engine's GPU key, when its slot number repeats across keys.")

@@ -9,7 +9,7 @@ from . import control_cmds, dashboard, demo, engines, gc, logs, serve, synth, up
 from .common import ExitCode, error_line
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion [bash|zsh|fish|powershell]
     # plain help: typer's rich panels draw a `<bool>` type beside every flag
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
