@@ -34,7 +34,9 @@ def dashboard(
     no_local: bool = typer.Option(False, "--no-local", help="With --remote: leave out this host's segments."),
     fmt: str | None = typer.Option(None, "--format", help="With --once: table, json or prometheus."),
     show_idle: bool = typer.Option(
-        False, "--all", help="With --once: also list segments with no live peers (hidden by default; `gc` removes our own)."
+        False,
+        "--all",
+        help="With --once: also list segments with no live peers (hidden by default; `gc` removes our own).",
     ),
     all_owners: bool = AllOwnersOpt,
     version: bool = typer.Option(
