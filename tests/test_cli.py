@@ -230,3 +230,27 @@ def test_engine_declaration_errors_are_one_line_exit_2(
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
     assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith(f"gpushare-tui: {line}"), r.stderr
     assert not os.path.exists(marker) and not os.path.exists(shm_file(gpu_key))
+
+
+@pytest.mark.parametrize("on_terminal, waiting", [(True, ["5", "10"]), (False, [])])
+def test_wait_progress_cadence(on_terminal: bool, waiting: list[str], capsys) -> None:
+    from gpushare_tui.cli.common import WaitProgress
+
+    progress = WaitProgress(on_terminal=on_terminal, every_s=5.0)
+    for waited_s in (0.0, 1.0, 4.9, 5.0, 5.1, 9.9, 10.2, 12.0):
+        progress("llama-server /health on 127.0.0.1:8080", waited_s, 600.0, False)
+    progress("llama-server /health on 127.0.0.1:8080", 12.34, 600.0, True)
+    out, err = capsys.readouterr()
+    expected = [f"gpushare-tui: waiting for llama-server /health on 127.0.0.1:8080 ({s} s of 600 s)" for s in waiting]
+    expected.append("gpushare-tui: ready after 12.3 s (waited for llama-server /health on 127.0.0.1:8080)")
+    assert (out, err.splitlines()) == ("", expected)
+
+
+def test_signal_lateness_text() -> None:
+    from gpushare_tui.cli.control_cmds import lateness_text
+
+    assert lateness_text({"n": 123, "p50_us": 300, "p99_us": 1200, "max_us": 4000}) == (
+        "p50 0.3 ms, p99 1.2 ms, max 4 ms (n=123)"
+    )
+    assert lateness_text({"n": 0, "p50_us": None, "p99_us": None, "max_us": None}) == "none measured yet (n=0)"
+    assert lateness_text({"n": 9, "p50_us": 12_345_678}) == "p50 12346 ms (n=9)"

@@ -109,3 +109,31 @@ def test_a_name_picks_one_of_a_pids_several_engines(new_gpu_key, runtime_dir: st
             b.close()
     finally:
         a.close()
+
+
+@pytest.mark.llama
+def test_a_real_llama_server_by_name(procs, gpu_key, llama_server, tiny_model, runtime_dir) -> None:
+    """`run --name chat` of a real llama-server: `status chat` renders the signal lateness as text (not
+    a Python dict), `weight chat 2`, `logs chat`, `stop chat` all reach it by name."""
+    from llama_env import Engines
+
+    engines = Engines(procs, gpu_key, llama_server, tiny_model)
+    try:
+        sup, pid, line = engines.run(1.0, name="chat")
+        assert line.strip().endswith("(weight 1, 1 peer alive)"), line
+        r = run_cli("status", "chat")
+        assert r.returncode == 0, r.stderr
+        (lateness,) = [ln for ln in r.stdout.splitlines() if ln.split(":")[0].strip() == "signal_lateness"]
+        value = lateness.split(": ", 1)[1]
+        assert "{" not in value and "_us" not in value, lateness
+        assert value.endswith(")") and "(n=" in value, lateness  # "p50 0.3 ms, p99 1.2 ms, max 4 ms (n=12)"
+        assert run_cli("weight", "chat", "2").stdout == f"engine {pid}: weight 2\n"
+        assert weight_of(gpu_key, pid) == 2.0
+        r = run_cli("logs", "chat", "-n", "3")
+        assert r.returncode == 0 and r.stdout.count("\n") == 3, r
+        stopper = subprocess.Popen(cli_argv("stop", "chat"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = stopper.communicate(timeout=60)
+        assert (stopper.returncode, out) == (0, f"engine {pid}: stopped\n"), err
+        sup.wait(30)
+    finally:
+        engines.end()
