@@ -1,6 +1,6 @@
 """`run` and `launch` say what they wait for while the model loads (cli/common.WaitProgress): on a terminal
 a line every few seconds, elsewhere only one line once ready. Real CLI processes, an engine that loads for
-READY_AFTER_S seconds (tests/data/slow_loading_engine.py)."""
+READY_AFTER_S seconds (tests/data/loading_engine.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from testkit.cli import cli_argv, run_cli
 
 pytestmark = pytest.mark.slow
 
-SLOW_ENGINE = str(Path(__file__).parent / "data" / "slow_loading_engine.py")
+SLOW_ENGINE = str(Path(__file__).parent / "data" / "loading_engine.py")  # ready after READY_AFTER_S
 READY_AFTER_S = PROGRESS_EVERY_S + 1.5  # one progress line, then ready
 
 
