@@ -75,7 +75,7 @@ def _ms(us: float) -> str:
 
 def weight(
     engine: str = EngineArg,
-    value: str = typer.Argument(..., help=f"New weight ({WEIGHT_RULE.removeprefix('must be ')})."),
+    value: str = typer.Argument(..., help=f"New weight: {WEIGHT_RULE.removeprefix('must be ')}."),
     slot: int | None = EngineSlotOpt,
     gpu_key: str | None = EngineKeyOpt,
 ) -> None:

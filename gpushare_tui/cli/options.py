@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ..core.abi import WEIGHT_RULE
 from ..core.budgets import FOREIGN_SEGMENTS_SHOWN_MAX
 
 GpuKeyOpt = typer.Option(None, "--gpu-key", help="Registry key (overrides --gpu); 1..64 of [A-Za-z0-9._-].")
@@ -21,7 +22,8 @@ AllOwnersOpt = typer.Option(
     help=f"Show every segment of other users (default: ours, then at most {FOREIGN_SEGMENTS_SHOWN_MAX} of theirs).",
 )
 ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every admin action.")
-WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")
+WEIGHT_HELP = f"Share weight: {WEIGHT_RULE.removeprefix('must be ')}."
+WeightOpt = typer.Option("1", "--weight", help=WEIGHT_HELP)
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
 LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
 
