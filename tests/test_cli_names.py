@@ -137,3 +137,26 @@ def test_a_real_llama_server_by_name(procs, gpu_key, llama_server, tiny_model, r
         sup.wait(30)
     finally:
         engines.end()
+
+
+def test_a_name_in_an_unusable_runtime_dir_says_why(runtime_dir: str) -> None:
+    d = os.path.join(runtime_dir, "gpushare-tui")
+    os.makedirs(d, exist_ok=True)
+    os.chmod(d, 0o755)
+    try:
+        for engine in ("chat", "123"):  # a name and a pid: the same one line, not "no engine named"
+            r = run_cli("status", engine)
+            assert (r.returncode, r.stderr) == (1, f"gpushare-tui: runtime directory {d} is not private to this user\n")
+    finally:
+        os.chmod(d, 0o700)
+
+
+def test_the_candidates_listed_are_bounded() -> None:
+    from gpushare_tui.core.control import NAMED_SHOWN_MAX, EngineRef, ManagedEntry, StatusReply, _named
+
+    entries = [ManagedEntry(EngineRef(100 + i), StatusReply(name=f"e{i}")) for i in range(NAMED_SHOWN_MAX + 5)]
+    text = _named(entries)
+    assert text.startswith("e0=100, e1=101") and text.endswith(
+        f"e{NAMED_SHOWN_MAX - 1}={99 + NAMED_SHOWN_MAX} and 5 more"
+    )
+    assert _named([ManagedEntry(EngineRef(7), StatusReply(name="\x1b[31mred"))]) == "\ufffd[31mred=7"

@@ -630,6 +630,7 @@ def resolve_engine(text: str, target: Target | None = None, *, timeout_s: float 
         return EngineRef(int(text), target)
     from .text import printable
 
+    runtime_dir()  # an unusable runtime directory: its own one line, not "no engine named ..."
     engines = managed_engines(timeout_s)
     wanted = target or Target()
     hits = [
@@ -683,11 +684,17 @@ def managed_engines(timeout_s: float = NAME_STATUS_TIMEOUT_S) -> list[ManagedEnt
     return found
 
 
+NAMED_SHOWN_MAX = 20  # engines listed in one error line; the rest are counted
+
+
 def _named(entries: list[ManagedEntry]) -> str:
-    """`chat=123, batch=456` (a name printable; `?` for an engine that reports none)."""
+    """`chat=123, batch=456` (a name printable; `?` for an engine that reports none), at most
+    NAMED_SHOWN_MAX of them, then `and N more`."""
     from .text import printable
 
-    return ", ".join(f"{printable(e.status.name) if e.status.name else '?'}={e.ref.pid}" for e in entries)
+    shown = [f"{printable(e.status.name) if e.status.name else '?'}={e.ref.pid}" for e in entries[:NAMED_SHOWN_MAX]]
+    more = len(entries) - NAMED_SHOWN_MAX
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def is_managed(engine_pid: int) -> bool:
