@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from .segment import JOIN_WAIT_S, SHM_DIR, Segment, SegmentError, list_segment_paths
+from .segment import JOIN_WAIT_S, SHM_DIR, Segment, SegmentError, SlotsRead, list_segment_paths
 
 # A segment created this recently is kept: its creator writes the magic last and claims its slot right
 # after (microseconds), and a joiner waits at most JOIN_WAIT_S for a magic: twice that is past both.
@@ -95,8 +95,8 @@ def judge(path: str, now_us: int) -> Verdict | None:
     return verdict
 
 
-def _judge_slots(path: str, read, now_us: int, ident: tuple[int, int]) -> Verdict:
-    from .text import printable
+def _judge_slots(path: str, read: SlotsRead, now_us: int, ident: tuple[int, int]) -> Verdict:
+    from .text import counted, printable
 
     if read.torn:
         return Verdict(path, False, f"slot {read.torn[0]} torn (being written)")
@@ -107,7 +107,7 @@ def _judge_slots(path: str, read, now_us: int, ident: tuple[int, int]) -> Verdic
             return Verdict(path, False, f"slot {r.index} live ({who})")
         if psutil.pid_exists(r.pid):
             return Verdict(path, False, f"slot {r.index} held by a running process ({who}; heartbeat stale)")
-    dead = f"{len(held)} dead slot{'' if len(held) == 1 else 's'}" if held else "no slot used"
+    dead = counted(len(held), "dead slot") if held else "no slot used"
     return Verdict(path, True, f"no live slot ({dead})", ident)
 
 

@@ -11,11 +11,6 @@ from .snapshot import GpuSnapshot, SegmentProblem
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-def counted(n: int, noun: str) -> str:
-    """`n` and the English noun, plural unless n is 1: "1 peer", "2 peers", "0 peers"."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
 def printable(text: str) -> str:
     """`text` with every control character replaced by U+FFFD, so a name like
     `\\x1b]2;OWNED\\x07` shows as text and never reaches the terminal as a sequence."""
@@ -30,3 +25,8 @@ def printable_gpu(g: GpuSnapshot) -> GpuSnapshot:
 
 def printable_problem(e: SegmentProblem) -> SegmentProblem:
     return SegmentProblem(printable(e.segment), printable(e.error))
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """ "1 peer", "2 peers", "0 peers": a count and its noun, the plural when n != 1."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
