@@ -538,7 +538,7 @@ class DashboardApp(App):
 
         def work() -> None:  # a control request and file reads: off the UI thread
             try:
-                log = open_engine_log(self.control, p.pid)
+                log = open_engine_log(self.control, row)
             except GpushareError as e:
                 self.call_from_thread(self.notify, str(e), title="log", severity="warning", timeout=8, markup=False)
                 return

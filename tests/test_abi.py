@@ -140,7 +140,8 @@ def test_invalid_utf8_name_is_tolerated() -> None:
     + ["0", "-2", "nan", "inf", "-inf", "1e39", "x", "  "],  # as typed in the dashboard's weight field
 )
 def test_parse_weight_rejects(bad: object) -> None:
-    why = f"^invalid weight {re.escape(repr(bad))}: must be a finite number > 0$"  # the one line the CLI prints
+    why = f"^invalid weight {re.escape(repr(bad))}: {re.escape(abi.WEIGHT_RULE)}$"  # the one line the CLI prints
+    assert abi.WEIGHT_RULE == "must be a number > 0, at most 3.4e38 (an f32)"  # 1e308 is finite: say the range
     with pytest.raises(abi.BadWeightError, match=why):
         abi.parse_weight(bad)
     assert issubclass(abi.BadWeightError, ValueError)

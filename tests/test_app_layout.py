@@ -268,7 +268,7 @@ def test_the_weight_dialog_previews_the_share_as_you_type():
             await until(pilot, lambda: "share 75.0%" in said(), 2, what="the share of weight 6")
             assert not preview.has_class("-invalid")
             await pilot.press("x")
-            await until(pilot, lambda: "must be a finite number > 0" in said(), 2, what="why 6x is invalid")
+            await until(pilot, lambda: "must be a number > 0" in said(), 2, what="why 6x is invalid")
             assert preview.has_class("-invalid")
             await pilot.press("backspace", "backspace", "0", ".", "5")  # 0.5 / 2.5
             await until(pilot, lambda: "share 20.0%" in said(), 2, what="the share of weight 0.5")
@@ -352,4 +352,4 @@ def test_share_preview_says_the_share_or_why_not():
     )  # fmt: skip
     for bad in ("", "0", "-1", "nan", "inf", "1e40", "two"):
         said, ok = share_preview(bad, [1.0], True)
-        assert not ok and "must be a finite number > 0" in said, bad
+        assert not ok and "must be a number > 0" in said, bad

@@ -161,7 +161,7 @@ def test_invalid_weight_is_rejected_inline_and_nothing_is_sent(gpu_key, procs, r
                 await pilot.pause(0.1)
                 assert app.screen is modal, f"{text!r}: the modal must stay open"
                 error = str(modal.query_one("#weight-preview").render())
-                assert "finite number > 0" in error or "enter a weight" in error, (text, error)
+                assert "must be a number > 0" in error or "enter a weight" in error, (text, error)
                 await pilot.press("escape")
                 await until(pilot, lambda: not isinstance(app.screen, WeightModal), what="modal closed")
         assert sent == []
@@ -277,7 +277,7 @@ def test_launch_form_validation(gpu_key, tmp_path, monkeypatch):
             assert set(form.errors) == {"binary", "model"}  # llama-server not on PATH here; no model yet
             await submit(binary="", model="", weight="0", port="70000", gpu_key="bad key!", extra="-c 'x")
             assert set(form.errors) == {"binary", "model", "weight", "port", "gpu_key", "extra"}
-            assert "finite number > 0" in form.errors["weight"]
+            assert "must be a number > 0" in form.errors["weight"]
             assert "nothing was started" in form.status_text
 
             await submit(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import typer
@@ -12,6 +14,8 @@ import typer.main
 from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE
 from gpushare_tui.cli.once import headless_args
+from gpushare_tui.core.abi import WEIGHT_RULE
+from testkit.cli import run_cli
 from testkit.shm import shm_file
 
 
@@ -68,9 +72,9 @@ BAD_KEY = "invalid gpu key '../x': use 1..64 characters of [A-Za-z0-9._-]"
         (["--json"], "--json needs --once"),
         (["--interval", "0.1"], "invalid --interval 0.1: at least 0.2 seconds"),
         (["demo", "--interval", "nan"], "invalid --interval nan: at least 0.2 seconds"),
-        (["synth", "--weight", "0", "--gpu-key", "k"], "invalid weight '0': must be a finite number > 0"),
-        (["weight", "1", "-1"], "invalid weight '-1': must be a finite number > 0"),  # a value, not an option
-        (["weight", "1", "-inf"], "invalid weight '-inf': must be a finite number > 0"),
+        (["synth", "--weight", "0", "--gpu-key", "k"], f"invalid weight '0': {WEIGHT_RULE}"),
+        (["weight", "1", "-1"], f"invalid weight '-1': {WEIGHT_RULE}"),  # a value, not an option
+        (["weight", "1", "-inf"], f"invalid weight '-inf': {WEIGHT_RULE}"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(argv: list[str], line: str, capsys) -> None:
@@ -88,6 +92,26 @@ def test_version(capsys) -> None:
 
     assert main(["--version"]) == 0
     assert capsys.readouterr() == (f"gpushare-tui {__version__}\n", "")
+
+
+@pytest.mark.slow
+def test_version_and_completion_in_a_real_process() -> None:
+    from gpushare_tui import __version__
+
+    for flag in ("-V", "--version"):
+        r = run_cli(flag)
+        assert (r.returncode, r.stdout, r.stderr) == (0, f"gpushare-tui {__version__}\n", "")
+    r = run_cli("--help")
+    assert all(f in r.stdout for f in ("-V, --version", "--install-completion", "--show-completion")), r.stdout
+    r = run_cli("--show-completion", "bash", env={**os.environ, "SHELL": "/bin/bash"})
+    assert r.returncode == 0 and "complete " in r.stdout, r.stderr
+    # what the shell's completion function runs (the console script's name picks the variable)
+    env = {**os.environ, "_GPUSHARE_TUI_COMPLETE": "complete_bash", "COMP_WORDS": "gpushare-tui st", "COMP_CWORD": "1"}
+    as_console_script = (
+        "import sys; from gpushare_tui.cli import entrypoint; sys.argv[0] = 'gpushare-tui'; entrypoint()"
+    )
+    r = subprocess.run([sys.executable, "-c", as_console_script], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["status", "stop"], (r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])
@@ -206,3 +230,27 @@ def test_engine_declaration_errors_are_one_line_exit_2(
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
     assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith(f"gpushare-tui: {line}"), r.stderr
     assert not os.path.exists(marker) and not os.path.exists(shm_file(gpu_key))
+
+
+@pytest.mark.parametrize("on_terminal, waiting", [(True, ["5", "10"]), (False, [])])
+def test_wait_progress_cadence(on_terminal: bool, waiting: list[str], capsys) -> None:
+    from gpushare_tui.cli.common import WaitProgress
+
+    progress = WaitProgress(on_terminal=on_terminal, every_s=5.0)
+    for waited_s in (0.0, 1.0, 4.9, 5.0, 5.1, 9.9, 10.2, 12.0):
+        progress("llama-server /health on 127.0.0.1:8080", waited_s, 600.0, False)
+    progress("llama-server /health on 127.0.0.1:8080", 12.34, 600.0, True)
+    out, err = capsys.readouterr()
+    expected = [f"gpushare-tui: waiting for llama-server /health on 127.0.0.1:8080 ({s} s of 600 s)" for s in waiting]
+    expected.append("gpushare-tui: ready after 12.3 s (waited for llama-server /health on 127.0.0.1:8080)")
+    assert (out, err.splitlines()) == ("", expected)
+
+
+def test_signal_lateness_text() -> None:
+    from gpushare_tui.cli.control_cmds import lateness_text
+
+    assert lateness_text({"n": 123, "p50_us": 300, "p99_us": 1200, "max_us": 4000}) == (
+        "p50 0.3 ms, p99 1.2 ms, max 4 ms (n=123)"
+    )
+    assert lateness_text({"n": 0, "p50_us": None, "p99_us": None, "max_us": None}) == "none measured yet (n=0)"
+    assert lateness_text({"n": 9, "p50_us": 12_345_678}) == "p50 12346 ms (n=9)"

@@ -234,7 +234,7 @@ def test_once_table_lists_errors(shm_files, gpu_key: str, cli) -> None:
     with open(shm_files(abi.SEGMENT_PREFIX + name), "xb") as f:
         f.write(b"nope")
     r = cli("--once", "--gpu-key", name)
-    assert r.returncode == 0
+    assert r.returncode == 1  # only an error row: nothing asked for could be read (ONCE_EXIT_RULE)
     assert r.stdout.strip() == f"error: /opencoti-gpu-{name}: wrong size 4 (expected 4096)"
 
 
@@ -290,3 +290,38 @@ def test_table_hides_segments_without_live_peers(gpu_key: str, cli) -> None:
     r = cli("--once", "--json")
     assert gpu_key in [g["gpu_key"] for g in json.loads(r.stdout)["gpus"]]
     assert os.path.exists(shm_file(gpu_key))
+
+
+@pytest.mark.slow
+def test_once_exit_codes_follow_one_rule(shm_files, new_gpu_key, cli) -> None:
+    """ONCE_EXIT_RULE, in real processes: 0 when a segment was read (error rows beside it or not), 1 when
+    nothing asked for could be (only error rows; no segment for the key), 2 for a usage error."""
+    from gpushare_tui.cli.once import ONCE_EXIT_RULE
+
+    good, missing = new_gpu_key("good"), new_gpu_key("missing")
+    broken = f"{good}-broken"
+    with open(shm_files(abi.SEGMENT_PREFIX + broken), "xb") as f:
+        f.write(b"nope")
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    unreachable = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
+    try:
+        with Segment.create_or_attach(good):
+            cases = [
+                (0, ["--gpu-key", good]),
+                (0, ["--gpu-key", good, "--remote", unreachable]),  # one read, one error row
+                (1, ["--gpu-key", broken]),  # only an error row
+                (1, ["--no-local", "--remote", unreachable]),
+                (1, ["--gpu-key", missing]),
+                (2, ["--gpu-key", "../x"]),
+            ]
+            for code, args in cases:
+                for fmt in ([], ["--json"]):
+                    r = cli("--once", *fmt, *args, timeout=60)
+                    assert r.returncode == code, (args, fmt, r.stdout, r.stderr)
+                    if code == 1 and args[-1] != missing:  # the document is printed all the same
+                        assert ("errors" in json.loads(r.stdout)) if fmt else r.stdout.startswith("error: ")
+    finally:
+        closed.close()
+    r = cli("--help")
+    assert " ".join(ONCE_EXIT_RULE.split()[:6]) in " ".join(r.stdout.split())

@@ -99,9 +99,10 @@ def _communicate(p: subprocess.Popen, timeout: float, what: str) -> tuple[str, s
 def _once_json(procs, *args: str, timeout: float = 30) -> dict:
     p = procs.start(cli_argv("--once", "--json", *args))
     out, err = _communicate(p, timeout, "gpushare-tui --once --json")
-    assert p.returncode == 0, f"rc {p.returncode}: {err}"
     assert "Traceback" not in err, err
-    return json.loads(out)
+    doc = json.loads(out)
+    assert p.returncode == (0 if doc["gpus"] else 1), f"rc {p.returncode}: {err}"  # 1: only error rows
+    return doc
 
 
 def _errors(doc: dict) -> dict[str, str]:
@@ -260,13 +261,13 @@ def test_reader_never_follows_a_symlink_nor_leaks_the_target_size(other_user, pr
     other_user("import os, sys; os.symlink(sys.argv[1], sys.argv[2])", str(target), shm_file(gpu_key))
     p = procs.start(cli_argv("--once", "--json", "--gpu-key", gpu_key))
     out, err = _communicate(p, 30, "--once --json")
-    assert p.returncode == 0, err
+    assert p.returncode == 1, err  # only an error row
     assert "12345" not in out and "12345" not in err
     doc = json.loads(out)
     assert doc["gpus"] == [] and "symlink" in _errors(doc)[f"/opencoti-gpu-{gpu_key}"]
     p = procs.start(cli_argv("--once", "--gpu-key", gpu_key))
     out, _ = _communicate(p, 30, "--once")
-    assert p.returncode == 0 and "12345" not in out and "symlink" in out
+    assert p.returncode == 1 and "12345" not in out and "symlink" in out
 
 
 # -- the sharing group opt-in ------------------------------------------------------

@@ -209,7 +209,7 @@ def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
     assert r.returncode == 0 and "gpushare_tui.core.snapshot" in mods
     assert not {m.split(".")[0] for m in mods} & {"httpx", "prometheus_client", "textual"}
     r, mods = _imports("--once", "--json", "--remote", unreachable, "--no-local")
-    assert r.returncode == 0 and json.loads(r.stdout)["errors"][0]["host"] == unreachable
+    assert r.returncode == 1 and json.loads(r.stdout)["errors"][0]["host"] == unreachable  # only an error row
     assert "httpx" in mods and "textual" not in mods and "gpushare_tui.app" not in mods
 
 

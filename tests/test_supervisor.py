@@ -43,7 +43,7 @@ def start_load(port: int, n_predict: int = 256) -> StreamLoad:
 
 def test_run_joins_with_engine_pid_and_defaults(engines):
     sup, pid, line = engines.run(1.5)
-    assert line.startswith(f"gpushare-tui: joined /opencoti-gpu-{engines.key} slot 0 (weight 1.5, 1 peers alive)")
+    assert line.startswith(f"gpushare-tui: joined /opencoti-gpu-{engines.key} slot 0 (weight 1.5, 1 peer alive)")
     rec = engines.slot_of(pid)
     assert rec is not None and rec.pid == pid != sup.pid
     assert rec.name == "tiny-llama"  # model file stem

@@ -13,6 +13,7 @@ import pytest
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.core import control
+from gpushare_tui.core.abi import WEIGHT_RULE
 from gpushare_tui.core.engines import synthetic
 from gpushare_tui.core.engines.synthetic import DutyPattern
 from gpushare_tui.core.segment import Segment
@@ -29,7 +30,7 @@ def test_synth_bad_weight_in_process(weight: str, gpu_key: str, capsys) -> None:
     assert cli_main(["synth", "--weight", weight, "--gpu-key", gpu_key, "--duration", "0.1"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.splitlines() == [f"gpushare-tui: invalid weight {weight!r}: must be a finite number > 0"]
+    assert err.splitlines() == [f"gpushare-tui: invalid weight {weight!r}: {WEIGHT_RULE}"]
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
@@ -124,7 +125,7 @@ def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> 
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    assert said == [f"gpushare-tui: joined /opencoti-gpu-{gpu_key} slot 0 (weight 2, 1 peers alive)"]
+    assert said == [f"gpushare-tui: joined /opencoti-gpu-{gpu_key} slot 0 (weight 2, 1 peer alive)"]
     assert stats.state == "exited" and stats.steps_total > 0
     assert replies and replies[0]["kind"] == "synth" and replies[0]["name"] == "inproc" and replies[0]["weight"] == 2.0
     assert not os.path.exists(control.socket_path(os.getpid()))

@@ -97,7 +97,7 @@ def test_invalid_reload_changes_nothing_and_says_so_in_one_line(start_up) -> Non
     good = open(up.path).read()
     write(up.path, good.replace("weight = 2", "weight = -3"))
     r = run_cli("up", "--reload", up.path)  # checked before it signals
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "weight: must be a finite number > 0" in r.stderr
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "weight: must be a number > 0" in r.stderr
     up.proc.send_signal(signal.SIGHUP)  # the running up checks it too
     line = up.wait_line("reload failed, nothing changed")
     assert f"{up.path}:5: engine 'a': weight" in line

@@ -6,9 +6,13 @@ from __future__ import annotations
 import enum
 import math
 import sys
+from typing import TYPE_CHECKING
 
 from ..core import abi
 from ..core.errors import GpushareError, UsageError
+
+if TYPE_CHECKING:
+    from ..core.control import EngineRef
 from ..dashboard import MIN_INTERVAL_S
 
 
@@ -58,3 +62,33 @@ def checked_interval(seconds: float) -> float:
     if not math.isfinite(seconds) or seconds < MIN_INTERVAL_S:
         raise UsageError(f"invalid --interval {seconds}: at least {MIN_INTERVAL_S} seconds")
     return seconds
+
+
+def engine_ref(engine: str, slot: int | None = None, gpu_key: str | None = None) -> EngineRef:
+    """The engine an ENGINE argument names (a pid, or a managed engine's unique name:
+    core/control.resolve_engine), with --slot/--gpu-key picking one of a pid's several engines."""
+    from ..core.control import Target, resolve_engine
+
+    given = Target(slot=slot, gpu_key=gpu_key) if slot is not None or gpu_key is not None else None
+    return resolve_engine(engine, given)
+
+
+PROGRESS_EVERY_S = 5.0  # on a terminal, a line this often while a model loads
+
+
+class WaitProgress:
+    """A wait's progress for a person, on stderr (a core/spawn.Progress callback): on a terminal a line
+    every PROGRESS_EVERY_S, `waiting for WHAT (12 s of 600 s)`; terminal or not, one line once ready,
+    `ready after 3.2 s (waited for WHAT)`. Nothing else: a log or a pipe is not filled with lines."""
+
+    def __init__(self, on_terminal: bool | None = None, every_s: float = PROGRESS_EVERY_S) -> None:
+        self._on_terminal = sys.stderr.isatty() if on_terminal is None else on_terminal
+        self._every_s = every_s
+        self._next_s = every_s
+
+    def __call__(self, what: str, waited_s: float, allowed_s: float, ready: bool) -> None:
+        if ready:
+            error_line(f"ready after {waited_s:.1f} s (waited for {what})")
+        elif self._on_terminal and waited_s >= self._next_s:
+            self._next_s = waited_s + self._every_s
+            error_line(f"waiting for {what} ({waited_s:.0f} s of {allowed_s:g} s)")

@@ -1,8 +1,9 @@
 """`status`, `weight`, `class`, `stop`: requests to a managed engine's control socket (core/control.py).
 
-A busy reply (every worker of the engine's socket held, e.g. by a flood of idle connections) is
-retried for up to budgets.CONTROL_BUSY_RETRY_S. A pid that serves several engines (several
-GpuShare in one process) needs `--slot` (and `--gpu-key` when slots repeat across keys)."""
+The engine is named by its pid or by its name (cli/common.engine_ref: one resolver for every
+command). A busy reply (every worker of the engine's socket held, e.g. by a flood of idle
+connections) is retried for up to budgets.CONTROL_BUSY_RETRY_S. A pid that serves several engines
+(several GpuShare in one process) needs `--slot` (and `--gpu-key` when slots repeat across keys)."""
 
 from __future__ import annotations
 
@@ -11,35 +12,36 @@ import json
 import typer
 
 from ..core import budgets
-from ..core.abi import parse_weight
+from ..core.abi import WEIGHT_RULE, parse_weight
 from ..core.declaration import LATENCY_CLASSES, check_class
 from ..core.errors import GpushareError
+from .common import engine_ref
+from .options import EngineArg, EngineKeyOpt, EngineSlotOpt
 
-PidArg = typer.Argument(..., help="Engine pid.")
 # a negative weight ("weight PID -1") is a value to reject, not an unknown option
 VALUE_CONTEXT = {"ignore_unknown_options": True}
-SlotOpt = typer.Option(None, "--slot", help="The engine's slot, when the pid serves several engines.")
-KeyOpt = typer.Option(None, "--gpu-key", help="The engine's GPU key, when its slot number repeats across keys.")
 
 
-def _ask(pid: int, cmd: str, slot: int | None, gpu_key: str | None, **args: object) -> dict:
-    from ..core.control import Target, request
+def _ask(engine: str, cmd: str, slot: int | None, gpu_key: str | None, **args: object) -> tuple[int, dict]:
+    """(the engine's pid, its reply to `cmd`)."""
+    from ..core.control import request
 
-    target = Target(slot=slot, gpu_key=gpu_key)
-    return request(pid, cmd, 3.0, target=target, busy_retry_s=budgets.CONTROL_BUSY_RETRY_S, **args)
+    ref = engine_ref(engine, slot, gpu_key)
+    reply = request(ref.pid, cmd, 3.0, target=ref.target, busy_retry_s=budgets.CONTROL_BUSY_RETRY_S, **args)
+    return ref.pid, reply
 
 
 def status(
-    pid: int = PidArg,
+    engine: str = EngineArg,
     as_json: bool = typer.Option(False, "--json", help='Print one JSON object (on failure {"ok": false, ...}).'),
-    slot: int | None = SlotOpt,
-    gpu_key: str | None = KeyOpt,
+    slot: int | None = EngineSlotOpt,
+    gpu_key: str | None = EngineKeyOpt,
 ) -> None:
     """Show a managed engine's status (fields it does not know are left out)."""
     from ..core.control import StatusReply
 
     try:
-        reply = StatusReply.from_json(_ask(pid, "status", slot, gpu_key)).to_json()
+        reply = StatusReply.from_json(_ask(engine, "status", slot, gpu_key)[1]).to_json()
     except GpushareError as e:
         if as_json:
             print(json.dumps({"ok": False, "error": str(e)}))
@@ -49,41 +51,63 @@ def status(
     else:
         for k, v in reply.items():
             if v is not None:
-                print(f"{k:>10}: {v:.2f}" if isinstance(v, float) else f"{k:>10}: {v}")
+                print(f"{k:>10}: {_status_value(v)}")
+
+
+def _status_value(value: object) -> str:
+    """One `status` field for a person: a float to 2 places, the signal lateness in words."""
+    if isinstance(value, dict):  # the only nested field: signal_lateness
+        return lateness_text(value)
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def lateness_text(lateness: dict) -> str:
+    """`p50 0.3 ms, p99 1.2 ms, max 4 ms (n=123)` (µs fields as ms); `none measured yet (n=0)`."""
+    n = lateness.get("n")
+    shown = [(label, lateness.get(f"{label}_us")) for label in ("p50", "p99", "max")]
+    parts = [f"{label} {_ms(us)} ms" for label, us in shown if isinstance(us, int | float)]
+    return f"{', '.join(parts) or 'none measured yet'} (n={n if n is not None else '?'})"
+
+
+def _ms(us: float) -> str:
+    ms = us / 1000
+    return f"{ms:.3g}" if abs(ms) < 1000 else f"{ms:.0f}"
 
 
 def weight(
-    pid: int = PidArg,
-    value: str = typer.Argument(..., help="New weight (finite, > 0)."),
-    slot: int | None = SlotOpt,
-    gpu_key: str | None = KeyOpt,
+    engine: str = EngineArg,
+    value: str = typer.Argument(..., help=f"New weight: {WEIGHT_RULE.removeprefix('must be ')}."),
+    slot: int | None = EngineSlotOpt,
+    gpu_key: str | None = EngineKeyOpt,
 ) -> None:
     """Change a managed engine's weight."""
-    reply = _ask(pid, "set_weight", slot, gpu_key, weight=parse_weight(value))
+    w = parse_weight(value)  # before the engine is looked up: a bad value is a usage error either way
+    pid, reply = _ask(engine, "set_weight", slot, gpu_key, weight=w)
     print(f"engine {pid}: weight {reply['weight']:g}")
 
 
 def klass(
-    pid: int = PidArg,
+    engine: str = EngineArg,
     value: str = typer.Argument(..., metavar="CLASS", help=f"New latency class: {' or '.join(LATENCY_CLASSES)}."),
-    slot: int | None = SlotOpt,
-    gpu_key: str | None = KeyOpt,
+    slot: int | None = EngineSlotOpt,
+    gpu_key: str | None = EngineKeyOpt,
 ) -> None:
     """Change a managed engine's latency class (interactive runs first, within its weight share)."""
-    reply = _ask(pid, "set_class", slot, gpu_key, **{"class": check_class(value, label="class")})
+    cls = check_class(value, label="class")  # before the engine is looked up, as weight's value
+    pid, reply = _ask(engine, "set_class", slot, gpu_key, **{"class": cls})
     print(f"engine {pid}: class {reply['class']}")
 
 
 def stop(
-    pid: int = PidArg,
+    engine: str = EngineArg,
     wait: float = typer.Option(15.0, "--wait", help="Seconds to wait for the engine to exit."),
-    slot: int | None = SlotOpt,
-    gpu_key: str | None = KeyOpt,
+    slot: int | None = EngineSlotOpt,
+    gpu_key: str | None = EngineKeyOpt,
 ) -> None:
     """Stop a managed engine (SIGCONT, SIGTERM, SIGKILL after 10 s) and leave its slot."""
     import psutil
 
-    _ask(pid, "stop", slot, gpu_key)
+    pid, _reply = _ask(engine, "stop", slot, gpu_key)
     try:
         psutil.Process(pid).wait(wait)
     except psutil.NoSuchProcess:

@@ -6,7 +6,7 @@ import typer
 
 from ..core.errors import UsageError
 from .common import checked_interval, checked_key
-from .once import print_once
+from .once import ONCE_EXIT_RULE, print_once
 from .options import AllOwnersOpt, IntervalOpt, ReadonlyOpt
 
 
@@ -20,7 +20,7 @@ def _show_version(value: bool) -> None:
 
 def dashboard(
     ctx: typer.Context,
-    once: bool = typer.Option(False, "--once", help="Print one snapshot of every segment and exit."),
+    once: bool = typer.Option(False, "--once", help=f"Print one snapshot of every segment and exit. {ONCE_EXIT_RULE}"),
     as_json: bool = typer.Option(False, "--json", help="With --once: one JSON object."),
     gpu_key: str | None = typer.Option(None, "--gpu-key", help="Show only this segment."),
     interval: float = IntervalOpt,
@@ -34,11 +34,13 @@ def dashboard(
     no_local: bool = typer.Option(False, "--no-local", help="With --remote: leave out this host's segments."),
     fmt: str | None = typer.Option(None, "--format", help="With --once: table, json or prometheus."),
     show_idle: bool = typer.Option(
-        False, "--all", help="With --once: also list segments with no live peers (hidden by default, never removed)."
+        False,
+        "--all",
+        help="With --once: also list segments with no live peers (hidden by default; `gc` removes our own).",
     ),
     all_owners: bool = AllOwnersOpt,
     version: bool = typer.Option(
-        False, "--version", help="Print the version and exit.", is_eager=True, callback=_show_version
+        False, "--version", "-V", help="Print the version and exit.", is_eager=True, callback=_show_version
     ),
 ) -> None:
     """Open the dashboard, or with --once print a snapshot."""

@@ -12,7 +12,7 @@ import typer
 
 from ..core.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
 from ..core.errors import GpushareError, UsageError
-from .common import ExitCode, checked_group, error_line, resolve_key
+from .common import ExitCode, WaitProgress, checked_group, error_line, resolve_key
 from .options import (
     ActivityOpt,
     ClassOpt,
@@ -72,7 +72,10 @@ def run(
     no_health: bool = NoHealthOpt,
     klass: str = ClassOpt,
 ) -> None:
-    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)"""
+    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)
+
+    While the engine loads it says what it waits for every few seconds (on a terminal), and once
+    when the engine is ready."""
     from ..core.lifecycle import on_signals
     from ..core.spawn import notify_failed, notify_ready
 
@@ -149,6 +152,7 @@ def _start_supervisor(
         share_group=share_group,
         owner=Owner.from_env(),
         quit_event=quit_event,
+        load_progress=WaitProgress(),
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
@@ -208,7 +212,10 @@ def launch(
     no_health: bool = NoHealthOpt,
     klass: str = ClassOpt,
 ) -> None:
-    """Start a supervised engine detached; returns once it is healthy (or failed)."""
+    """Start a supervised engine detached; returns once it is healthy (or failed).
+
+    While the model loads it says what it waits for every few seconds (on a terminal), and once
+    when the engine is ready (on stderr: --json's stdout stays one object)."""
     from ..core.launcher import LaunchInterrupted, LaunchSpec, launch_detached
 
     try:
@@ -219,7 +226,7 @@ def launch(
         key = resolve_key(gpu_key, gpu)
         _check_gpu_source(sources, key)
         spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        reply = launch_detached(replace(spec, sources=opts, klass=klass))
+        reply = launch_detached(replace(spec, sources=opts, klass=klass), progress=WaitProgress())
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))

@@ -1,5 +1,6 @@
-"""`gpushare-tui logs PID`: a managed engine's log (the file its control socket's `status`
-names), its last lines and, with -f, what is appended (core/logtail.py)."""
+"""`gpushare-tui logs ENGINE`: a managed engine's log (the file its control socket's `status`
+names), its last lines and, with -f, what is appended (core/logtail.py). ENGINE is a pid or a
+name (cli/common.engine_ref)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import select
 import sys
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import typer
 
 from ..core.budgets import LOG_FOLLOW_READ_MAX_BYTES, LOG_OUTPUT_MAX_BYTES, LOG_TAIL_MAX_BYTES
 from ..core.errors import GpushareError, UsageError
+from .common import engine_ref
+from .options import ENGINE_HELP, EngineKeyOpt, EngineSlotOpt, complete_engine
+
+if TYPE_CHECKING:
+    from ..core.control import Target
 
 FOLLOW_POLL_S = 0.25
 DEFAULT_LINES = 10
@@ -21,17 +28,26 @@ CONTEXT = {"ignore_unknown_options": True}
 
 
 def logs(
-    pid: int = typer.Argument(..., help="Engine pid (a managed engine: `run`, `launch`, `synth`, `up`, `demo`)."),
+    engine: str = typer.Argument(
+        ...,
+        metavar="ENGINE",
+        help=f"A managed engine (`run`, `launch`, `synth`, `up`, `demo`). {ENGINE_HELP}",
+        autocompletion=complete_engine,
+    ),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Then print lines as they are appended, until Ctrl+C or the engine exits."
     ),
     lines: str = typer.Option(
         str(DEFAULT_LINES), "--lines", "-n", metavar="N", help="How many last lines to print (>= 0)."
     ),
+    slot: int | None = EngineSlotOpt,
+    gpu_key: str | None = EngineKeyOpt,
 ) -> None:
     """Print a managed engine's log: its last lines (like tail), then with -f what follows."""
     n = parse_lines(lines)
-    path = engine_log(pid)
+    ref = engine_ref(engine, slot, gpu_key)
+    pid = ref.pid
+    path = engine_log(pid, ref.target)
     try:
         if follow:
             _follow(pid, path, n)
@@ -71,13 +87,13 @@ def parse_lines(text: str) -> int:
     return n
 
 
-def engine_log(pid: int) -> str:
-    """The log file engine `pid` reports; ControlError if it is not managed (or not there),
-    GpushareError if it reports none."""
+def engine_log(pid: int, target: Target | None = None) -> str:
+    """The log file engine `pid` (the one `target` picks, when it serves several) reports;
+    ControlError if it is not managed (or not there), GpushareError if it reports none."""
     from ..core.control import request
     from ..core.logtail import reported_log
 
-    return reported_log(pid, request(pid, "status"))
+    return reported_log(pid, request(pid, "status", target=target))
 
 
 def _print(lines: Iterable[str], max_bytes: int = LOG_OUTPUT_MAX_BYTES) -> None:

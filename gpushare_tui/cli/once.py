@@ -48,6 +48,11 @@ def headless_args(argv: Sequence[str]) -> tuple[str | None, bool] | None:
 
 
 ONCE_STATUS_TIMEOUT_S = 0.3  # each managed engine's `status`, asked once
+ONCE_EXIT_RULE = (
+    "Exit 0 when at least one segment was read (error rows beside it are shown), 1 when nothing asked for"
+    " could be read (only error rows: an unreachable --remote, a corrupt segment; or no segment for"
+    " --gpu-key), 2 for a usage error."
+)
 
 
 def collect(
@@ -213,7 +218,10 @@ def print_once(
     all_owners: bool = False,
 ) -> ExitCode:
     """Print one snapshot (`fmt`: table, json or prometheus; `as_json` is json) of this host and the
-    `remotes` (`serve` URLs; their unreachable hosts are error rows, exit 0). The table leaves out
+    `remotes` (`serve` URLs; their unreachable hosts are error rows). Exit code (ONCE_EXIT_RULE): 0 when
+    at least one segment was read, or there is none to read and nothing failed; 1 when nothing asked for
+    could be read (only error rows: unreachable hosts, corrupt segments; or no segment for the key);
+    the document is printed either way (not for a key with no segment). The table leaves out
     segments with no live peer unless `show_idle` or the key names one; the JSON lists every one. Both
     leave out segments of other users beyond a cap (counted) unless `all_owners`.
     UsageError for an invalid key, URL or combination. Exit 1 if stdout is closed early."""
@@ -246,4 +254,6 @@ def print_once(
         # the reader went away (`| head`): exit 1 quietly, and don't fail again flushing at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.ERROR
+    if fmt != "prometheus" and not data.views and data.errors:
+        return ExitCode.ERROR  # only error rows: nothing asked for could be read
     return ExitCode.OK

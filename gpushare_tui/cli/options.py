@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ..core.abi import WEIGHT_RULE
 from ..core.budgets import FOREIGN_SEGMENTS_SHOWN_MAX
 
 GpuKeyOpt = typer.Option(None, "--gpu-key", help="Registry key (overrides --gpu); 1..64 of [A-Za-z0-9._-].")
@@ -21,7 +22,8 @@ AllOwnersOpt = typer.Option(
     help=f"Show every segment of other users (default: ours, then at most {FOREIGN_SEGMENTS_SHOWN_MAX} of theirs).",
 )
 ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every admin action.")
-WeightOpt = typer.Option("1", "--weight", help="Share weight (finite, > 0).")
+WEIGHT_HELP = f"Share weight: {WEIGHT_RULE.removeprefix('must be ')}."
+WeightOpt = typer.Option("1", "--weight", help=WEIGHT_HELP)
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
 LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
 
@@ -45,3 +47,22 @@ ClassOpt = typer.Option(
     "--class",
     help="Latency class: interactive (runs first while within its weight share) or batch (uses the rest).",
 )
+
+ENGINE_HELP = (
+    "Engine: its pid (all digits), or its name when exactly one managed engine has it (an unknown name"
+    " exits 1, one several engines have exits 2; both list the engines as name=pid)."
+)
+
+
+def complete_engine(incomplete: str) -> list[str]:
+    """Shell completion of ENGINE: the names (and pids) of the managed engines that start so."""
+    from ..core.control import managed_engines
+
+    engines = managed_engines(timeout_s=0.3)
+    words = [e.status.name for e in engines if e.status.name] + [str(e.ref.pid) for e in engines]
+    return sorted({w for w in words if w.startswith(incomplete) and w.isprintable() and " " not in w})
+
+
+EngineArg = typer.Argument(..., metavar="ENGINE", help=ENGINE_HELP, autocompletion=complete_engine)
+EngineSlotOpt = typer.Option(None, "--slot", help="The engine's slot, when the pid serves several engines.")
+EngineKeyOpt = typer.Option(None, "--gpu-key", help="The engine's GPU key, when its slot number repeats across keys.")

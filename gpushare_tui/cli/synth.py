@@ -11,11 +11,11 @@ from ..core.abi import parse_weight
 from ..core.declaration import check_class, check_name, check_step_ms, check_work_units
 from ..core.errors import UsageError
 from .common import checked_group, resolve_key
-from .options import ClassOpt, GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
+from .options import WEIGHT_HELP, ClassOpt, GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
 
 
 def synth(
-    weight: str = typer.Option(..., "--weight", help="Share weight (finite, > 0)."),
+    weight: str = typer.Option(..., "--weight", help=WEIGHT_HELP),
     name: str = typer.Option("synth", "--name", help="Display name in the registry."),
     gpu_key: str | None = GpuKeyOpt,
     gpu: int | None = GpuIndexOpt,

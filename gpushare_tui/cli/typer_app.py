@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import typer
 
-from . import control_cmds, dashboard, demo, engines, logs, serve, synth, up
+from . import control_cmds, dashboard, demo, engines, gc, logs, serve, synth, up
 from .common import ExitCode, error_line
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion [bash|zsh|fish|powershell]
     # plain help: typer's rich panels draw a `<bool>` type beside every flag
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -27,6 +27,7 @@ app.command(context_settings=logs.CONTEXT)(logs.logs)
 app.command()(demo.demo)
 app.command()(serve.serve)
 app.command()(up.up)
+app.command()(gc.gc)
 
 
 def run_app(argv: list[str]) -> int:

@@ -111,7 +111,9 @@ def to_f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-WEIGHT_RULE = "must be a finite number > 0"
+# The one text of the weight rule (parse_weight's errors, `up` files, the dashboard's forms, --help):
+# an f32 > 0 (FLT_MAX is 3.4028235e38; a value too small for an f32 rounds to 0, also refused).
+WEIGHT_RULE = "must be a number > 0, at most 3.4e38 (an f32)"
 
 
 def weight_is_valid(w: float) -> bool:

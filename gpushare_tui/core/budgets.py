@@ -21,6 +21,10 @@ CONTROL_BUSY_RETRY_S = 5.0
 CONTROL_BUSY_BACKOFF_FIRST_S = 0.05  # the first wait before a retry; doubled each time
 CONTROL_BUSY_BACKOFF_MAX_S = 0.5  # no wait longer than this: the flood may clear at any moment
 
+# An engine named on the command line (`status chat`) is looked up by asking the control sockets in
+# our runtime directory for their `status`, one after another: at most this many are asked.
+CONTROL_NAME_LOOKUP_MAX = 256
+
 # -- HTTP: `serve`'s clients --------------------------------------------------------------------------------
 
 SERVE_HEADER_DEADLINE_S = 2.0  # request line + headers: a scraper sends them in one packet; a slowloris never does

@@ -37,7 +37,7 @@ import psutil
 from . import budgets
 from .abi import parse_weight
 from .declaration import check_class
-from .errors import ControlError, GpushareError
+from .errors import ControlError, GpushareError, UsageError
 from .ownership import Owner
 from .paths import runtime_dir, runtime_dir_path, unlink_in
 
@@ -625,6 +625,99 @@ def _listed(found: list[tuple[str, StatusReply | None]]) -> str:
         f"slot {r.slot} of {r.gpu_key}" if r is not None else f"{os.path.basename(path)} not answering"
         for path, r in found
     )
+
+
+NAME_STATUS_TIMEOUT_S = 1.0  # each managed engine's `status` while a name is looked up
+
+
+class AmbiguousEngineError(UsageError, ControlError):
+    """A name several managed engines answer to: the command line must say which (exit 2)."""
+
+
+@dataclass(frozen=True)
+class EngineRef:
+    """An engine a command addresses: its pid (the socket's name) and, when that pid serves several
+    engines, the Target that picks one (None: its only one, or let `request` say there are several)."""
+
+    pid: int
+    target: Target | None = None
+
+
+def resolve_engine(text: str, target: Target | None = None, *, timeout_s: float = NAME_STATUS_TIMEOUT_S) -> EngineRef:
+    """The engine `text` names: a pid when it is all digits (with `target` as given), else the one
+    managed engine (a control socket in our runtime directory that answers `status`) whose name is
+    exactly `text` (and which matches `target`'s slot/gpu key, when given). ControlError (exit 1)
+    when none is, listing the managed engines as name=pid; AmbiguousEngineError (exit 2) when
+    several are, listing them. The names compared and listed are untrusted text (printable)."""
+    if text.isascii() and text.isdigit():
+        return EngineRef(int(text), target)
+    from .text import printable
+
+    runtime_dir()  # an unusable runtime directory: its own one line, not "no engine named ..."
+    engines = managed_engines(timeout_s)
+    wanted = target or Target()
+    hits = [
+        e
+        for e in engines
+        if e.status.name == text
+        and (wanted.slot is None or e.status.slot == wanted.slot)
+        and (wanted.gpu_key is None or e.status.gpu_key == wanted.gpu_key)
+    ]
+    shown = printable(text)
+    if len(hits) == 1:
+        return hits[0].ref if hits[0].ref.target is not None else EngineRef(hits[0].ref.pid, target)
+    if hits:
+        raise AmbiguousEngineError(
+            f"{len(hits)} managed engines are named {shown!r} ({_named(hits)}): give the pid instead"
+        )
+    listed = _named(engines) if engines else "none is running"
+    raise ControlError(f"no managed engine named {shown!r} (managed: {listed})")
+
+
+@dataclass(frozen=True)
+class ManagedEntry:
+    """One engine behind a control socket of ours, as its `status` reply describes it."""
+
+    ref: EngineRef
+    status: StatusReply
+
+
+def managed_engines(timeout_s: float = NAME_STATUS_TIMEOUT_S) -> list[ManagedEntry]:
+    """Every engine whose control socket is in our runtime directory and answers `status` within
+    `timeout_s` (one that does not, a stale socket, is left out), by pid then socket index. [] when
+    the directory cannot be read. At most budgets.CONTROL_NAME_LOOKUP_MAX sockets are asked."""
+    try:
+        index = socket_index()
+    except ControlError:
+        return []
+    found: list[ManagedEntry] = []
+    asked = 0
+    for pid in sorted(index):
+        for path in index[pid]:
+            if asked >= budgets.CONTROL_NAME_LOOKUP_MAX:
+                return found
+            asked += 1
+            try:
+                reply = _ask(pid, path, b'{"cmd": "status"}\n', timeout_s, 0.0)
+            except ControlError:
+                continue
+            status = StatusReply.from_json(reply)
+            several = len(index[pid]) > 1
+            found.append(ManagedEntry(EngineRef(pid, Target(status.slot, status.gpu_key) if several else None), status))
+    return found
+
+
+NAMED_SHOWN_MAX = 20  # engines listed in one error line; the rest are counted
+
+
+def _named(entries: list[ManagedEntry]) -> str:
+    """`chat=123, batch=456` (a name printable; `?` for an engine that reports none), at most
+    NAMED_SHOWN_MAX of them, then `and N more`."""
+    from .text import printable
+
+    shown = [f"{printable(e.status.name) if e.status.name else '?'}={e.ref.pid}" for e in entries[:NAMED_SHOWN_MAX]]
+    more = len(entries) - NAMED_SHOWN_MAX
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def is_managed(engine_pid: int) -> bool:

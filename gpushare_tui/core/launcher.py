@@ -79,7 +79,11 @@ Started = Callable[[int, str], None]  # (pid, log) of the process just started, 
 
 
 def launch_detached(
-    spec: LaunchSpec, *, cancelled: Callable[[], bool] = lambda: False, started: Started | None = None
+    spec: LaunchSpec,
+    *,
+    cancelled: Callable[[], bool] = lambda: False,
+    started: Started | None = None,
+    progress: spawn.Progress | None = None,
 ) -> LaunchReply:
     """Start the supervisor of `spec` (or its synthetic engine) detached and wait until the engine is
     healthy or failed; `started` is told what was started at once (the demo ends it with itself).
@@ -87,7 +91,8 @@ def launch_detached(
     UsageError without an engine command; ControlError if the state directory (logs) is
     unusable; EngineError with the engine log's tail when the engine could not be started.
     If `cancelled()` turns true meanwhile, the wait ends (GpushareError) and the launch goes
-    on unobserved."""
+    on unobserved. `progress` (spawn.Progress) is called every POLL_S of the wait with the load
+    timeout as the time allowed, and once the engine is ready; it prints, not this."""
     if spec.synth is not None:
         return _launch_synth(spec, spec.synth, cancelled, started)
     if not spec.engine_argv:
@@ -117,8 +122,12 @@ def launch_detached(
         os.close(write_fd)  # ours: EOF on the pipe then means the supervisor is gone
     if started is not None:
         started(proc.pid, sup_log)
+    what = f"{os.path.basename(spec.engine_argv[0])} to load and join (supervisor {proc.pid})"
+    t0 = time.monotonic()
     try:
         while not select.select([read_fd], [], [], POLL_S)[0]:
+            if progress is not None:
+                progress(what, time.monotonic() - t0, spec.load_timeout_s, False)
             if cancelled():
                 _reap_later(proc)
                 raise GpushareError(f"stopped waiting: supervisor {proc.pid} goes on (log {sup_log})")
@@ -139,6 +148,8 @@ def launch_detached(
     _reap_later(proc)
     if isinstance(notice, spawn.Failed):
         raise EngineError(notice.error, notice.log_tail)
+    if progress is not None:
+        progress(what, time.monotonic() - t0, spec.load_timeout_s, True)
     return LaunchReply(**asdict(notice), supervisor_log=sup_log)
 
 

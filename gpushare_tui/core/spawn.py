@@ -25,6 +25,10 @@ from .declaration import SourceOptions
 from .errors import GpushareError
 
 PR_SET_PDEATHSIG = 1
+# A wait's progress callback (engines.health.wait_ready, launcher.launch_detached): called every poll
+# with (what is waited for, seconds waited, seconds allowed, False), and once more with True when what
+# was waited for is there (not on a failure: its error says so); the caller decides what to show.
+Progress = Callable[[str, float, float, bool], None]
 NOTICE_MAX_BYTES = 1024 * 1024  # a notice carries a log tail; a longer "line" is no notice
 
 

@@ -35,6 +35,8 @@ from .pacer import BUSY_WINDOW_US
 from .rate import StepRate
 from .registry import Membership
 from .snapshot import own_peer, runs_alone
+from .spawn import Progress
+from .text import counted
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
@@ -75,12 +77,14 @@ class Supervisor:
         share_group: str | None = None,
         owner: Owner | None = None,
         quit_event: threading.Event | None = None,
+        load_progress: Progress | None = None,
     ) -> None:
         """`args`: the command as it is started (llama_server.prepare_args for llama-server, whose
         sources' URLs left None are on its port; else command.prepare); `kind`, `activity_spec`,
         `health_spec`: declaration.resolve_sources'. `gpu_busy`: NVML utilisation of the tree (busy
         fraction; the `gpu` source). `quit_event`: set (by a signal handler, say) to stop; one set
-        before `start()` starts nothing."""
+        before `start()` starts nothing. `load_progress`: called while the engine loads (health.wait_ready's
+        `progress`)."""
         self.args = args
         self.kind = kind
         self.activity_spec = activity_spec
@@ -94,6 +98,7 @@ class Supervisor:
         self.load_timeout_s = load_timeout_s
         self._gpu_busy = gpu_busy
         self._say = say
+        self._load_progress = load_progress
         self.engine_status = EngineStatus()
         self.proc: subprocess.Popen | None = None
         self.membership: Membership | None = None
@@ -140,7 +145,10 @@ class Supervisor:
                 raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
             ready = health.ready_check(spec, log_ready=log_ready)
             health.wait_ready(
-                self.proc, ready, self.log_path, self.load_timeout_s, what=health.describe(spec), quit_event=self._quit
+                self.proc, ready, self.log_path, self.load_timeout_s, what=health.describe(spec),
+                quit_event=self._quit,
+                progress=self._load_progress,
+                waiting_for=health.waiting_for(spec, self.args.argv[0]),
             )
             self.membership = Membership(
                 self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group
@@ -153,7 +161,7 @@ class Supervisor:
         self.engine_status.state = "running"
         self._say(
             f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
-            f"(weight {self.weight:g}, {self.membership.peers_alive()} peers alive)"
+            f"(weight {self.weight:g}, {counted(self.membership.peers_alive(), 'peer')} alive)"
         )
 
     def run(self) -> int:

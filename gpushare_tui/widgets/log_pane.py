@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label, Log, Static
 
+from ..core.control import Target
 from ..core.errors import GpushareError
 from ..core.logtail import LogFollower, display_line, reported_log
 from ..core.text import printable
@@ -25,10 +26,12 @@ MAX_LINES = 2000
 MAX_READ_BYTES = 64 * 1024
 
 
-def open_engine_log(control: ControlClient, pid: int) -> LogFollower:
-    """Engine `pid`'s log, open at its last FIRST_LINES lines (blocking: call it off the UI
+def open_engine_log(control: ControlClient, row: PeerRow) -> LogFollower:
+    """The log of the row's engine, open at its last FIRST_LINES lines (blocking: call it off the UI
     thread). GpushareError with a one-line reason: not reachable, no log, log unreadable."""
-    path = reported_log(pid, control.request(pid, "status", timeout_s=3.0))
+    pid = row.peer.pid
+    target = Target(slot=row.peer.slot, gpu_key=row.gpu_key)  # the row's engine, if the pid serves several
+    path = reported_log(pid, control.request(pid, "status", timeout_s=3.0, target=target))
     try:
         return LogFollower(path, FIRST_LINES, max_read_bytes=MAX_READ_BYTES)
     except GpushareError as e:

@@ -5,17 +5,20 @@ that exits meanwhile, or is not ready in time, is an EngineError carrying its lo
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from ..budgets import HEALTH_LOG_READ_MAX_BYTES, HEALTH_PROBE_DEADLINE_S, HEALTH_PROBE_MAX_BYTES
 from ..declaration import HealthSpec
 from ..errors import EngineError
 from ..logtail import LogError, LogFollower, tail_text
+from ..spawn import Progress
 
 POLL_S = 0.1
 TCP_CONNECT_S = 0.5
@@ -92,17 +95,25 @@ def wait_ready(
     *,
     what: str = "ready",
     quit_event: threading.Event | None = None,
+    progress: Progress | None = None,
+    waiting_for: str = "the engine",
 ) -> None:
     """Poll `ready()` every POLL_S until true. EngineError (with the log's tail) if the engine exits
-    first, is not ready after `timeout_s`, or `quit_event` is set meanwhile."""
-    deadline = time.monotonic() + timeout_s
+    first, is not ready after `timeout_s`, or `quit_event` is set meanwhile. `progress` (spawn.Progress)
+    is called before every poll with `waiting_for` and the time waited, and once ready."""
+    started = time.monotonic()
+    deadline = started + timeout_s
     try:
         while True:
+            if progress is not None:
+                progress(waiting_for, time.monotonic() - started, timeout_s, False)
             code = proc.poll()
             if code is not None:
                 raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
             if ready():
                 if proc.poll() is None:
+                    if progress is not None:
+                        progress(waiting_for, time.monotonic() - started, timeout_s, True)
                     return
                 continue  # it answered, then exited: the exit is what to say
             if time.monotonic() > deadline:
@@ -116,6 +127,19 @@ def wait_ready(
         close = getattr(ready, "close", None)
         if close is not None:
             close()
+
+
+def waiting_for(spec: HealthSpec, program: str) -> str:
+    """What a person is told is waited for: `llama-server /health on 127.0.0.1:8080`, ..."""
+    engine = os.path.basename(program)
+    if spec.kind == "http":
+        url = urlsplit(spec.url or "")
+        return f"{engine} {url.path or '/'} on {url.netloc}"
+    if spec.kind == "tcp":
+        return f"{engine} to accept connections on port {spec.port}"
+    if spec.kind == "log":
+        return f"{engine}'s log to match {spec.log_regex!r}"
+    return engine
 
 
 def describe(spec: HealthSpec) -> str:

@@ -22,6 +22,7 @@ from ..ownership import Owner
 from ..rate import StepRate
 from ..share import GpuShare
 from ..snapshot import runs_alone
+from ..text import counted
 
 _BLOCK = b"\x5a" * 4096
 
@@ -262,7 +263,7 @@ def serve_synth(
         share.open()  # binds the control socket too: a ControlError here leaves nothing behind
         say(
             f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{key} slot {share.slot} "
-            f"(weight {share.weight:g}, {share.membership.peers_alive()} peers alive)"
+            f"(weight {share.weight:g}, {counted(share.membership.peers_alive(), 'peer')} alive)"
         )
         run_synth(
             share,
