@@ -74,6 +74,7 @@ class Pacer:
             self._window_start_us, self._busy_us, self._early = mono - step, 0, True
             self._owed_us = 0
         self._busy_us += step
+        self._m.add_busy_us(step)  # busy_total_us (spec §7): the same step time, never a sleep
         self._owed_us = max(0, self._owed_us - step)
         self._m.mark_active(mono)
         slot = self._m.slot

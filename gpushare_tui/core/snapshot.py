@@ -38,6 +38,9 @@ class PeerSnapshot:
     # busy time ÷ Σ busy time over the schedule's members (time on the device, whatever the model);
     # None when not a member, or no member was busy
     achieved_pct: float | None = None
+    # Extension 1 (§7): the owner sets EXT1 (it keeps busy_total_us); µs busy since it claimed the slot
+    ext1: bool = False
+    busy_total_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ def build_gpu_snapshot(
                 heartbeat_age_ms=heartbeat_age_ms(rec.heartbeat_us, now_us),
                 boot_us=rec.boot_us,
                 achieved_pct=achieved.get(rec.index),
+                ext1=rec.ext1,
+                busy_total_us=rec.busy_total_us,
             )
         )
     period = sched.period_ms if sched else None

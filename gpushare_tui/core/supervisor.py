@@ -23,6 +23,7 @@ import httpx
 import psutil
 
 from . import abi, schedule
+from .accounting import BusyFromMarks
 from .activity import EngineActivity
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
@@ -42,6 +43,7 @@ CPU_ACTIVE_CORES = 0.25  # engine CPU use (in cores) that counts as decoding
 PROBE_TIMEOUT_S = 0.25
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 STOP_GRACE_S = 10.0
+BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
 MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (PROBE_TIMEOUT_S)
 
 
@@ -239,6 +241,7 @@ class Supervisor:
         seg = m.segment
         prev: schedule.Schedule | None = None
         owed_us = 0  # run time still owed since the last stopped spell
+        busy = BusyFromMarks(BUSY_MARK_GAP_US)
         stopped_mono_us = last_mono_us = mono_us()
         while not self._quit.is_set() and proc.poll() is None:
             if m.lost is not None:  # shrunk under us by another user (SegmentError): run() shuts down
@@ -246,6 +249,8 @@ class Supervisor:
             now, mono = wall_us(), mono_us()
             if not self._stopped:
                 owed_us = max(0, owed_us - (mono - last_mono_us))
+                busy.continued(last_mono_us, mono)
+            m.add_busy_us(busy.mark(m.last_active_us))  # busy_total_us (spec §7): continued while working
             last_mono_us = mono
             slot = m.slot
             sched = schedule.build_schedule(schedule.member_weights(seg.read_slots(), now))

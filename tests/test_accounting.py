@@ -1,0 +1,215 @@
+"""Accounting (core.accounting, core.energy), pure: busy counters per owner, busy_ppm integration for v1
+peers, energy attribution with a scripted energy source and clock, the supervisor's busy from marks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpushare_tui.core.accounting import (
+    SOURCE_BUSY_PPM,
+    SOURCE_COUNTER,
+    Accountant,
+    BusyFromMarks,
+    GpuAccountant,
+)
+from gpushare_tui.core.energy import (
+    EnergyCounter,
+    EnergyReading,
+    RaplReader,
+    energy_delta_j,
+    nvml_reading,
+    split_energy,
+)
+from gpushare_tui.core.snapshot import GpuSnapshot, PeerSnapshot
+
+S = 1_000_000
+
+
+def peer(slot: int, busy_total_s: float = 0.0, *, pid: int = 0, boot_us: int = 1, busy_pct: float = 50.0,
+         ext1: bool = True, alive: bool = True) -> PeerSnapshot:
+    return PeerSnapshot(
+        slot=slot,
+        pid=pid or 1000 + slot,
+        name=f"p{slot}",
+        weight=1.0,
+        share_pct=50.0,
+        window_us=None,
+        busy_pct=busy_pct,
+        active=True,
+        alive=alive,
+        heartbeat_age_ms=0.0,
+        boot_us=boot_us,
+        ext1=ext1,
+        busy_total_us=round(busy_total_s * S),
+    )
+
+
+def nvml(j: float) -> EnergyReading:
+    return EnergyReading("nvml", (EnergyCounter(j),))
+
+
+def test_counter_busy_and_gpu_total() -> None:
+    acc = GpuAccountant()
+    a = acc.update([peer(0, 10.0), peer(1, 5.0)], 0, None)
+    assert [(k[0], x.source, x.busy_s, x.energy_j) for k, x in a.peers] == [
+        (0, SOURCE_COUNTER, 10.0, None),
+        (1, SOURCE_COUNTER, 5.0, None),
+    ]
+    assert a.busy_s == 0.0 and a.idle_energy_j is None  # since this reader started: nothing yet
+    a = acc.update([peer(0, 10.6), peer(1, 5.3)], 1 * S, None)
+    assert a.busy_s == pytest.approx(0.9)
+    assert a.of(peer(0)).busy_s == pytest.approx(10.6)
+
+
+def test_counter_never_decreases_and_new_owner_is_new_account() -> None:
+    acc = GpuAccountant()
+    acc.update([peer(0, 10.0)], 0, None)
+    a = acc.update([peer(0, 4.0)], S, None)  # a bad writer's counter went back: ours does not
+    assert a.of(peer(0)).busy_s == 10.0 and a.busy_s == 0.0
+    a = acc.update([peer(0, 2.0, boot_us=99)], 2 * S, None)  # a new owner (boot_us) of slot 0
+    assert [x.busy_s for _, x in a.peers] == [2.0]
+    a = acc.update([peer(0, 3.0, boot_us=99)], 3 * S, None)
+    assert a.peers[0][1].busy_s == 3.0 and a.busy_s == pytest.approx(1.0)
+
+
+def test_gpu_total_caps_a_hostile_delta() -> None:
+    acc = GpuAccountant()
+    acc.update([peer(0, 0.0)], 0, None)
+    a = acc.update([peer(0, 1e9)], S, None)
+    assert a.of(peer(0)).busy_s == 1e9  # its own counter, as it says
+    assert a.busy_s <= 1.0 + 1.0  # the GPU's: at most the interval plus the heartbeat slack
+
+
+def test_v1_peer_is_integrated_from_busy_ppm() -> None:
+    acc = GpuAccountant()
+    v1 = {"ext1": False, "busy_pct": 50.0}
+    a = acc.update([peer(0, 0.0, **v1)], 0, None)
+    assert a.peers[0][1].source == SOURCE_BUSY_PPM and a.peers[0][1].busy_s is None  # unknown at first look
+    a = acc.update([peer(0, 0.0, **v1)], 2 * S, None)
+    assert a.peers[0][1].busy_s == pytest.approx(1.0) and a.busy_s == pytest.approx(1.0)
+    a = acc.update([peer(0, 0.0, ext1=False, busy_pct=100.0)], 4 * S, None)
+    assert a.peers[0][1].busy_s == pytest.approx(1.0 + 1.5)  # trapezoid: (50 + 100) / 2 % of 2 s
+
+
+def test_idle_peer_switches_to_busy_ppm_without_loss() -> None:
+    acc = GpuAccountant()
+    idle = peer(0, 0.0, ext1=False, busy_pct=0.0)
+    assert acc.update([idle], 0, None).peers[0][1].source == SOURCE_COUNTER  # no evidence yet, 0 either way
+    a = acc.update([peer(0, 0.0, ext1=False, busy_pct=40.0)], S, None)
+    assert a.peers[0][1].source == SOURCE_BUSY_PPM and a.peers[0][1].busy_s == pytest.approx(0.2)
+    # an ext1 peer that has not been busy yet stays "counter"
+    assert acc.update([peer(1, 0.0, busy_pct=40.0)], 2 * S, None).of(peer(1)).source == SOURCE_COUNTER
+
+
+def test_energy_split_by_busy_deltas_rest_idle() -> None:
+    acc = GpuAccountant()
+    acc.update([peer(0, 0.0), peer(1, 0.0)], 0, nvml(1000.0))
+    a = acc.update([peer(0, 0.5), peer(1, 0.25)], S, nvml(1100.0))  # 100 J over 1 s; busy 0.5 s and 0.25 s
+    assert a.of(peer(0)).energy_j == pytest.approx(50.0)
+    assert a.of(peer(1)).energy_j == pytest.approx(25.0)
+    assert a.idle_energy_j == pytest.approx(25.0) and a.energy_source == "nvml"
+    total = a.of(peer(0)).energy_j + a.of(peer(1)).energy_j + a.idle_energy_j
+    assert total == pytest.approx(100.0)
+
+
+def test_energy_zero_busy_goes_to_idle_and_first_reading_is_unknown() -> None:
+    acc = GpuAccountant()
+    a = acc.update([peer(0, 3.0)], 0, nvml(0.0))
+    assert a.of(peer(0)).energy_j is None and a.idle_energy_j == 0.0  # an energy source, no interval yet
+    a = acc.update([peer(0, 3.0)], S, nvml(40.0))
+    assert a.of(peer(0)).energy_j == 0.0 and a.idle_energy_j == pytest.approx(40.0)
+
+
+def test_energy_lumpy_busy_beyond_interval_splits_it_all() -> None:
+    acc = GpuAccountant()
+    acc.update([peer(0, 0.0), peer(1, 0.0)], 0, nvml(0.0))
+    a = acc.update([peer(0, 0.9), peer(1, 0.3)], S, nvml(120.0))  # 1.2 s of busy in 1 s (heartbeat lumps)
+    assert a.of(peer(0)).energy_j == pytest.approx(90.0) and a.of(peer(1)).energy_j == pytest.approx(30.0)
+    assert a.idle_energy_j == pytest.approx(0.0)
+
+
+def test_energy_peer_leaving_mid_interval_goes_to_idle() -> None:
+    acc = GpuAccountant()
+    acc.update([peer(0, 0.0), peer(1, 0.0)], 0, nvml(0.0))
+    acc.update([peer(0, 0.5), peer(1, 0.5)], S, nvml(100.0))
+    a = acc.update([peer(0, 1.0)], 2 * S, nvml(200.0))  # peer 1 left: its last part is not known
+    assert [k[0] for k, _ in a.peers] == [0]
+    assert a.of(peer(0)).energy_j == pytest.approx(50.0 + 50.0)
+    assert a.idle_energy_j == pytest.approx(0.0 + 50.0)
+
+
+def test_energy_counter_reset_skips_one_interval_and_missing_reading_rebaselines() -> None:
+    acc = GpuAccountant()
+    acc.update([peer(0, 0.0)], 0, nvml(500.0))
+    a = acc.update([peer(0, 1.0)], S, nvml(10.0))  # went back, no range: a driver reload; not attributed
+    assert a.of(peer(0)).energy_j is None and a.idle_energy_j == 0.0
+    a = acc.update([peer(0, 2.0)], 2 * S, nvml(110.0))
+    assert a.of(peer(0)).energy_j == pytest.approx(100.0)
+    acc.update([peer(0, 3.0)], 3 * S, None)  # no reading: this interval is not attributed
+    a = acc.update([peer(0, 3.5)], 4 * S, nvml(160.0))
+    assert a.of(peer(0)).energy_j == pytest.approx(100.0)  # rebaselined at 160 J
+    a = acc.update([peer(0, 4.0)], 5 * S, nvml(260.0))
+    assert a.of(peer(0)).energy_j == pytest.approx(150.0) and a.idle_energy_j == pytest.approx(50.0)
+
+
+def test_energy_delta_wrap_reset_and_shape() -> None:
+    rapl = lambda *vs: EnergyReading("rapl", tuple(EnergyCounter(v, 262143.0) for v in vs))  # noqa: E731
+    assert energy_delta_j(rapl(100.0, 5.0), rapl(130.0, 6.0)) == pytest.approx(31.0)
+    assert energy_delta_j(rapl(262100.0), rapl(7.0)) == pytest.approx(43.0 + 7.0)  # wrapped at its range
+    assert energy_delta_j(nvml(10.0), nvml(5.0)) is None  # no range: a reset
+    assert energy_delta_j(rapl(1.0, 2.0), rapl(3.0)) is None  # another set of counters
+    assert energy_delta_j(nvml(1.0), rapl(3.0)) is None
+    assert nvml_reading(None) is None and nvml_reading(2500) == nvml(2.5)
+
+
+def test_split_energy() -> None:
+    shares, idle = split_energy(60.0, {"a": 2.0, "b": 1.0}, 6.0)
+    assert shares == {"a": 20.0, "b": 10.0} and idle == 30.0
+    assert split_energy(10.0, {}, 0.0) == ({}, 10.0)
+    assert split_energy(10.0, {"a": -1.0}, 1.0) == ({"a": 0.0}, 10.0)
+
+
+def test_rapl_reader_reads_packages_only(tmp_path) -> None:
+    for zone, uj in (("intel-rapl:0", 1_500_000), ("intel-rapl:0:0", 9), ("intel-rapl:1", 2_000_000)):
+        d = tmp_path / zone
+        d.mkdir()
+        (d / "energy_uj").write_text(f"{uj}\n")
+        (d / "max_energy_range_uj").write_text("262143328850\n")
+    r = RaplReader(str(tmp_path))
+    assert [os.path.basename(z) for z in r.zones] == ["intel-rapl:0", "intel-rapl:1"]
+    got = r.read()
+    assert got is not None and [c.value_j for c in got.counters] == [1.5, 2.0]
+    assert got.counters[0].range_j == pytest.approx(262143.32885)
+    assert RaplReader(str(tmp_path / "none")).read() is None
+
+
+def test_accountant_per_segment_and_retain() -> None:
+    t = [0]
+    acc = Accountant(lambda: t[0])
+    snap = lambda key, *peers: GpuSnapshot(key, "/x", None, peers, 0)  # noqa: E731
+    acc.update(snap("a", peer(0, 1.0)), None)
+    acc.update(snap("b", peer(0, 7.0)), None)
+    t[0] = S
+    assert acc.update(snap("a", peer(0, 1.5)), None).busy_s == pytest.approx(0.5)
+    acc.retain(["b"])
+    assert acc.update(snap("a", peer(0, 2.0)), None).busy_s == 0.0  # forgotten: a new start
+
+
+def test_busy_from_marks() -> None:
+    b = BusyFromMarks(max_gap_us=1_000)
+    b.continued(0, 5_000)  # idle and continued: no marks, nothing counts
+    assert b.mark(None) == 0
+    assert b.mark(5_000) == 0  # the first mark of a burst
+    b.continued(5_000, 5_400)
+    b.continued(5_400, 5_600)  # merged
+    assert b.mark(5_500) == 500
+    # stopped 5_600..6_100 (not continued), then continued again
+    b.continued(6_100, 6_300)
+    assert b.mark(6_300) == 100 + 200  # the continued part of (5_500, 6_300]
+    assert b.mark(6_300) == 0  # no new mark
+    b.continued(6_300, 20_000)  # the work ended at 6_300; the 2 s activity tail is not counted
+    assert b.mark(20_000) == 0  # a mark after a long gap starts a new burst
+    b.continued(20_000, 20_500)
+    assert b.mark(20_400) == 400
