@@ -188,12 +188,12 @@ def test_rapl_reader_reads_packages_only(tmp_path) -> None:
 def test_accountant_per_segment_and_retain() -> None:
     t = [0]
     acc = Accountant(lambda: t[0])
-    snap = lambda key, *peers: GpuSnapshot(key, "/x", None, peers, 0)  # noqa: E731
+    snap = lambda key, *peers: GpuSnapshot(key, "/opencoti-gpu-" + key, None, peers, 0)  # noqa: E731
     acc.update(snap("a", peer(0, 1.0)), None)
     acc.update(snap("b", peer(0, 7.0)), None)
     t[0] = S
     assert acc.update(snap("a", peer(0, 1.5)), None).busy_s == pytest.approx(0.5)
-    acc.retain(["b"])
+    acc.retain(["/opencoti-gpu-b"])
     assert acc.update(snap("a", peer(0, 2.0)), None).busy_s == 0.0  # forgotten: a new start
 
 

@@ -147,21 +147,21 @@ class GpuAccountant:
 
 
 class Accountant:
-    """Every segment's `GpuAccountant`, keyed by gpu key; `clock_us` is the monotonic clock (injected)."""
+    """Every segment's `GpuAccountant`, keyed by segment name; `clock_us` is the monotonic clock (injected)."""
 
     def __init__(self, clock_us: ClockUs = mono_us) -> None:
         self._clock = clock_us
         self._gpus: dict[str, GpuAccountant] = {}
 
     def update(self, snap: GpuSnapshot, energy: EnergyReading | None) -> GpuAccount:
-        acc = self._gpus.get(snap.gpu_key)
+        acc = self._gpus.get(snap.segment)
         if acc is None:
-            acc = self._gpus[snap.gpu_key] = GpuAccountant()
+            acc = self._gpus[snap.segment] = GpuAccountant()
         return acc.update(snap.peers, self._clock(), energy)
 
-    def retain(self, gpu_keys: Iterable[str]) -> None:
-        """Forget the segments not in `gpu_keys` (gone since the last refresh)."""
-        keep = set(gpu_keys)
+    def retain(self, segments: Iterable[str]) -> None:
+        """Forget the segments (by name) not in `segments` (gone since the last refresh)."""
+        keep = set(segments)
         for k in [k for k in self._gpus if k not in keep]:
             del self._gpus[k]
 

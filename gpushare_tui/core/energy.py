@@ -96,3 +96,24 @@ def split_energy(energy_j: float, busy_s: dict, interval_s: float) -> tuple[dict
         return {k: 0.0 for k in busy}, energy_j
     shares = {k: energy_j * v / denom for k, v in busy.items()}
     return shares, energy_j * (1.0 - total / denom)
+
+
+class EnergySources:
+    """The energy reading for one segment's refresh: NVML's device total for a GPU's key (its
+    `energy_mj`, read with the device's stats), else the host's RAPL package energy when readable
+    (a CPU host's keys: every such segment sees the whole package). None when neither exists."""
+
+    def __init__(self, powercap_dir: str = POWERCAP_DIR) -> None:
+        self._powercap_dir = powercap_dir
+        self._rapl: RaplReader | None = None
+
+    def __call__(self, gpu_key: str, energy_mj: int | None) -> EnergyReading | None:
+        if energy_mj is not None:
+            return nvml_reading(energy_mj)
+        from .gpu import NVML_UUID_PREFIXES
+
+        if gpu_key.startswith(NVML_UUID_PREFIXES):
+            return None  # a GPU without the energy counter (before Volta, or not read this time)
+        if self._rapl is None:
+            self._rapl = RaplReader(self._powercap_dir)
+        return self._rapl.read()

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..core.abi import to_f32
+from ..core.accounting import GpuAccount, PeerAccount
 from ..core.control import SignalLateness
 from ..core.gpu import DeviceStats
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
@@ -55,6 +56,7 @@ class PeerRow:
     managed: bool = False  # a control socket we can reach, and the engine confirms this row (or the segment is trusted)
     vram_mib: float | None = None
     engine: EngineInfo | None = None
+    account: PeerAccount | None = None  # device time and energy (core.accounting; None: not accounted)
 
     @property
     def key(self) -> str:
@@ -83,6 +85,7 @@ class GpuView:
     device: DeviceStats | None = None
     rows: tuple[PeerRow, ...] = ()
     achieved_pct: tuple[tuple[int, float], ...] = ()  # (slot, achieved share %) of each member (busy-based)
+    account: GpuAccount | None = None  # the GPU's busy total and idle energy (core.accounting)
 
     @property
     def gpu_key(self) -> str:
