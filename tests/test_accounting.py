@@ -27,8 +27,16 @@ from gpushare_tui.core.snapshot import GpuSnapshot, PeerSnapshot
 S = 1_000_000
 
 
-def peer(slot: int, busy_total_s: float = 0.0, *, pid: int = 0, boot_us: int = 1, busy_pct: float = 50.0,
-         ext1: bool = True, alive: bool = True) -> PeerSnapshot:
+def peer(
+    slot: int,
+    busy_total_s: float = 0.0,
+    *,
+    pid: int = 0,
+    boot_us: int = 1,
+    busy_pct: float = 50.0,
+    ext1: bool = True,
+    alive: bool = True,
+) -> PeerSnapshot:
     return PeerSnapshot(
         slot=slot,
         pid=pid or 1000 + slot,

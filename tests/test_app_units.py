@@ -85,6 +85,8 @@ def test_row_cells():
         "toks": "55.5",
         "speed": "50",
         "engine": "running",
+        "time": "-",
+        "energy": "-",
         "hb": "<1s",
         "vram": "1234M",
         "gpu": "k",
@@ -105,8 +107,14 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
     scrollbar); GPU goes first, then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
     what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
     must = [c.key for c in COLUMNS if not c.drop]
-    cases = ((77, set(), {"gpu", "vram", "hb"}), (85, set(), {"gpu", "vram"}), (97, set(), {"gpu"}))
-    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (97, {"vram"}, {"vram"}))  # no VRAM: room for GPU
+    acct = {"energy", "time"}  # accounting: ENERGY goes first, then TIME
+    cases = (
+        (77, set(), {"gpu", "vram", "hb"} | acct),
+        (85, set(), {"gpu", "vram"} | acct),
+        (97, set(), {"gpu"} | acct),
+    )
+    cases += ((104, set(), acct), (111, set(), {"energy"}), (117, set(), set()), (200, {"energy"}, {"energy"}))
+    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (97, {"vram"}, {"vram"} | acct))  # no VRAM: room for GPU
     for available, empty, dropped in cases:
         shown, name = fit_columns(available, frozenset(empty))
         keys = [c.key for c in shown]

@@ -18,8 +18,8 @@ from gpushare_tui.cli.once import render_table
 from gpushare_tui.core import abi
 from gpushare_tui.core.accounting import GpuAccount, GpuAccountant
 from gpushare_tui.core.control import SignalLateness
-from gpushare_tui.core.gpu import DeviceStats
 from gpushare_tui.core.energy import nvml_reading
+from gpushare_tui.core.gpu import DeviceStats
 from gpushare_tui.core.snapshot import GpuSnapshot, SegmentProblem, build_gpu_snapshot
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares, unmanaged_view
 from gpushare_tui.dashboard.remote import gpu_from_json
@@ -71,9 +71,10 @@ def _account(g: GpuSnapshot, device: DeviceStats | None) -> GpuAccount:
     """The account LiveSource would hold after two collects ACCOUNT_SPAN_S apart: each counter peer
     busy for its busy fraction of the span, the v1 peers integrated, NVML's energy split (a device only)."""
     acc = GpuAccountant()
-    earlier = [replace(p, busy_total_us=max(0, p.busy_total_us - int(p.busy_pct * ACCOUNT_SPAN_S * 1e4))) for p in g.peers]
+    span_us = ACCOUNT_SPAN_S * 1_000_000
+    earlier = [replace(p, busy_total_us=max(0, p.busy_total_us - int(p.busy_pct / 100 * span_us))) for p in g.peers]
     acc.update(earlier, 0, nvml_reading(1_000_000) if device else None)
-    return acc.update(g.peers, ACCOUNT_SPAN_S * 1_000_000, nvml_reading(3_000_000) if device else None)
+    return acc.update(g.peers, span_us, nvml_reading(3_000_000) if device else None)
 
 
 def ext1(rec: abi.SlotRecord, busy_total_s: float) -> abi.SlotRecord:

@@ -63,7 +63,8 @@ def rapl_package_zones(powercap_dir: str = POWERCAP_DIR) -> list[str]:
     """The top-level RAPL zones (`intel-rapl:N`, one per package; not their `intel-rapl:N:M` subzones)
     whose energy_uj this user can read (recent kernels make it root-only)."""
     zones = sorted(glob.glob(os.path.join(powercap_dir, "intel-rapl:*")))
-    return [z for z in zones if os.path.basename(z).count(":") == 1 and _read_int(os.path.join(z, "energy_uj")) is not None]
+    packages = [z for z in zones if os.path.basename(z).count(":") == 1]
+    return [z for z in packages if _read_int(os.path.join(z, "energy_uj")) is not None]
 
 
 class RaplReader:

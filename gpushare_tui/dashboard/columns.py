@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.accounting import SOURCE_BUSY_PPM
 from ..core.pacer import BUSY_WINDOW_US
 from ..core.rate import RATE_WINDOW_S
 from .model import PeerRow
@@ -94,6 +95,59 @@ def engine_text(r: PeerRow) -> str:
     return state
 
 
+# -- accounting (issue 21): device time and energy per engine (core.accounting) ------------------------
+def fmt_busy_time(s: float | None) -> str:
+    """Busy seconds as h:mm:ss ("-": unknown)."""
+    if s is None:
+        return "-"
+    whole = int(s)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def fmt_wh(j: float | None) -> str:
+    """Joules as Wh, at most 6 characters ("-": unknown)."""
+    if j is None:
+        return "-"
+    wh = j / 3600
+    return f"{wh:.2f}" if wh < 100 else f"{wh:.0f}" if wh < 100_000 else f"{wh / 1000:.0f}k"
+
+
+def busy_time_text(r: PeerRow) -> str:
+    """TIME: busy since it joined ("~": a v1 peer's busy_ppm integrated since this view saw it)."""
+    a = r.account
+    if a is None:
+        return "-"
+    text = fmt_busy_time(a.busy_s)
+    return "~" + text if a.source == SOURCE_BUSY_PPM and a.busy_s is not None else text
+
+
+ACCOUNTING_COLUMNS: tuple[Column, ...] = (
+    Column(
+        "time",
+        "TIME",
+        8,
+        busy_time_text,
+        lambda r: _num_or(r.account.busy_s if r.account else None),
+        True,
+        True,
+        drop=4,
+        help="device time busy since it joined, h:mm:ss (~: estimated from BSY% since this view started)",
+    ),
+    Column(
+        "energy",
+        "ENERGY",
+        6,
+        lambda r: fmt_wh(r.account.energy_j if r.account else None),
+        lambda r: _num_or(r.account.energy_j if r.account else None),
+        True,
+        True,
+        drop=5,
+        help="device energy by its busy time, Wh, since this view started (NVML or RAPL; - without)",
+    ),
+)
+# -- end accounting ----------------------------------------------------------------------------------
+
+
 def _state_order(r: PeerRow) -> int:
     p = r.peer
     return 0 if p.alive and p.active else 1 if p.alive else 2
@@ -164,6 +218,7 @@ COLUMNS: tuple[Column, ...] = (
         help="speed vs solo (tok/s ÷ best tok/s alone)",
     ),
     Column("engine", "ENGINE", 9, engine_text, lambda r: (not r.managed, engine_text(r))),
+    *ACCOUNTING_COLUMNS,
     Column(
         "hb",
         "HB",

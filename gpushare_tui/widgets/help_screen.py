@@ -90,9 +90,13 @@ class HelpScreen(Dialog[None]):
                 f"engine's last {RATE_WINDOW_S:g} s of work (- until measured); SPD% = TOK/S ÷ its best tok/s "
                 "alone (its solo speed; - until it has run alone). ENGINE: the engine's state (running, loading, "
                 'exiting; "up …" under gpushare-tui up, "up ≠file" when its weight differs from the file); pacing '
-                "pauses are not a state: the timeline shows who runs. Foreign peers (no gpushare-tui control "
+                "pauses are not a state: the timeline shows who runs. "
+                "TIME: the peer's device time, busy h:mm:ss since it joined (its slot's busy counter; ~ for an "
+                "engine without one: estimated from BSY% since this view started). ENERGY: Wh of the device's "
+                "energy (NVML, or RAPL on a CPU host) split by busy time since this view started, the rest idle. "
+                "Foreign peers (no gpushare-tui control "
                 "socket) are read-only. On a "
-                "narrow terminal GPU, VRAM and HB are left out. Esc / ? closes.",
+                "narrow terminal ENERGY, TIME, GPU, VRAM and HB are left out. Esc / ? closes.",
                 classes="foot",
             )
 
