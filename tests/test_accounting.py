@@ -221,3 +221,18 @@ def test_busy_from_marks() -> None:
     assert b.mark(20_000) == 0  # a mark after a long gap starts a new burst
     b.continued(20_000, 20_500)
     assert b.mark(20_400) == 400
+
+
+def test_in_window_us() -> None:
+    from gpushare_tui.core import schedule
+    from gpushare_tui.core.accounting import in_window_us
+
+    sched = schedule.build_schedule([(0, 2.0), (1, 1.0)])  # 120 ms: slot 0 [0, 80 ms), slot 1 [80, 120 ms)
+    assert sched is not None and sched.window_of(1) == (80_000, 120_000)
+    base = 1_000 * sched.period_us  # phase 0
+    assert in_window_us(sched, 0, base + 70_000, base + 90_000) == 10_000  # the overshoot past 80 ms is not ours
+    assert in_window_us(sched, 1, base + 70_000, base + 90_000) == 10_000
+    assert in_window_us(sched, 1, base + 100_000, base + 100_000 + 3 * 120_000) == 3 * 40_000
+    assert in_window_us(sched, 0, base + 10, base + 20) == 10
+    assert in_window_us(None, 0, 5, 25) == 20 and in_window_us(sched, 7, 5, 25) == 20  # no schedule / not in it
+    assert in_window_us(sched, 0, 30, 20) == 0
