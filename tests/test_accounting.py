@@ -13,6 +13,7 @@ from gpushare_tui.core.accounting import (
     Accountant,
     BusyFromMarks,
     GpuAccountant,
+    PeerAccount,
 )
 from gpushare_tui.core.energy import (
     EnergyCounter,
@@ -236,3 +237,58 @@ def test_in_window_us() -> None:
     assert in_window_us(sched, 0, base + 10, base + 20) == 10
     assert in_window_us(None, 0, 5, 25) == 20 and in_window_us(sched, 7, 5, 25) == 20  # no schedule / not in it
     assert in_window_us(sched, 0, 30, 20) == 0
+
+
+def test_nvml_energy_read_with_the_device_stats(monkeypatch) -> None:
+    from gpushare_tui.core import gpu
+
+    class FakeNvml:
+        """Only the handle and the energy counter answer; every other query raises, as NVML may."""
+
+        def nvmlDeviceGetHandleByUUID(self, key: str) -> str:  # noqa: N802
+            return "handle"
+
+        def nvmlDeviceGetTotalEnergyConsumption(self, handle: str) -> int:  # noqa: N802
+            return 123_456_789  # mJ
+
+        def __getattr__(self, name: str):
+            def fails(*args: object) -> None:
+                raise RuntimeError(f"{name}: not supported")
+
+            return fails
+
+    monkeypatch.setattr(gpu, "_nvml", lambda: FakeNvml())
+    dev = gpu.device_stats("GPU-00000000-0000-0000-0000-000000000000")
+    assert dev is not None and dev.energy_mj == 123_456_789 and dev.util_pct is None
+    assert nvml_reading(dev.energy_mj) == nvml(123_456.789)
+
+
+def test_live_source_attributes_the_device_energy(gpu_key: str) -> None:
+    """A real segment: an Extension 1 owner's busy counter and a scripted NVML energy counter, through
+    LiveSource, the model and /metrics."""
+    from gpushare_tui.core import abi
+    from gpushare_tui.core.gpu import DeviceStats
+    from gpushare_tui.core.registry import Membership
+    from gpushare_tui.dashboard.source import LiveSource
+    from gpushare_tui.serve.exposition import render_metrics
+
+    energy_j = [1000.0]
+    source = LiveSource(gpu_key, stats=lambda key: DeviceStats(energy_mj=round(energy_j[0] * 1000)))
+    with Membership(gpu_key, 1.0, "busy", heartbeat_s=3600) as m:
+        m.set_flags(abi.FLAG_EXT1)
+        m.mark_active()
+        first = source.collect().gpus[0]
+        assert first.rows[0].account == PeerAccount(SOURCE_COUNTER, 0.0, None)  # no interval yet
+        m.add_busy_us(500_000)
+        m.heartbeat()
+        energy_j[0] += 100.0
+        model = source.collect()
+    view = model.gpus[0]
+    acc = view.rows[0].account
+    assert acc is not None and acc.busy_s == 0.5
+    # Σ busy (0.5 s) exceeds the few ms between the collects: the peer gets all of the interval's energy
+    assert acc.energy_j == pytest.approx(100.0) and view.account is not None and view.account.idle_energy_j == 0.0
+    text = render_metrics(lambda: model).decode()
+    assert f'gpushare_peer_energy_joules_total{{gpu_key="{gpu_key}",name="busy"' in text
+    assert f'gpushare_gpu_busy_seconds_total{{gpu_key="{gpu_key}"}} 0.5' in text
+    assert f'gpushare_gpu_idle_energy_joules_total{{gpu_key="{gpu_key}"}} 0.0' in text
