@@ -165,3 +165,18 @@ def test_launch_result_summary():
     lines = err.summary().splitlines()
     assert not err.ok and lines[0] == "engine exited" and lines[-1] == "l19" and len(lines) == 8
     assert LaunchResult(error="no such binary").summary() == "no such binary"
+
+
+def test_accounting_cells():
+    from gpushare_tui.core.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, PeerAccount
+    from gpushare_tui.dashboard.columns import fmt_busy_time, fmt_wh
+
+    assert [fmt_busy_time(s) for s in (None, 0.4, 59.9, 3723.5, 999 * 3600 + 1, 1000 * 3600, 2.0**64 / 1e6)] == [
+        "-", "0:00:00", "0:00:59", "1:02:03", "999:00:01", "1000h", "huge"
+    ]  # fmt: skip
+    assert [fmt_wh(j) for j in (None, 0.0, 36.0, 3600 * 123.4, 3600 * 123_456)] == ["-", "0.00", "0.01", "123", "123k"]
+    p = snap([slot(0, 1)]).peers[0]
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_COUNTER, 61.0, 7200.0)), "time") == "0:01:01"
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_COUNTER, 61.0, 7200.0)), "energy") == "2.00"
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_BUSY_PPM, 61.0, None)), "time") == "~0:01:01"
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_BUSY_PPM, None, None)), "time") == "-"

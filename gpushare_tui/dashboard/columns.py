@@ -97,10 +97,14 @@ def engine_text(r: PeerRow) -> str:
 
 # -- accounting (issue 21): device time and energy per engine (core.accounting) ------------------------
 def fmt_busy_time(s: float | None) -> str:
-    """Busy seconds as h:mm:ss ("-": unknown)."""
+    """Busy seconds as h:mm:ss, hours alone from 1000 h ("-": unknown; "huge": beyond 8 characters,
+    a counter no engine reaches)."""
     if s is None:
         return "-"
     whole = int(s)
+    if whole >= 1000 * 3600:
+        text = f"{whole // 3600}h"
+        return text if len(text) <= 8 else "huge"
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
