@@ -92,24 +92,39 @@ def test_gpu_total_caps_a_hostile_delta() -> None:
 
 
 def test_v1_peer_is_integrated_from_busy_ppm() -> None:
+    """Active with busy_ppm > 0 and a counter that stays 0 for V1_EVIDENCE_S of busy time: a v1 peer,
+    integrated from busy_ppm from then on, the wait included; unknown (None) until then."""
     acc = GpuAccountant()
     v1 = {"ext1": False, "busy_pct": 50.0}
     a = acc.update([peer(0, 0.0, **v1)], 0, None)
-    assert a.peers[0][1].source == SOURCE_BUSY_PPM and a.peers[0][1].busy_s is None  # unknown at first look
+    assert a.peers[0][1] == PeerAccount(SOURCE_COUNTER, None, None)  # not known yet: no series
+    a = acc.update([peer(0, 0.0, **v1)], S, None)  # 0.5 s of busy_ppm: not evidence enough
+    assert a.peers[0][1] == PeerAccount(SOURCE_COUNTER, None, None)
     a = acc.update([peer(0, 0.0, **v1)], 2 * S, None)
-    assert a.peers[0][1].busy_s == pytest.approx(1.0) and a.busy_s == pytest.approx(1.0)
+    assert a.peers[0][1].source == SOURCE_BUSY_PPM and a.peers[0][1].busy_s == pytest.approx(1.0)
     a = acc.update([peer(0, 0.0, ext1=False, busy_pct=100.0)], 4 * S, None)
     assert a.peers[0][1].busy_s == pytest.approx(1.0 + 1.5)  # trapezoid: (50 + 100) / 2 % of 2 s
+    assert a.busy_s == pytest.approx(0.5 + 1.5)  # the GPU's sum: from the switch's interval on
 
 
-def test_idle_peer_switches_to_busy_ppm_without_loss() -> None:
+def test_a_counter_that_rises_is_never_taken_for_v1() -> None:
+    """An engine of ours (no EXT1 yet) whose busy_ppm shows before its counter rises, or that shows CPU
+    busy_ppm while idle (a supervisor's), stays "counter"."""
     acc = GpuAccountant()
+    early = {"ext1": False, "busy_pct": 40.0}
+    acc.update([peer(0, 0.0, **early), peer(1, 0.0, ext1=False, busy_pct=3.0)], 0, None)
+    idle_cpu = PeerSnapshot(**{**peer(1, 0.0, ext1=False, busy_pct=3.0).__dict__, "active": False})
+    a = acc.update([peer(0, 0.3, **early), idle_cpu], S, None)
+    assert a.of(peer(0)) == PeerAccount(SOURCE_COUNTER, 0.3, None)
+    for t in range(2, 60):
+        a = acc.update([peer(0, 0.3 * t, **early), idle_cpu], t * S, None)
+    assert a.of(peer(0)).source == SOURCE_COUNTER and a.of(idle_cpu).source == SOURCE_COUNTER
+    assert a.of(idle_cpu).busy_s is None  # busy_ppm > 0, counter 0: not known (idle, or v1 and idle)
+    acc2 = GpuAccountant()
     idle = peer(0, 0.0, ext1=False, busy_pct=0.0)
-    assert acc.update([idle], 0, None).peers[0][1].source == SOURCE_COUNTER  # no evidence yet, 0 either way
-    a = acc.update([peer(0, 0.0, ext1=False, busy_pct=40.0)], S, None)
-    assert a.peers[0][1].source == SOURCE_BUSY_PPM and a.peers[0][1].busy_s == pytest.approx(0.2)
-    # an ext1 peer that has not been busy yet stays "counter"
-    assert acc.update([peer(1, 0.0, busy_pct=40.0)], 2 * S, None).of(peer(1)).source == SOURCE_COUNTER
+    assert acc2.update([idle], 0, None).peers[0][1] == PeerAccount(SOURCE_COUNTER, 0.0, None)  # 0 either way
+    # an Extension 1 peer is "counter" whatever it shows
+    assert acc2.update([peer(1, 0.0, busy_pct=40.0)], S, None).of(peer(1)) == PeerAccount(SOURCE_COUNTER, 0.0, None)
 
 
 def test_energy_split_by_busy_deltas_rest_idle() -> None:

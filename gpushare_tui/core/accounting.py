@@ -4,10 +4,12 @@ Pure: the monotonic clock is passed in and the energy readings are given (core.e
 (`serve`, the dashboard, `--once`) keeps an `Accountant` across its refreshes:
 
 - A peer's busy time is its slot's `busy_total_us` (source "counter": µs busy since it joined, kept by
-  the engine, so a reader's restart restarts nothing). A v1 peer has no counter: one that reports
-  `busy_ppm > 0` with `busy_total_us == 0` and no EXT1 flag is integrated from `busy_ppm` between
-  refreshes instead (source "busy_ppm", since this reader first saw it). Until such evidence a peer
-  counts as "counter" (an idle v1 peer reads 0 either way; its switch only leaves a series that stayed 0).
+  the engine, so a reader's restart restarts nothing). A v1 peer has no counter: one without the EXT1
+  flag whose counter stays 0 while it is active with `busy_ppm > 0` for V1_EVIDENCE_S of busy time is
+  integrated from `busy_ppm` between refreshes instead (source "busy_ppm", since this reader first saw
+  it, that wait included). Until then it counts as "counter", its busy time unknown (None) while it
+  shows `busy_ppm > 0` with the counter at 0 (an engine of ours whose counter has not risen yet looks
+  the same); a series that stayed at 0 is all a switch leaves behind.
 - Per owner (slot, pid, boot_us): a new owner of a slot is a new account. Within one, the counter never
   goes down here even if the slot's does (a bad writer).
 - The GPU's busy time is the sum of its peers' busy deltas since this reader started (each delta capped
@@ -30,6 +32,7 @@ from .snapshot import GpuSnapshot, PeerSnapshot
 
 SOURCE_COUNTER = "counter"
 SOURCE_BUSY_PPM = "busy_ppm"
+V1_EVIDENCE_S = 1.0  # busy_ppm integrated while active with no counter rising: a v1 owner (source busy_ppm)
 BUSY_DELTA_SLACK_S = 1.0  # a counter published at heartbeats (~0.5 s) may rise by more than the time between reads
 
 MAX_SPANS = 256  # BusyFromMarks: continued spans kept after the last mark (one per stop/continue cycle)
@@ -68,10 +71,13 @@ class _Owner:
     last_busy_pct: float
     integrated_s: float | None = None
     energy_j: float | None = None
+    pending_s: float = 0.0  # busy_ppm integrated while active with the counter at 0 (V1_EVIDENCE_S decides)
+    unknown: bool = False  # busy_ppm > 0 and no counter yet: its busy time is not known (yet)
 
 
-def _v1_evidence(p: PeerSnapshot) -> bool:
-    """Busy without a counter: a v1 owner (it writes zeros where Extension 1 keeps busy_total_us)."""
+def _no_counter_yet(p: PeerSnapshot) -> bool:
+    """Busy without a counter so far: maybe a v1 owner (it writes zeros where Extension 1 keeps busy_total_us),
+    maybe one whose counter is about to rise (a supervisor's busy_ppm is its engine's CPU, even idle)."""
     return not p.ext1 and p.busy_total_us == 0 and p.busy_pct > 0
 
 
@@ -95,16 +101,20 @@ class GpuAccountant:
             present.add(key)
             o = self._owners.get(key)
             if o is None:
-                source = SOURCE_BUSY_PPM if _v1_evidence(p) else SOURCE_COUNTER
-                self._owners[key] = _Owner(source, p.busy_total_us, now_mono_us, p.busy_pct)
+                self._owners[key] = _Owner(SOURCE_COUNTER, p.busy_total_us, now_mono_us, p.busy_pct)
+                self._owners[key].unknown = _no_counter_yet(p)
                 continue
             if not p.alive:  # frozen until it heartbeats again (or is evicted)
                 o.last_mono_us = now_mono_us
                 o.last_busy_pct = 0.0
                 continue
             dt_s = max(0, now_mono_us - o.last_mono_us) / 1e6
-            if o.source == SOURCE_COUNTER and o.counter_us == 0 and _v1_evidence(p):
-                o.source, o.integrated_s = SOURCE_BUSY_PPM, 0.0  # its counter series stayed 0: nothing lost
+            if o.source == SOURCE_COUNTER and o.counter_us == 0:
+                o.unknown = _no_counter_yet(p)
+                inc_s = (o.last_busy_pct + p.busy_pct) / 200 * dt_s if o.unknown and p.active else 0.0
+                o.pending_s += inc_s  # working, and still no counter: integrated while we wait
+                if o.pending_s >= V1_EVIDENCE_S:  # its counter would have risen by now: a v1 owner
+                    o.source, o.integrated_s, o.unknown = SOURCE_BUSY_PPM, o.pending_s - inc_s, False
             if o.source == SOURCE_COUNTER:
                 delta_s = max(0, p.busy_total_us - o.counter_us) / 1e6
                 o.counter_us = max(o.counter_us, p.busy_total_us)
@@ -143,7 +153,10 @@ class GpuAccountant:
 
     @staticmethod
     def _account(o: _Owner) -> PeerAccount:
-        busy = o.counter_us / 1e6 if o.source == SOURCE_COUNTER else o.integrated_s
+        if o.source == SOURCE_COUNTER:
+            busy = None if o.unknown and o.counter_us == 0 else o.counter_us / 1e6
+        else:
+            busy = o.integrated_s
         return PeerAccount(o.source, busy, o.energy_j)
 
 
