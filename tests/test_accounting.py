@@ -307,3 +307,26 @@ def test_live_source_attributes_the_device_energy(gpu_key: str) -> None:
     assert f'gpushare_peer_energy_joules_total{{gpu_key="{gpu_key}",name="busy"' in text
     assert f'gpushare_gpu_busy_seconds_total{{gpu_key="{gpu_key}"}} 0.5' in text
     assert f'gpushare_gpu_idle_energy_joules_total{{gpu_key="{gpu_key}"}} 0.0' in text
+
+
+def test_remote_report_carries_the_accounts() -> None:
+    """What a `serve`'s /gpu/peers says of each peer's account is what `--remote` views show."""
+    import json as json_
+
+    from slots import NOW, slot
+
+    from gpushare_tui.core.snapshot import build_gpu_snapshot
+    from gpushare_tui.dashboard.model import GpuView, PeerRow
+    from gpushare_tui.dashboard.remote import host_view, parse_report
+    from gpushare_tui.dashboard.report import ReportData, report_json
+
+    g = build_gpu_snapshot("k", "/opencoti-gpu-k", [slot(0, 2.0), slot(1, 1.0)], NOW)
+    acc = {0: PeerAccount(SOURCE_COUNTER, 12.5, 300.0), 1: PeerAccount(SOURCE_BUSY_PPM, 2.0, None)}
+    rows = tuple(PeerRow("k", p, account=acc[p.slot]) for p in g.peers)
+    body = json_.dumps(report_json(ReportData("h", NOW, [(None, GpuView(g, None, rows))]))).encode()
+    views, errors = host_view(parse_report("http://10.0.0.5:9464", body))
+    assert errors == [] and [r.account for r in views[0].rows] == [acc[0], acc[1]]
+    doc = json_.loads(body)
+    doc["gpus"][0]["peers"][0]["busy_total_s"] = -1.0
+    bad = parse_report("http://10.0.0.5:9464", json_.dumps(doc).encode())
+    assert bad.error is not None and "busy_total_s" in bad.error  # out of range: the host's one error line

@@ -92,10 +92,11 @@ class GpuView:
         return self.snapshot.gpu_key
 
 
-def unmanaged_view(g: GpuSnapshot) -> GpuView:
+def unmanaged_view(g: GpuSnapshot, account: GpuAccount | None = None) -> GpuView:
     """A view of `g` without device stats, every peer unmanaged: another host's GPU (no control socket
-    of ours, no admin action reaches it)."""
-    return GpuView(g, None, tuple(PeerRow(g.gpu_key, p) for p in g.peers))
+    of ours, no admin action reaches it), with the accounts its host reported (`account`)."""
+    rows = tuple(PeerRow(g.gpu_key, p, account=account.of(p) if account else None) for p in g.peers)
+    return GpuView(g, None, rows, account=account)
 
 
 @dataclass(frozen=True)
