@@ -330,3 +330,29 @@ def test_remote_report_carries_the_accounts() -> None:
     doc["gpus"][0]["peers"][0]["busy_total_s"] = -1.0
     bad = parse_report("http://10.0.0.5:9464", json_.dumps(doc).encode())
     assert bad.error is not None and "busy_total_s" in bad.error  # out of range: the host's one error line
+
+
+def test_reclaim_after_eviction_keeps_counting(gpu_key: str) -> None:
+    """busy_total_us belongs to the owner (pid, boot_us), not the slot: a re-claim after an eviction
+    keeps both, so the counter carries on (spec §7: it never decreases while (pid, boot_us) is the same)."""
+    from gpushare_tui.core.clock import wall_us
+    from gpushare_tui.core.registry import Membership
+    from gpushare_tui.core.segment import Segment
+
+    intruder = 3_999_777
+    with Membership(gpu_key, 1.0, "me", heartbeat_s=3600, log=lambda msg: None) as m:
+        m.add_busy_us(700_000)
+        m.heartbeat()
+        seg = Segment.create_or_attach(gpu_key)
+        old = m.slot
+        assert old is not None
+        try:
+            seg.store_heartbeat(old, wall_us())
+            assert seg.cas_pid(old, m.pid, intruder)  # evicted: another owner holds the slot now
+            m.heartbeat()  # notices, claims another slot
+            assert m.slot is not None and m.slot != old
+            rec = seg.read_slot(m.slot)
+            assert (rec.pid, rec.boot_us, rec.busy_total_us) == (m.pid, m.boot_us, 700_000)
+        finally:
+            seg.cas_pid(old, intruder, 0)
+            seg.close()
