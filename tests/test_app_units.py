@@ -88,6 +88,8 @@ def test_row_cells():
         "toks": "55.5",
         "speed": "50",
         "engine": "running",
+        "time": "-",
+        "energy": "-",
         "hb": "<1s",
         "vram": "1234M",
         "gpu": "k",
@@ -177,9 +179,13 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
     scrollbar); GPU goes first, then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
     what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
     must = [c.key for c in COLUMNS if not c.drop]
-    cases = ((77, set(), {"gpu", "vram", "hb", "class"}), (85, set(), {"gpu", "vram", "class"}))
-    cases += ((97, set(), {"gpu", "class"}), (102, set(), {"class"}))  # CLS goes first (issue 20)
-    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (97, {"vram"}, {"vram", "class"}))  # no VRAM: GPU fits
+    acct = {"energy", "time"}  # accounting: ENERGY goes first, then TIME and CLS
+    cases = (
+        (77, set(), {"gpu", "vram", "hb", "class"} | acct),
+        (85, set(), {"gpu", "vram", "class"} | acct),
+        (97, set(), {"gpu", "class"} | acct),
+    )
+    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (200, {"energy"}, {"energy"}))
     for available, empty, dropped in cases:
         shown, name = fit_columns(available, frozenset(empty))
         keys = [c.key for c in shown]
@@ -260,3 +266,18 @@ def test_engine_kinds_are_a_table_of_fields():
 def test_a_synthetic_launch_summary_has_no_port_or_supervisor():
     reply = LaunchReply(4242, 0, "", "/tmp/synth.log", 3, 4242, "/tmp/synth.log")
     assert LaunchResult(reply).summary() == "synthetic engine pid 4242 (slot 3)\nlog /tmp/synth.log"
+
+
+def test_accounting_cells():
+    from gpushare_tui.core.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, PeerAccount
+    from gpushare_tui.dashboard.columns import fmt_busy_time, fmt_wh
+
+    assert [fmt_busy_time(s) for s in (None, 0.4, 59.9, 3723.5, 999 * 3600 + 1, 1000 * 3600, 2.0**64 / 1e6)] == [
+        "-", "0:00:00", "0:00:59", "1:02:03", "999:00:01", "1000h", "huge"
+    ]  # fmt: skip
+    assert [fmt_wh(j) for j in (None, 0.0, 36.0, 3600 * 123.4, 3600 * 123_456)] == ["-", "0.00", "0.01", "123", "123k"]
+    p = snap([slot(0, 1)]).peers[0]
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_COUNTER, 61.0, 7200.0)), "time") == "0:01:01"
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_COUNTER, 61.0, 7200.0)), "energy") == "2.00"
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_BUSY_PPM, 61.0, None)), "time") == "~0:01:01"
+    assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_BUSY_PPM, None, None)), "time") == "-"

@@ -47,6 +47,9 @@ PEER_TYPES = {
     "boot_us": int,
     "achieved_pct": (float, type(None)),
     "window_pct": (float, type(None)),
+    "busy_total_s": (float, type(None)),  # accounting (issue 21)
+    "busy_source": (str, type(None)),
+    "energy_j": (float, type(None)),
     "managed": bool,
     "engine": (dict, type(None)),
 }
@@ -149,6 +152,8 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
         assert 0.0 <= p["busy_pct"] <= 100.0
         assert abs(p["boot_us"] - t0 * 1e6) < 120e6
         assert p["managed"] is True  # synth engines answer on their control sockets
+        assert p["busy_source"] == "counter" and p["busy_total_s"] > 0  # since it joined (the slot's counter)
+        assert p["energy_j"] is None  # no energy source here, and one --once sees no interval
         e = p["engine"]  # what the engine's control socket said
         assert list(e) == ENGINE_KEYS
         assert (e["state"], e["kind"], e["model"], e["port"], e["log"], e["error"]) == (
@@ -174,6 +179,9 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
         "boot_us": 7,
         "achieved_pct": None,
         "window_pct": None,  # idle: no window
+        "busy_total_s": 0.0,  # written as a v1 peer (idle): a counter at 0 until it shows busy_ppm > 0
+        "busy_source": "counter",
+        "energy_j": None,
         "managed": False,
         "engine": None,
     }  # fmt: skip  (a foreign peer: no engine object)

@@ -33,8 +33,12 @@ def test_grafana_dashboard_metrics_exist() -> None:
     used = {m for e in exprs for m in METRIC.findall(e)}
     assert all(METRIC.search(e) for e in exprs), [e for e in exprs if not METRIC.search(e)]
     assert used - METRIC_NAMES == set()
+    accounting = {"gpushare_peer_busy_seconds_total", "gpushare_gpu_busy_seconds_total"}
+    accounting |= {"gpushare_peer_energy_joules_total", "gpushare_gpu_idle_energy_joules_total"}
+    assert accounting <= used  # the counters, through rate() / increase()
+    assert all(re.search(r"\b(rate|increase)\(" + m, e) for e in exprs for m in accounting if m in e)
     titles = " ".join(p["title"].lower() for p in dash["panels"])
-    for what in ("share", "busy", "achieved", "tokens/s", "period", "peers"):
+    for what in ("share", "busy", "achieved", "tokens/s", "period", "peers", "device time by", "energy by engine"):
         assert what in titles
 
 

@@ -16,9 +16,11 @@ from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 from gpushare_tui.cli.once import render_table
 from gpushare_tui.core import abi
+from gpushare_tui.core.accounting import GpuAccount, GpuAccountant
 from gpushare_tui.core.control import SignalLateness
+from gpushare_tui.core.energy import nvml_reading
 from gpushare_tui.core.gpu import DeviceStats
-from gpushare_tui.core.snapshot import SegmentProblem, build_gpu_snapshot
+from gpushare_tui.core.snapshot import GpuSnapshot, SegmentProblem, build_gpu_snapshot
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares, unmanaged_view
 from gpushare_tui.dashboard.remote import gpu_from_json
 from gpushare_tui.dashboard.report import ReportData, report_json
@@ -56,8 +58,29 @@ def _view(key: str, slots: list[abi.SlotRecord], engines: dict[int, EngineInfo],
     """A GpuView as LiveSource builds it: the peers in `engines` (by slot) managed, VRAM from `device`."""
     g = build_gpu_snapshot(key, f"/opencoti-gpu-{key}", slots, NOW, owner=owner, owner_uid=uid, mode=mode)
     vram = dict(device.pid_mem_mib) if device is not None else {}
-    rows = tuple(PeerRow(key, p, p.slot in engines, vram.get(p.pid), engines.get(p.slot)) for p in g.peers)
-    return GpuView(g, device, rows, achieved_shares(rows))
+    account = _account(g, device)
+    rows = tuple(
+        PeerRow(key, p, p.slot in engines, vram.get(p.pid), engines.get(p.slot), account.of(p)) for p in g.peers
+    )
+    return GpuView(g, device, rows, achieved_shares(rows), account)
+
+
+ACCOUNT_SPAN_S = 10  # the fixed models' accounts: two reads this far apart, the device spent 2000 J between
+
+
+def _account(g: GpuSnapshot, device: DeviceStats | None) -> GpuAccount:
+    """The account LiveSource would hold after two collects ACCOUNT_SPAN_S apart: each counter peer
+    busy for its busy fraction of the span, the v1 peers integrated, NVML's energy split (a device only)."""
+    acc = GpuAccountant()
+    span_us = ACCOUNT_SPAN_S * 1_000_000
+    earlier = [replace(p, busy_total_us=max(0, p.busy_total_us - int(p.busy_pct / 100 * span_us))) for p in g.peers]
+    acc.update(earlier, 0, nvml_reading(1_000_000) if device else None)
+    return acc.update(g.peers, span_us, nvml_reading(3_000_000) if device else None)
+
+
+def ext1(rec: abi.SlotRecord, busy_total_s: float, flags: int = 0) -> abi.SlotRecord:
+    """`rec` of an Extension 1 owner (EXT1 and `flags` set) that has been busy `busy_total_s` since it joined."""
+    return replace(rec, flags=abi.FLAG_EXT1 | flags, busy_total_us=int(busy_total_s * 1e6))
 
 
 def fixed_model() -> DashboardModel:
@@ -74,9 +97,9 @@ def fixed_model() -> DashboardModel:
     a = _view(
         "golden-a",
         [
-            slot(0, 2.0, pid=2100, name="chat", busy=0.6),
-            # an Extension-1 batch peer with work in flight, put back on §5 by the v1 members (slot 0 first)
-            replace(slot(1, 1.0, pid=2101, name="模型-batch", busy=0.2), flags=abi.FLAG_EXT1 | abi.FLAG_DEMAND),
+            ext1(slot(0, 2.0, pid=2100, name="chat", busy=0.6), busy_total_s=3723.5),
+            # an Extension-1 batch peer with work in flight, put back on §5 by the v1 member (slot 3, "mute")
+            ext1(slot(1, 1.0, pid=2101, name="模型-batch", busy=0.2), busy_total_s=59.0, flags=abi.FLAG_DEMAND),
             slot(2, 0.5, active=0, pid=2102, name='say "hi"', busy=0.0),
             slot(3, 1.0, pid=2103, name="mute", busy=0.0),
             slot(4, 1.0, pid=2104, name="ghost", age_s=75.0, busy=0.9),
@@ -164,4 +187,7 @@ def test_remote_view_reads_back_the_report() -> None:
     (`managed` and `engine` are that host's: its rows are read-only here)."""
     model = fixed_model()
     doc = json.loads(_dumps(report_json(ReportData.of_model(model, HOSTNAME))))
-    assert [gpu_from_json(g, NOW) for g in doc["gpus"]] == [v.snapshot for v in model.gpus]
+    # the slots' raw busy counter is not in the report (each peer's account is: busy_total_s ...)
+    raw = [replace(v.snapshot, peers=tuple(replace(p, busy_total_us=0) for p in v.snapshot.peers))
+           for v in model.gpus]  # fmt: skip
+    assert [gpu_from_json(g, NOW) for g in doc["gpus"]] == raw

@@ -229,3 +229,23 @@ def test_a_moved_window_never_takes_the_floor(world: World) -> None:
     assert not schedule.may_run(sched, 0, world.t)
     slept = world.pacer.step_done(step_us=1000)
     assert 0 < slept <= schedule.longest_sleep_us(sched)
+
+
+def test_busy_total_counts_step_time_in_our_window_never_sleeps(world: World) -> None:
+    """busy_total_us (spec §7): the steps' time inside our window; the overshoot past its end is the
+    next member's; a sleep never counts; alone (no schedule) every step counts."""
+    world.pacer.step_done(step_us=3000)  # alone: no schedule
+    assert world.m.busy_total_us == 3000
+    world.other_peer()
+    world.at(50_000)
+    world.pacer.step_done(step_us=1)  # re-reads the registry: the 2:1 schedule from here on
+    world.other_peer()
+    world.at(10_000)
+    world.pacer.step_done(step_us=5000)
+    assert world.m.busy_total_us == 3001 + 5000
+    world.at(85_000)  # a step ending 5 ms past our window (80 ms): 5 ms of it was ours, then a sleep
+    world.other_peer()
+    world.pacer.step_done(step_us=10_000)
+    assert world.sleeps == [0.035] and world.m.busy_total_us == 3001 + 5000 + 5000
+    world.m.heartbeat()
+    assert world.ro.read_slot(0).busy_total_us == 3001 + 5000 + 5000  # written at the heartbeat

@@ -11,6 +11,7 @@ from slots import NOW, slot, snap
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.cli.once import render_table
 from gpushare_tui.core import abi
+from gpushare_tui.core.accounting import SOURCE_COUNTER, PeerAccount
 from gpushare_tui.dashboard.columns import COLUMNS
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 from gpushare_tui.dashboard.report import ReportData
@@ -22,10 +23,18 @@ MUST = [c.label for c in COLUMNS if not c.drop]  # SLOT PID NAME WGT SHR% BSY% A
 
 
 def _model(n: int = abi.SLOT_COUNT) -> DashboardModel:
-    """`n` managed peers with long names, tok/s, solo rates and VRAM: every column has something to show."""
+    """`n` managed peers with long names, tok/s, solo rates, VRAM, busy time and energy: every column has
+    something to show."""
     s = snap([slot(i, 1 + i % 3, pid=4_100_000 + i, name=f"engine-with-a-long-name-{i}") for i in range(n)], key=KEY)
     rows = tuple(
-        PeerRow(KEY, p, True, 20_480.0 + p.slot, EngineInfo(state="running", tok_s=123.4, solo_tok_s=456.7))
+        PeerRow(
+            KEY,
+            p,
+            True,
+            20_480.0 + p.slot,
+            EngineInfo(state="running", tok_s=123.4, solo_tok_s=456.7),
+            PeerAccount(SOURCE_COUNTER, 3723.5, 7200.0),
+        )
         for p in s.peers
     )
     return DashboardModel(NOW, (GpuView(s, None, rows, achieved_shares(rows)),))
@@ -77,4 +86,4 @@ def test_once_table_has_the_dashboard_tables_headers_and_cells() -> None:
     assert lines[1].split() == asyncio.run(main()) == [c.label for c in COLUMNS]
     first = lines[2].split()
     assert first[:4] == ["0", "4100000", "engine-with-a-long-name-0", "1"]
-    assert first[-7:] == ["123.4", "27", "running", "<1s", "20.0G", KEY, "v1"]
+    assert first[-9:] == ["123.4", "27", "running", "1:02:03", "2.00", "<1s", "20.0G", KEY, "v1"]

@@ -364,3 +364,31 @@ def test_a_termination_signal_stops_run_in_order(sig, procs, gpu_key, runtime_di
         assert all(r.pid == 0 for r in seg.read_slots())
     assert proc_state(pid) is None
     assert not os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{pid}.sock"))
+
+
+def test_busy_total_counts_continued_work_only(engines):
+    """busy_total_us (spec §7) of supervised engines: the time each is continued while it works, so
+    about 2:1 under a 2:1 schedule, never more than the wall time together, and not the idle time
+    (nor the 2 s activity tail) after the work ends."""
+    sup_a, a, _ = engines.run(2, threads=2)
+    sup_b, b, _ = engines.run(1, threads=2)
+    assert engines.slot_of(a).busy_total_us == 0  # idle since it joined
+    loads = [start_load(port_of(p)) for p in (a, b)]
+    time.sleep(2.0)
+    t0, c0 = time.monotonic(), {p: engines.slot_of(p).busy_total_us for p in (a, b)}
+    time.sleep(8.0)
+    t1, c1 = time.monotonic(), {p: engines.slot_of(p).busy_total_us for p in (a, b)}
+    for lo in loads:
+        lo.stop()
+    da, db = (c1[p] - c0[p] for p in (a, b))
+    elapsed_us = (t1 - t0) * 1e6
+    print(f"busy a {da / 1e6:.2f} s, b {db / 1e6:.2f} s over {elapsed_us / 1e6:.2f} s")
+    assert db > 0 and 1.4 <= da / db <= 2.8, (da, db)  # continued time follows the 2:1 windows
+    assert da + db <= elapsed_us * 1.05 + 1_000_000  # one at a time (heartbeat lag: 0.5 s at each end)
+    assert da + db >= elapsed_us * 0.4  # they had work all along (a loaded box loses some)
+    time.sleep(0.7)  # the last heartbeat with the work's end
+    stopped = {p: engines.slot_of(p).busy_total_us for p in (a, b)}
+    wait_for(lambda: not engines.slot_of(a).active and not engines.slot_of(b).active, 8, what="both idle")
+    time.sleep(1.0)
+    tail = {p: engines.slot_of(p).busy_total_us - stopped[p] for p in (a, b)}
+    assert all(us <= 500_000 for us in tail.values()), tail  # not the ~2 s activity tail, nor idle time

@@ -85,7 +85,8 @@ def collect(
         return data
     views, errors = list(data.views), list(data.errors)
     for r in remote.reports():
-        views += [(r.host, unmanaged_view(g)) for g in r.gpus if gpu_key in (None, g.gpu_key)]
+        accounts = r.accounts or (None,) * len(r.gpus)
+        views += [(r.host, unmanaged_view(g, a)) for g, a in zip(r.gpus, accounts) if gpu_key in (None, g.gpu_key)]
         errors += [(r.host, e) for e in r.errors]
         if r.error is not None:
             errors.append((r.host, SegmentProblem("", r.error)))

@@ -71,6 +71,7 @@ class DeviceStats:
     power_w: float | None = None
     pid_mem_mib: tuple[tuple[int, float], ...] = ()
     pid_util_pct: tuple[tuple[int, float], ...] = ()
+    energy_mj: int | None = None  # nvmlDeviceGetTotalEnergyConsumption: mJ since the driver loaded (Volta+)
 
 
 def _try(f, *args):
@@ -100,6 +101,7 @@ def device_stats(gpu_key: str, since_us: int = 0) -> DeviceStats | None:
     power = _try(nv.nvmlDeviceGetPowerUsage, handle)
     procs = _try(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
     samples = _try(nv.nvmlDeviceGetProcessUtilization, handle, since_us) or []
+    energy = _try(nv.nvmlDeviceGetTotalEnergyConsumption, handle)  # NVMLError (None) before Volta
     return DeviceStats(
         name=_str(n) if (n := _try(nv.nvmlDeviceGetName, handle)) else None,
         util_pct=float(util.gpu) if util else None,
@@ -109,6 +111,7 @@ def device_stats(gpu_key: str, since_us: int = 0) -> DeviceStats | None:
         power_w=power / 1000 if power is not None else None,
         pid_mem_mib=tuple((p.pid, (p.usedGpuMemory or 0) / 2**20) for p in procs),
         pid_util_pct=tuple((s.pid, float(s.smUtil)) for s in samples),
+        energy_mj=int(energy) if energy is not None else None,
     )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from . import schedule
 from .abi import SlotRecord
+from .accounting import in_window_us
 from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 
@@ -74,6 +75,8 @@ class Pacer:
             self._window_start_us, self._busy_us, self._early = mono - step, 0, True
             self._owed_us = 0
         self._busy_us += step
+        # busy_total_us (spec §7): the step's time in our window (all of it in an owed run, or unthrottled)
+        self._m.add_busy_us(step if self._owed_us else in_window_us(self._sched, self._m.slot, now - step, now))
         self._owed_us = max(0, self._owed_us - step)
         self._m.mark_active(mono)
         slot = self._m.slot

@@ -231,6 +231,11 @@ class Membership:
             with self._lock:
                 self._busy_total_us += int(us)
 
+    @property
+    def last_active_us(self) -> int | None:
+        """When the last decode/prefill step was marked (mono µs); None before the first."""
+        return self._last_active_us or None
+
     def mark_active(self, mono_now_us: int | None = None) -> None:
         """A decode/prefill step happened (at `mono_now_us`, default now): raise `active` at once if it was down."""
         self._last_active_us = self._mono() if mono_now_us is None else mono_now_us

@@ -54,11 +54,18 @@ class PeerSnapshot:
     def floor_lifted(self) -> bool:
         """The floor gave it a larger window than its plain share w ÷ Σw."""
         return floor_lifted(self.share_pct, self.window_pct)
+
+    @property
+    def ext1(self) -> bool:
+        """Its owner implements Extension 1 (§7): it has a latency class."""
+        return self.klass is not None
     # Extension 1 (spec §7), each None for a v1 peer (its flags lack EXT1): its latency class
     # ("interactive" | "batch"), whether it has work in flight (DEMAND), and whether it holds priority now
     klass: str | None = None
     demand: bool | None = None
     priority: bool | None = None
+    # Extension 1 (§7): µs busy since it claimed the slot (0 from a v1 owner)
+    busy_total_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ def build_gpu_snapshot(
                 klass=("interactive" if rec.flags & FLAG_INTERACTIVE else "batch") if rec.ext1 else None,
                 demand=bool(rec.flags & FLAG_DEMAND) if rec.ext1 else None,
                 priority=(rec.index in holding) if rec.ext1 else None,
+                busy_total_us=rec.busy_total_us,
             )
         )
     period = sched.period_ms if sched else None

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import abi, activity, paths, schedule
+from .accounting import BusyFromMarks
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
@@ -44,6 +45,7 @@ STOP_LEAD_US = 500  # stop this long before our window ends (see run_until)
 MONITOR_TICK_S = 0.050
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 STOP_GRACE_S = 10.0
+BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
 MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (budgets.ENGINE_PROBE_DEADLINE_S)
 GpuBusy = Callable[[Sequence[int], int], float | None]  # (the tree's pids, since wall µs) -> summed SM % or None
 
@@ -314,6 +316,7 @@ class Supervisor:
         seg = m.segment
         prev: schedule.Schedule | None = None
         owed_us = 0  # run time still owed since the last stopped spell
+        busy = BusyFromMarks(BUSY_MARK_GAP_US)
         stopped_mono_us = last_mono_us = mono_us()
         while not self._quit.is_set() and proc.poll() is None:
             if m.lost is not None:  # shrunk under us by another user (SegmentError): run() shuts down
@@ -321,6 +324,8 @@ class Supervisor:
             now, mono = wall_us(), mono_us()
             if not self._stopped:
                 owed_us = max(0, owed_us - (mono - last_mono_us))
+                busy.continued(last_mono_us, mono)
+            m.add_busy_us(busy.mark(m.last_active_us))  # busy_total_us (spec §7): continued while working
             last_mono_us = mono
             slot = m.slot
             sched = schedule.build_schedule(schedule.member_weights(seg.read_slots(), now))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.abi import ACTIVITY_WINDOW_US, ALIVE_US
+from ..core.accounting import SOURCE_BUSY_PPM
 from ..core.pacer import BUSY_WINDOW_US
 from ..core.rate import RATE_WINDOW_S
 from ..core.schedule import SHARE_FLOOR
@@ -143,6 +144,63 @@ def schedule_note(g: GpuSnapshot) -> str:
     if g.v1_peer is not None and any(p.alive and p.klass is not None for p in g.peers):
         return f"v1 compat (slot {g.v1_peer})"
     return ""
+
+
+# -- accounting (issue 21): device time and energy per engine (core.accounting) ------------------------
+def fmt_busy_time(s: float | None) -> str:
+    """Busy seconds as h:mm:ss, hours alone from 1000 h ("-": unknown; "huge": beyond 8 characters,
+    a counter no engine reaches)."""
+    if s is None:
+        return "-"
+    whole = int(s)
+    if whole >= 1000 * 3600:
+        text = f"{whole // 3600}h"
+        return text if len(text) <= 8 else "huge"
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def fmt_wh(j: float | None) -> str:
+    """Joules as Wh, at most 6 characters ("-": unknown)."""
+    if j is None:
+        return "-"
+    wh = j / 3600
+    return f"{wh:.2f}" if wh < 100 else f"{wh:.0f}" if wh < 100_000 else f"{wh / 1000:.0f}k"
+
+
+def busy_time_text(r: PeerRow) -> str:
+    """TIME: busy since it joined ("~": a v1 peer's busy_ppm integrated since this view saw it)."""
+    a = r.account
+    if a is None:
+        return "-"
+    text = fmt_busy_time(a.busy_s)
+    return "~" + text if a.source == SOURCE_BUSY_PPM and a.busy_s is not None else text
+
+
+ACCOUNTING_COLUMNS: tuple[Column, ...] = (
+    Column(
+        "time",
+        "TIME",
+        8,
+        busy_time_text,
+        lambda r: _num_or(r.account.busy_s if r.account else None),
+        True,
+        True,
+        drop=4,
+        help="device time busy since it joined, h:mm:ss (~: estimated from BSY% since this view started)",
+    ),
+    Column(
+        "energy",
+        "ENERGY",
+        6,
+        lambda r: fmt_wh(r.account.energy_j if r.account else None),
+        lambda r: _num_or(r.account.energy_j if r.account else None),
+        True,
+        True,
+        drop=5,
+        help="device energy by its busy time, Wh, since this view started (NVML or RAPL; - without)",
+    ),
+)
+# -- end accounting ----------------------------------------------------------------------------------
 
 
 def _state_order(r: PeerRow) -> int:
@@ -298,6 +356,7 @@ COLUMNS: tuple[Column, ...] = (
             'control socket), "no reply"; pacing pauses are not a state (the timeline shows who runs)'
         ),
     ),
+    *ACCOUNTING_COLUMNS,
     Column(
         "hb",
         "HB",

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..core.abi import to_f32
+from ..core.accounting import GpuAccount, PeerAccount
 from ..core.control import SignalLateness
 from ..core.gpu import DeviceStats
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
@@ -56,6 +57,7 @@ class PeerRow:
     managed: bool = False  # a control socket we can reach, and the engine confirms this row (or the segment is trusted)
     vram_mib: float | None = None
     engine: EngineInfo | None = None
+    account: PeerAccount | None = None  # device time and energy (core.accounting; None: not accounted)
 
     @property
     def key(self) -> str:
@@ -88,16 +90,18 @@ class GpuView:
     device: DeviceStats | None = None
     rows: tuple[PeerRow, ...] = ()
     achieved_pct: tuple[tuple[int, float], ...] = ()  # (slot, achieved share %) of each member (busy-based)
+    account: GpuAccount | None = None  # the GPU's busy total and idle energy (core.accounting)
 
     @property
     def gpu_key(self) -> str:
         return self.snapshot.gpu_key
 
 
-def unmanaged_view(g: GpuSnapshot) -> GpuView:
+def unmanaged_view(g: GpuSnapshot, account: GpuAccount | None = None) -> GpuView:
     """A view of `g` without device stats, every peer unmanaged: another host's GPU (no control socket
-    of ours, no admin action reaches it)."""
-    return GpuView(g, None, tuple(PeerRow(g.gpu_key, p) for p in g.peers))
+    of ours, no admin action reaches it), with the accounts its host reported (`account`)."""
+    rows = tuple(PeerRow(g.gpu_key, p, account=account.of(p) if account else None) for p in g.peers)
+    return GpuView(g, None, rows, account=account)
 
 
 @dataclass(frozen=True)

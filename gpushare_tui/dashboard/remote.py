@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..core import abi
+from ..core.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, GpuAccount, PeerAccount, owner_key
 from ..core.budgets import (
     REMOTE_DEADLINE_S,
     REMOTE_MAX_ERRORS,
@@ -65,6 +66,7 @@ class RemoteError(Exception):
 class RemoteReport:
     host: str  # the base URL
     gpus: tuple[GpuSnapshot, ...] = ()
+    accounts: tuple[GpuAccount, ...] = ()  # each GPU's peers' accounts as the host reported them (same order)
     errors: tuple[SegmentProblem, ...] = ()  # the remote host's own segment errors (and what we left out)
     error: str | None = None  # why the host itself could not be read
 
@@ -168,6 +170,7 @@ def parse_report(url: str, body: bytes, wall_s: Callable[[], float] = time.time)
         now_us = int(ts * 1e6)
         gpus_json, errors_json = _list(doc, "gpus"), _list(doc, "errors")
         gpus = tuple(gpu_from_json(g, now_us) for g in gpus_json[:REMOTE_MAX_GPUS])
+        accounts = tuple(account_from_json(d, g) for d, g in zip(gpus_json, gpus))
         errors = [SegmentProblem(_str(e, "segment"), _str(e, "error")) for e in errors_json[:REMOTE_MAX_ERRORS]]
         if len(gpus_json) > REMOTE_MAX_GPUS:
             errors.append(
@@ -177,7 +180,7 @@ def parse_report(url: str, body: bytes, wall_s: Callable[[], float] = time.time)
             )
         if len(errors_json) > REMOTE_MAX_ERRORS:
             errors.append(SegmentProblem("", f"{len(errors_json) - REMOTE_MAX_ERRORS} more errors not shown"))
-        return RemoteReport(url, gpus, tuple(errors))
+        return RemoteReport(url, gpus, accounts, tuple(errors))
     except RemoteError as e:
         return RemoteReport(url, error=str(e))
 
@@ -292,6 +295,20 @@ def _opt_flag(d: dict, key: str) -> bool | None:
     return v if isinstance(v, bool) else None
 
 
+def account_from_json(d: dict, g: GpuSnapshot) -> GpuAccount:
+    """The peers' accounts of one GPU entry `d` (already parsed as `g`): `busy_source`, `busy_total_s`,
+    `energy_j` of each peer (untrusted: RemoteError when out of range; a peer without them has none)."""
+    accounts = []
+    for pd, p in zip(_list(d, "peers"), g.peers):
+        source = pd.get("busy_source")
+        if source not in (SOURCE_COUNTER, SOURCE_BUSY_PPM):
+            continue
+        busy = _opt_num(pd, "busy_total_s", 0, 2**64 / 1e6)  # busy_total_us is a u64
+        energy = _opt_num(pd, "energy_j", 0)
+        accounts.append((owner_key(p), PeerAccount(source, busy, energy)))
+    return GpuAccount(tuple(accounts))
+
+
 def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
     """A GpuSnapshot from one entry of a report's `gpus` (untrusted); RemoteError when malformed or out of
     the spec's ranges: period 80–400 ms, at most SLOT_COUNT peers in distinct slots, windows inside the period."""
@@ -345,8 +362,9 @@ def host_view(r: RemoteReport) -> tuple[list[GpuView], list[SegmentProblem]]:
     """Dashboard views of one host: each GPU keyed `HOST:PORT/KEY` (its identity and its host column), its
     peers unmanaged (no admin action reaches another host); its errors, and the host's own, named by host."""
     views = []
-    for g in r.gpus:
-        views.append(unmanaged_view(printable_gpu(replace(g, gpu_key=f"{host_label(r.host)}/{g.gpu_key}"))))
+    for i, g in enumerate(r.gpus):
+        account = r.accounts[i] if i < len(r.accounts) else None
+        views.append(unmanaged_view(printable_gpu(replace(g, gpu_key=f"{host_label(r.host)}/{g.gpu_key}")), account))
     errors = [SegmentProblem(printable(f"{r.host} {e.segment}".rstrip()), printable(e.error)) for e in r.errors]
     if r.error is not None:
         errors.append(SegmentProblem(r.host, printable(r.error)))

@@ -67,14 +67,26 @@ def engine_json(row: PeerRow) -> dict | None:
     }
 
 
+def account_json(row: PeerRow) -> dict:
+    """A peer's accounting (core.accounting): `busy_total_s` (busy seconds: since it joined for source
+    "counter", since this reader first saw it for "busy_ppm"), `busy_source`, `energy_j` (attributed since
+    this reader first saw it); null when unknown (a single `--once` knows no energy interval)."""
+    a = row.account
+    if a is None:
+        return {"busy_total_s": None, "busy_source": None, "energy_j": None}
+    return {"busy_total_s": _json_number(a.busy_s), "busy_source": a.source, "energy_j": _json_number(a.energy_j)}
+
+
 def peer_json(row: PeerRow) -> dict:
     """One peer: its snapshot's fields (NaN/inf weights null), `managed` and `engine` (engine_json)."""
     p = row.peer
     d = {"class" if k == "klass" else k: v for k, v in asdict(p).items()}  # `class`: a Python keyword
+    del d["busy_total_us"]  # the slot's raw Extension 1 counter: account_json says what it means
     d["weight"] = _json_number(p.weight)
     d["window_us"] = list(p.window_us) if p.window_us else None
     d["achieved_pct"] = _json_number(p.achieved_pct)
     d["window_pct"] = _json_number(p.window_pct)  # after share_pct's w ÷ Σw: the share the floor gives (or null)
+    d.update(account_json(row))
     d["managed"] = row.managed  # has our control socket (this user's engines on this host only)
     d["engine"] = engine_json(row)
     return d

@@ -12,8 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..core.accounting import Accountant
 from ..core.clock import ClockUs, mono_us, wall_us
 from ..core.control import ControlError, StatusReply, Target
+from ..core.energy import EnergyReading, EnergySources
 from ..core.gpu import DeviceStats, device_stats
 from ..core.snapshot import GpuSnapshot, SegmentReader
 from ..core.text import printable, printable_gpu, printable_problem
@@ -68,8 +70,12 @@ class LiveSource:
         shm_dir: str | None = None,
         sanitize: bool = True,
         all_owners: bool = False,
+        energy: Callable[[str, int | None], EnergyReading | None] | None = None,
     ) -> None:
+        """`energy(gpu_key, NVML energy mJ or None)`: a segment's energy reading (core.energy.EnergySources)."""
         self.clock = clock
+        self.accountant = Accountant()  # device time and energy per engine, across collects (core.accounting)
+        self._energy = energy if energy is not None else EnergySources()
         self.reader = SegmentReader(gpu_key, shm_dir, all_owners=all_owners)
         self.status_every_s = status_every_s
         self.status_timeout_s = status_timeout_s
@@ -146,6 +152,7 @@ class LiveSource:
         for g in gpus:
             dev = self._device(g.gpu_key, mono)
             vram = dict(dev.pid_mem_mib) if dev is not None else {}
+            account = self.accountant.update(g, self._energy(g.gpu_key, dev.energy_mj if dev is not None else None))
             rows = []
             trusted = _trusted(g)
             for p in g.peers:
@@ -156,9 +163,10 @@ class LiveSource:
                     seen.add((p.pid, g.gpu_key, p.slot))
                     managed = trusted or (engine.gpu_key == g.gpu_key and engine.slot == p.slot)
                     engine = engine if managed else None  # a slot naming someone else's engine (spoofed)
-                rows.append(PeerRow(g.gpu_key, p, managed, vram.get(p.pid), engine))
+                rows.append(PeerRow(g.gpu_key, p, managed, vram.get(p.pid), engine, account.of(p)))
             rows_t = tuple(rows)
-            views.append(GpuView(g, dev, rows_t, achieved_shares(rows_t)))
+            views.append(GpuView(g, dev, rows_t, achieved_shares(rows_t), account))
+        self.accountant.retain(g.segment for g in gpus)
         with self._lock:
             for gone in [e for e in self._status if e not in seen]:
                 del self._status[gone]

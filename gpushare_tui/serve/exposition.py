@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -62,13 +62,60 @@ EXT1_PEER_LABELS = [*PEER_LABELS, "class"]
 EXT1_GPU_METRICS = {
     "gpushare_schedule_ext1": "1 when the Extension-1 schedule applies, 0 when every peer is on v1 (spec §5).",
 }
+# Accounting counters (core.accounting): a peer's busy counter is its slot's busy_total_us (source="counter":
+# since it joined, so a serve restart restarts nothing) or busy_ppm integrated between scrapes for a v1 peer
+# (source="busy_ppm": since this serve first saw it). The energy and GPU counters start at 0 in each serve.
+ACCOUNTING_METRICS = {
+    "gpushare_peer_busy_seconds_total": "Device time the peer spent busy (source: counter = its busy_total_us "
+    "since it joined; busy_ppm = its busy fraction integrated since this exporter first saw it).",
+    "gpushare_peer_energy_joules_total": "Device energy attributed to the peer (by its busy time in each "
+    "interval) since this exporter first saw it.",
+    "gpushare_gpu_busy_seconds_total": "Sum of the peers' busy time since this exporter started.",
+    "gpushare_gpu_idle_energy_joules_total": "Device energy not attributed to any peer (the idle fraction) since "
+    "this exporter started; only where an energy counter exists (NVML, or RAPL on a CPU host).",
+}
 METRIC_NAMES = frozenset(
-    {**PEER_METRICS, **ENGINE_METRICS, **GPU_METRICS, **HOST_METRICS, **EXT1_PEER_METRICS, **EXT1_GPU_METRICS}
+    {
+        **PEER_METRICS,
+        **ENGINE_METRICS,
+        **GPU_METRICS,
+        **HOST_METRICS,
+        **EXT1_PEER_METRICS,
+        **EXT1_GPU_METRICS,
+        **ACCOUNTING_METRICS,
+    }
 )
 
 
 def _gauge(name: str, helps: dict[str, str], labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, helps[name], labels=labels)
+
+
+def _counter(name: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, ACCOUNTING_METRICS[name], labels=labels)
+
+
+def _accounting(model: DashboardModel) -> list[Metric]:
+    """The accounting counters of every alive peer and GPU (absent where nothing is known)."""
+    busy = _counter("gpushare_peer_busy_seconds_total", [*PEER_LABELS, "source"])
+    energy = _counter("gpushare_peer_energy_joules_total", PEER_LABELS)
+    gpu_busy = _counter("gpushare_gpu_busy_seconds_total", GPU_LABELS)
+    idle = _counter("gpushare_gpu_idle_energy_joules_total", GPU_LABELS)
+    for g in model.gpus:
+        if g.account is None:
+            continue
+        gpu_busy.add_metric([g.gpu_key], g.account.busy_s)
+        if g.account.idle_energy_j is not None:
+            idle.add_metric([g.gpu_key], g.account.idle_energy_j)
+        for r in g.rows:
+            a = r.account
+            if a is None or not r.peer.alive:
+                continue
+            if a.busy_s is not None:
+                busy.add_metric([*_peer_labels(g, r), a.source], a.busy_s)
+            if a.energy_j is not None:
+                energy.add_metric(_peer_labels(g, r), a.energy_j)
+    return [busy, energy, gpu_busy, idle]
 
 
 def _peer_labels(g: GpuView, r: PeerRow) -> list[str]:
@@ -110,7 +157,8 @@ def families(model: DashboardModel) -> list[Metric]:
                 info.add_metric([*_peer_labels(g, r), r.engine.kind or "", r.engine.activity or ""], 1)
     errors = GaugeMetricFamily("gpushare_segment_errors", HOST_METRICS["gpushare_segment_errors"])
     errors.add_metric([], len(model.errors))
-    return [*peer.values(), *engine.values(), state, info, *gpu.values(), errors, *ext1.values(), ext1_gpu]
+    accounting = _accounting(model)
+    return [*peer.values(), *engine.values(), state, info, *gpu.values(), errors, *ext1.values(), ext1_gpu, *accounting]
 
 
 def _add_ext1_peer(ext1: dict[str, GaugeMetricFamily], labels: list[str], r: PeerRow) -> None:

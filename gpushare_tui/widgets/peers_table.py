@@ -25,7 +25,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..dashboard.columns import COLUMN_BY_KEY, COLUMNS, GAP, Column, fit_columns, fmt_age
+from ..dashboard.columns import COLUMN_BY_KEY, COLUMNS, GAP, Column, busy_time_text, fit_columns, fmt_age, fmt_wh
 from ..dashboard.model import PeerRow
 from .palette import slot_colour
 
@@ -103,6 +103,8 @@ def display_key(r: PeerRow) -> tuple:
         r.managed,
         None if e is None else (e.state, bool(e.error), e.owner_config, r.differs_from_config),
         (p.klass, p.demand, p.priority),  # the CLS cell (issue 20)
+        busy_time_text(r),  # accounting (TIME, ENERGY): text changes once a second / per 10 mWh at most
+        fmt_wh(r.account.energy_j if r.account else None),
     )
 
 
@@ -220,6 +222,8 @@ class PeersTable(ScrollView, can_focus=True):
         """
         new = {r.key: r for r in rows}
         empty = frozenset() if any(r.vram_mib is not None for r in rows) else frozenset({"vram"})
+        if not any(r.account is not None and r.account.energy_j is not None for r in rows):
+            empty |= {"energy"}  # no energy source (NVML's energy counter, RAPL)
         if empty != self._empty:
             self._empty = empty
             self._fit()

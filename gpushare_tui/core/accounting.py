@@ -1,0 +1,243 @@
+"""Accounting: device time and energy per engine, from the slots' busy counters (spec §7 busy_total_us).
+
+Pure: the monotonic clock is passed in and the energy readings are given (core.energy). One reader
+(`serve`, the dashboard, `--once`) keeps an `Accountant` across its refreshes:
+
+- A peer's busy time is its slot's `busy_total_us` (source "counter": µs busy since it joined, kept by
+  the engine, so a reader's restart restarts nothing). A v1 peer has no counter: one without the EXT1
+  flag whose counter stays 0 while it is active with `busy_ppm > 0` for V1_EVIDENCE_S of busy time is
+  integrated from `busy_ppm` between refreshes instead (source "busy_ppm", since this reader first saw
+  it, that wait included). Until then it counts as "counter", its busy time unknown (None) while it
+  shows `busy_ppm > 0` with the counter at 0 (an engine of ours whose counter has not risen yet looks
+  the same); a series that stayed at 0 is all a switch leaves behind.
+- Per owner (slot, pid, boot_us): a new owner of a slot is a new account. Within one, the counter never
+  goes down here even if the slot's does (a bad writer).
+- The GPU's busy time is the sum of its peers' busy deltas since this reader started (each delta capped
+  at the time since that peer was last read plus BUSY_DELTA_SLACK_S: a bad writer cannot inflate it).
+- Energy: each interval between two readings is split among the peers in proportion to their busy
+  deltas over the same interval, the rest to idle (core.energy.split_energy). A peer that left during
+  the interval is not read at its end: its part goes to idle. A reading that cannot be compared (reset)
+  attributes nothing for that interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .clock import ClockUs, mono_us
+from .energy import EnergyReading, energy_delta_j, split_energy
+from .schedule import Schedule
+from .snapshot import GpuSnapshot, PeerSnapshot
+
+SOURCE_COUNTER = "counter"
+SOURCE_BUSY_PPM = "busy_ppm"
+V1_EVIDENCE_S = 1.0  # busy_ppm integrated while active with no counter rising: a v1 owner (source busy_ppm)
+BUSY_DELTA_SLACK_S = 1.0  # a counter published at heartbeats (~0.5 s) may rise by more than the time between reads
+
+MAX_SPANS = 256  # BusyFromMarks: continued spans kept after the last mark (one per stop/continue cycle)
+
+OwnerKey = tuple[int, int, int]  # (slot, pid, boot_us)
+
+
+def owner_key(p: PeerSnapshot) -> OwnerKey:
+    return (p.slot, p.pid, p.boot_us)
+
+
+@dataclass(frozen=True)
+class PeerAccount:
+    source: str  # SOURCE_COUNTER or SOURCE_BUSY_PPM
+    busy_s: float | None  # counter: busy since it joined; busy_ppm: since this reader saw it (None: not yet)
+    energy_j: float | None  # attributed since this reader first saw it; None: no energy source, or no interval yet
+
+
+@dataclass(frozen=True)
+class GpuAccount:
+    peers: tuple[tuple[OwnerKey, PeerAccount], ...] = ()
+    busy_s: float = 0.0  # Σ of the peers' busy time since this reader started
+    idle_energy_j: float | None = None  # None: no energy source (yet)
+    energy_source: str | None = None  # "nvml" / "rapl" when known
+
+    def of(self, p: PeerSnapshot) -> PeerAccount | None:
+        key = owner_key(p)
+        return next((a for k, a in self.peers if k == key), None)
+
+
+@dataclass
+class _Owner:
+    source: str
+    counter_us: int
+    last_mono_us: int
+    last_busy_pct: float
+    integrated_s: float | None = None
+    energy_j: float | None = None
+    pending_s: float = 0.0  # busy_ppm integrated while active with the counter at 0 (V1_EVIDENCE_S decides)
+    unknown: bool = False  # busy_ppm > 0 and no counter yet: its busy time is not known (yet)
+
+
+def _no_counter_yet(p: PeerSnapshot) -> bool:
+    """Busy without a counter so far: maybe a v1 owner (it writes zeros where Extension 1 keeps busy_total_us),
+    maybe one whose counter is about to rise (a supervisor's busy_ppm is its engine's CPU, even idle)."""
+    return not p.ext1 and p.busy_total_us == 0 and p.busy_pct > 0
+
+
+class GpuAccountant:
+    """The accounts of one segment's peers across refreshes (`update` once per refresh)."""
+
+    def __init__(self) -> None:
+        self._owners: dict[OwnerKey, _Owner] = {}
+        self._busy_s = 0.0
+        self._energy_prev: tuple[EnergyReading, int] | None = None
+        self._idle_j: float | None = None
+        self._energy_source: str | None = None
+
+    def update(self, peers: Iterable[PeerSnapshot], now_mono_us: int, energy: EnergyReading | None) -> GpuAccount:
+        present: set[OwnerKey] = set()
+        deltas: dict[OwnerKey, float] = {}
+        for p in peers:
+            if p.pid == 0:
+                continue
+            key = owner_key(p)
+            present.add(key)
+            o = self._owners.get(key)
+            if o is None:
+                self._owners[key] = _Owner(SOURCE_COUNTER, p.busy_total_us, now_mono_us, p.busy_pct)
+                self._owners[key].unknown = _no_counter_yet(p)
+                continue
+            if not p.alive:  # frozen until it heartbeats again (or is evicted)
+                o.last_mono_us = now_mono_us
+                o.last_busy_pct = 0.0
+                continue
+            dt_s = max(0, now_mono_us - o.last_mono_us) / 1e6
+            if o.source == SOURCE_COUNTER and o.counter_us == 0:
+                o.unknown = _no_counter_yet(p)
+                inc_s = (o.last_busy_pct + p.busy_pct) / 200 * dt_s if o.unknown and p.active else 0.0
+                o.pending_s += inc_s  # working, and still no counter: integrated while we wait
+                if o.pending_s >= V1_EVIDENCE_S:  # its counter would have risen by now: a v1 owner
+                    o.source, o.integrated_s, o.unknown = SOURCE_BUSY_PPM, o.pending_s - inc_s, False
+            if o.source == SOURCE_COUNTER:
+                delta_s = max(0, p.busy_total_us - o.counter_us) / 1e6
+                o.counter_us = max(o.counter_us, p.busy_total_us)
+            else:
+                delta_s = (o.last_busy_pct + p.busy_pct) / 200 * dt_s  # trapezoid between the two reads
+                o.integrated_s = (o.integrated_s or 0.0) + delta_s
+            deltas[key] = min(delta_s, dt_s + BUSY_DELTA_SLACK_S)
+            o.last_mono_us, o.last_busy_pct = now_mono_us, p.busy_pct
+        for gone in set(self._owners) - present:
+            del self._owners[gone]
+        self._busy_s += sum(deltas.values())
+        self._attribute(energy, now_mono_us, deltas)
+        return GpuAccount(
+            tuple((k, self._account(o)) for k, o in self._owners.items()),
+            self._busy_s,
+            self._idle_j,
+            self._energy_source,
+        )
+
+    def _attribute(self, energy: EnergyReading | None, now_mono_us: int, deltas: dict[OwnerKey, float]) -> None:
+        prev, self._energy_prev = self._energy_prev, None if energy is None else (energy, now_mono_us)
+        if energy is None:
+            return  # the next interval starts at the next reading (busy deltas and energy cover the same one)
+        self._energy_source = energy.source
+        if self._idle_j is None:
+            self._idle_j = 0.0
+        if prev is None:
+            return
+        spent = energy_delta_j(prev[0], energy)
+        if spent is None:
+            return
+        shares, idle = split_energy(spent, dict(deltas), (now_mono_us - prev[1]) / 1e6)
+        self._idle_j += idle
+        for key, o in self._owners.items():
+            o.energy_j = (o.energy_j or 0.0) + shares.get(key, 0.0)
+
+    @staticmethod
+    def _account(o: _Owner) -> PeerAccount:
+        if o.source == SOURCE_COUNTER:
+            busy = None if o.unknown and o.counter_us == 0 else o.counter_us / 1e6
+        else:
+            busy = o.integrated_s
+        return PeerAccount(o.source, busy, o.energy_j)
+
+
+class Accountant:
+    """Every segment's `GpuAccountant`, keyed by segment name; `clock_us` is the monotonic clock (injected)."""
+
+    def __init__(self, clock_us: ClockUs = mono_us) -> None:
+        self._clock = clock_us
+        self._gpus: dict[str, GpuAccountant] = {}
+
+    def update(self, snap: GpuSnapshot, energy: EnergyReading | None) -> GpuAccount:
+        acc = self._gpus.get(snap.segment)
+        if acc is None:
+            acc = self._gpus[snap.segment] = GpuAccountant()
+        return acc.update(snap.peers, self._clock(), energy)
+
+    def retain(self, segments: Iterable[str]) -> None:
+        """Forget the segments (by name) not in `segments` (gone since the last refresh)."""
+        keep = set(segments)
+        for k in [k for k in self._gpus if k not in keep]:
+            del self._gpus[k]
+
+
+def _window_time_before(t_us: int, start_us: int, length_us: int, period_us: int) -> int:
+    """µs of the periodic window [start, start + length) (+ n × period) before t (from phase 0 at t = 0)."""
+    n, pos = divmod(t_us, period_us)
+    return n * length_us + min(max(pos - start_us, 0), length_us)
+
+
+def in_window_us(sched: Schedule | None, slot: int | None, start_us: int, end_us: int) -> int:
+    """The part of [start_us, end_us) (wall µs) inside `slot`'s windows of `sched`: a pacer's step
+    counts as busy only there (its overshoot past the window is the next member's window, which
+    counts it). All of it without a schedule, or when `slot` is not in it."""
+    if end_us <= start_us:
+        return 0
+    window = sched.window_of(slot) if sched is not None and slot is not None else None
+    if sched is None or window is None:
+        return end_us - start_us
+    s, e = window
+    before = _window_time_before
+    return before(end_us, s, e - s, sched.period_us) - before(start_us, s, e - s, sched.period_us)
+
+
+class BusyFromMarks:
+    """A supervised engine's busy time (pure, monotonic µs): the time it was continued, between
+    consecutive marks of activity at most `max_gap_us` apart (the monitor marks the latest moment the
+    engine was seen decoding, every tick or probe while it works). Time stopped is never continued;
+    idle time has no marks (nor the 2 s activity window after the last one): neither counts. A first
+    mark after a longer gap starts a new burst and counts nothing before it."""
+
+    def __init__(self, max_gap_us: int) -> None:
+        self.max_gap_us = max_gap_us
+        self._mark_us: int | None = None
+        self._spans: list[list[int]] = []  # continued [start, end), after the last mark, merged
+
+    def continued(self, start_us: int, end_us: int) -> None:
+        """The engine ran (was not stopped) over [start_us, end_us)."""
+        if end_us <= start_us:
+            return
+        if self._spans and self._spans[-1][1] >= start_us:
+            self._spans[-1][1] = max(self._spans[-1][1], end_us)
+        else:
+            self._spans.append([start_us, end_us])
+
+    def mark(self, last_active_us: int | None) -> int:
+        """The latest activity mark now; returns the busy µs newly known (continued time up to it)."""
+        if last_active_us is None or (self._mark_us is not None and last_active_us <= self._mark_us):
+            self._prune()
+            return 0
+        prev, self._mark_us = self._mark_us, last_active_us
+        counted = 0
+        if prev is not None and last_active_us - prev <= self.max_gap_us:
+            counted = sum(max(0, min(e, last_active_us) - max(s, prev)) for s, e in self._spans)
+        self._prune()
+        return counted
+
+    def _prune(self) -> None:
+        """Drop the spans before the last mark (counted, or before a new burst), and those too old to count."""
+        floor = self._mark_us
+        if floor is None and self._spans:
+            floor = self._spans[-1][1] - self.max_gap_us
+        if floor is None:
+            return
+        self._spans = [[max(s, floor), e] for s, e in self._spans if e > floor][-MAX_SPANS:]
