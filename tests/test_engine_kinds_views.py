@@ -108,11 +108,11 @@ def test_engine_cell_text_by_state_and_owner() -> None:
 
 
 def test_cli_status_prints_kind_and_activity(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(control_cmds, "_ask", lambda *a, **k: dict(REPLIES[920_000]))
+    monkeypatch.setattr(control_cmds, "_ask", lambda *a, **k: (920_000, dict(REPLIES[920_000])))
     assert cli_main(["status", "920000"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "      kind: vllm" in lines and "  activity: metrics" in lines
-    monkeypatch.setattr(control_cmds, "_ask", lambda *a, **k: dict(REPLIES[920_003]))
+    monkeypatch.setattr(control_cmds, "_ask", lambda *a, **k: (920_003, dict(REPLIES[920_003])))
     assert cli_main(["status", "--json", "920003"]) == 0
     import json
 
