@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from . import schedule
+from . import schedule, schedule_ext1
+from . import abi
 from .abi import SlotRecord
 from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
@@ -24,6 +25,13 @@ class Pacer:
     no sleep is longer than (1 - f) * period, and the run owed after one is run before the next.
     It also publishes the busy fraction (time not spent sleeping here). The schedule
     runs on `clock_us` (wall, shared); busy time and sleeps are measured on `mono_us`.
+
+    Extension 1 (spec §7; schedule_ext1.decide is the schedule): each step raises DEMAND at once
+    (the owner drops it when its work ends: GpuShare.idle, or its timeout). A member that must wait
+    for a priority member sleeps in REREAD_US slices, re-reading, until it may run; while any alive
+    peer is INTERACTIVE the registry is re-read at least every REREAD_US. An interactive owner keeps
+    its PRIORITY bit by the hysteresis (schedule_ext1.next_priority) on its busy over the last
+    second, idle included (BusyMeter), which is also the busy_ppm it publishes.
     """
 
     def __init__(
@@ -53,6 +61,45 @@ class Pacer:
         self._raw = b""
         self._slots: tuple[SlotRecord, ...] = ()
         self._owed_us = 0  # run time still owed since the last sleep (the floor over time)
+        self._decision: schedule_ext1.Decision | None = None
+        self._meter = schedule_ext1.BusyMeter(BUSY_WINDOW_US)
+        self.total_waited_us = 0  # of total_slept_us: waiting for a priority member (Extension 1)
+
+    @property
+    def decision(self) -> schedule_ext1.Decision | None:
+        """The schedule (and why) as of the last re-read; None before the first step."""
+        return self._decision
+
+    def _reread(self, now: int, mono: int, force: bool = False) -> schedule_ext1.Decision:
+        """The decision, re-read from the registry when due (reread_us; REREAD_US while an
+        INTERACTIVE peer is alive) or `force`d. An interactive owner's PRIORITY is updated here."""
+        d = self._decision
+        every = self._reread_us if d is None or not d.interactive_alive else min(self._reread_us, schedule_ext1.REREAD_US)
+        if d is not None and not force and self._sched_mono_us is not None and mono - self._sched_mono_us < every:
+            return d
+        seg = self._m.segment
+        raw = seg.slots_raw()
+        if raw != self._raw:  # parsing 16 slots is most of the cost; unchanged bytes, same slots
+            self._slots, self._raw = seg.read_slots(), raw
+        if self._update_priority(now, mono):  # our own bit changed: decide on what we now publish
+            self._slots, self._raw = seg.read_slots(), seg.slots_raw()
+        d = self._decision = schedule_ext1.decide(self._slots, now)
+        self._sched = d.schedule
+        self._sched_mono_us = mono
+        return d
+
+    def _update_priority(self, now: int, mono: int) -> bool:
+        """An interactive owner: PRIORITY by the hysteresis on its busy over the last second against
+        its plain share, published with that busy. True when the bit changed."""
+        m = self._m
+        if not m.interactive or m.slot is None:
+            return False
+        ppm = self._meter.ppm(mono)
+        share = schedule_ext1.plain_share(self._slots, m.slot, m.weight, now)
+        had = m.priority
+        want = schedule_ext1.next_priority(had, ppm, share)
+        m.set_priority(want, ppm)
+        return want != had
 
     def step_done(self, step_us: int | None = None) -> int:
         """Returns the µs slept (0 when we may keep running).
@@ -75,29 +122,36 @@ class Pacer:
             self._owed_us = 0
         self._busy_us += step
         self._owed_us = max(0, self._owed_us - step)
+        self._meter.add(mono, step)
+        if self._m.flags & abi.FLAG_EXT1:
+            self._m.set_demand(True)  # before the read: every peer's next read sees our work (spec §7)
         self._m.mark_active(mono)
         slot = self._m.slot
-        if self._sched_mono_us is None or mono - self._sched_mono_us >= self._reread_us:
-            seg = self._m.segment
-            raw = seg.slots_raw()
-            if raw != self._raw:  # parsing 16 slots is most of the cost; unchanged bytes, same slots
-                self._slots, self._raw = seg.read_slots(), raw
-            self._sched = schedule.build_schedule(schedule.member_weights(self._slots, now))
-            self._sched_mono_us = mono
-        sched = self._sched
+        d = self._reread(now, mono)
         slept = 0
+        while d.waits(slot) and self._m.slot == slot:  # a priority member holds the device: wait, re-reading
+            # the floor over time is §5's: a wait for priority owes nothing (the priority budget bounds it)
+            self._owed_us = 0
+            self._sleep(schedule_ext1.REREAD_US / 1e6)
+            after = self._mono()
+            slept, self.total_waited_us = slept + after - mono, self.total_waited_us + after - mono
+            mono, now = after, self._clock()
+            d = self._reread(now, mono, force=True)
+        sched = d.schedule if d.paced(slot) else None
         if sched is None:
             self._owed_us = 0
         elif slot is not None and self._owed_us == 0 and not schedule.may_run(sched, slot, now):
             target = schedule.next_window_start_us(sched, slot, now)
             self._sleep(min(target - now, schedule.longest_sleep_us(sched)) / 1e6)
             after = self._mono()
-            slept, mono = after - mono, after
-            self._owed_us = schedule.owed_run_us(sched, slept)
+            self._owed_us = schedule.owed_run_us(sched, after - mono)
+            slept, mono = slept + after - mono, after
         self.total_slept_us += slept
         self._last_return_us = mono
         elapsed = mono - self._window_start_us
-        if elapsed >= BUSY_WINDOW_US:
+        if self._m.interactive:
+            pass  # its busy_ppm is its budget's (BusyMeter, idle included), stored with its bit in _reread
+        elif elapsed >= BUSY_WINDOW_US:
             self._m.set_busy_ppm(self._busy_us * 1_000_000 // elapsed)
             self._window_start_us = mono
             self._busy_us = 0
