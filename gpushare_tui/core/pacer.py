@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from . import schedule, schedule_ext1
-from . import abi
+from . import abi, schedule, schedule_ext1
 from .abi import SlotRecord
 from .clock import ClockUs, mono_us, wall_us
 from .registry import Membership
@@ -74,7 +73,9 @@ class Pacer:
         """The decision, re-read from the registry when due (reread_us; REREAD_US while an
         INTERACTIVE peer is alive) or `force`d. An interactive owner's PRIORITY is updated here."""
         d = self._decision
-        every = self._reread_us if d is None or not d.interactive_alive else min(self._reread_us, schedule_ext1.REREAD_US)
+        every = self._reread_us
+        if d is not None and d.interactive_alive:
+            every = min(every, schedule_ext1.REREAD_US)
         if d is not None and not force and self._sched_mono_us is not None and mono - self._sched_mono_us < every:
             return d
         seg = self._m.segment

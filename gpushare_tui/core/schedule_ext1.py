@@ -22,7 +22,7 @@ MODE_PRIORITY = "priority"  # Extension 1: §5 over the priority members; the ot
 
 BUDGET_PPM = 1_000_000  # busy_ppm of a full budget: priority while busy_ppm <= BUDGET_PPM * S_i
 RESET_FRACTION = 0.9  # ... and, once lost, again only below RESET_FRACTION * BUDGET_PPM * S_i
-REREAD_US = 4_000  # a non-priority member re-reads at least this often while an alive INTERACTIVE peer exists (§7: 5 ms)
+REREAD_US = 4_000  # re-read at least this often while an alive INTERACTIVE peer exists (§7: stop within 5 ms)
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,11 @@ def decide(slots: Iterable[SlotRecord], now_us: int) -> Decision:
     interactive = any(s.flags & abi.FLAG_INTERACTIVE and s.is_alive(now_us) for s in ordered)
     v1 = [s for s in ordered if s.is_member(now_us) and not s.ext1]
     if v1:
-        members = schedule.member_weights(ordered, now_us)
+        v1_members = schedule.member_weights(ordered, now_us)
         return Decision(
             MODE_V1,
-            schedule.build_schedule(members),
-            tuple(i for i, _ in members),
+            schedule.build_schedule(v1_members),
+            tuple(i for i, _ in v1_members),
             v1_peer=v1[0].index,
             interactive_alive=interactive,
         )

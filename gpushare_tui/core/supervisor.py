@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
-from . import abi, schedule
+from . import abi, schedule, schedule_ext1
 from .activity import EngineActivity
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
@@ -92,6 +92,7 @@ class Supervisor:
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
+        self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
         self.base_url = f"http://{args.host}:{args.port}"
 
     # -- public ------------------------------------------------------------
@@ -248,14 +249,27 @@ class Supervisor:
                 owed_us = max(0, owed_us - (mono - last_mono_us))
             last_mono_us = mono
             slot = m.slot
-            sched = schedule.build_schedule(schedule.member_weights(seg.read_slots(), now))
+            decision = schedule_ext1.decide(seg.read_slots(), now)  # §5, or Extension 1's (spec §7)
+            self.decision = decision
+            sched = decision.schedule
             at_edge = sched is prev  # not a membership change, which acts at once, off any edge
             prev = sched
-            if sched is None or slot is None or slot not in sched.slots:
+            # while an INTERACTIVE peer is alive, re-read every REREAD_US: a new priority member stops us within 5 ms
+            recheck_us = min(RECHECK_US, schedule_ext1.REREAD_US) if decision.interactive_alive else RECHECK_US
+            if decision.waits(slot):  # a priority member holds the device: stopped until that changes
+                self._window_end_us = None
+                if not self._stopped:
+                    self._suspend()
+                    stopped_mono_us = mono
+                owed_us = 0  # §5's floor over time: waiting for priority owes nothing (its budget bounds it)
+                stopped_mono_us = mono  # nor does the wait count as a §5 stopped spell afterwards
+                wait_us = schedule_ext1.REREAD_US
+            elif sched is None or slot is None or slot not in sched.slots:
                 self._window_end_us = None
                 self._resume()
                 owed_us = 0
-                wait_us = int(UNTHROTTLED_POLL_S * 1e6)
+                poll_us = int(UNTHROTTLED_POLL_S * 1e6)
+                wait_us = min(poll_us, schedule_ext1.REREAD_US) if decision.interactive_alive else poll_us
             else:
                 run, edge_us = run_until(sched, slot, now)
                 scheduled = run
@@ -280,7 +294,7 @@ class Supervisor:
                         stopped_mono_us = mono
                         if at_edge:
                             self._note_lateness(sched, slot, edge=1)
-                wait_us = min(edge_us - now, RECHECK_US)
+                wait_us = min(edge_us - now, recheck_us)
                 if self._stopped:
                     wait_us = min(wait_us, stopped_mono_us + schedule.longest_sleep_us(sched) - mono)
             time.sleep(max(wait_us, 0) / 1e6)
@@ -348,12 +362,15 @@ class Supervisor:
                         n_decode = met.n_decode_total
                 if activity.is_active(mono):
                     m.mark_active(activity.last_us)
+                    m.set_demand(True)  # i20-sched: DEMAND from the activity window (until issue 19's in-flight)
                     if n_decode is not None:  # rate windows span work only: idle time is not averaged in
                         rate.update(t, n_decode, alone)
                         n_decode = None
                 elif m.active:
                     m.mark_idle()
                     rate.idle()
+                if not activity.is_active(mono) and not self._stopped:
+                    m.set_demand(False)  # i20-sched: ... kept while stopped (§7: a paced engine keeps DEMAND)
                 self.engine_status.tok_s = rate.rate if m.active else 0.0  # None: working, first window not complete
                 self.engine_status.solo_tok_s = rate.solo
                 if t >= next_stats:
@@ -363,6 +380,9 @@ class Supervisor:
                     frac = busy / 100 if busy is not None else cpu_stats.fraction()
                     self.engine_status.busy_pct = 100 * frac
                     m.set_busy_ppm(int(frac * 1_000_000))
+                    if m.interactive and m.slot is not None:  # i20-sched: PRIORITY hysteresis (spec §7) on that busy
+                        share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+                        m.set_priority(schedule_ext1.next_priority(m.priority, int(frac * 1e6), share), int(frac * 1e6))
                 time.sleep(MONITOR_TICK_S)
 
 
