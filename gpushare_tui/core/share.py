@@ -153,8 +153,13 @@ class GpuShare:
             return 0
         with self._lock:
             t0 = time.monotonic()
-            self._hold_demand(t0)  # before stepping: the pacer's read must not find it timed out
-            slept = self._pacer.step_done(step_us)
+            with self._demand_cv:  # DEMAND is held while pace() sleeps or waits (spec §7: a paced engine keeps it)
+                self._busy_depth += 1
+            try:
+                slept = self._pacer.step_done(step_us)
+            finally:
+                with self._demand_cv:
+                    self._busy_depth -= 1
             self._steps += 1
             now = time.monotonic()
             step_s = (step_us / 1e6) if step_us is not None else max(0.0, t0 - self._last_return_s)

@@ -29,7 +29,7 @@ from .control import ControlServer, SignalLateness, StatusReply, control_handler
 from .engines import llama_server as ls
 from .errors import EngineError
 from .ownership import Owner
-from .pacer import BUSY_WINDOW_US
+from .pacer import BUSY_WINDOW_US, RegistryReader
 from .rate import StepRate
 from .registry import Membership
 from .snapshot import own_peer, sole_member
@@ -239,6 +239,7 @@ class Supervisor:
         assert m is not None and proc is not None
         seg = m.segment
         prev: schedule.Schedule | None = None
+        reader = RegistryReader()
         owed_us = 0  # run time still owed since the last stopped spell
         stopped_mono_us = last_mono_us = mono_us()
         while not self._quit.is_set() and proc.poll() is None:
@@ -249,7 +250,7 @@ class Supervisor:
                 owed_us = max(0, owed_us - (mono - last_mono_us))
             last_mono_us = mono
             slot = m.slot
-            decision = schedule_ext1.decide(seg.read_slots(), now)  # §5, or Extension 1's (spec §7)
+            decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
             self.decision = decision
             sched = decision.schedule
             at_edge = sched is prev  # not a membership change, which acts at once, off any edge
@@ -263,13 +264,14 @@ class Supervisor:
                     stopped_mono_us = mono
                 owed_us = 0  # §5's floor over time: waiting for priority owes nothing (its budget bounds it)
                 stopped_mono_us = mono  # nor does the wait count as a §5 stopped spell afterwards
-                wait_us = schedule_ext1.REREAD_US
+                wait_us = schedule_ext1.WAIT_REREAD_US  # only to resume: stopping is what must be fast
             elif sched is None or slot is None or slot not in sched.slots:
                 self._window_end_us = None
                 self._resume()
                 owed_us = 0
                 poll_us = int(UNTHROTTLED_POLL_S * 1e6)
-                wait_us = min(poll_us, schedule_ext1.REREAD_US) if decision.interactive_alive else poll_us
+                fast = decision.interactive_alive and m.demand  # running with work: a priority member stops it at once
+                wait_us = min(poll_us, schedule_ext1.REREAD_US) if fast else poll_us
             else:
                 run, edge_us = run_until(sched, slot, now)
                 scheduled = run
