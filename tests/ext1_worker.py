@@ -30,6 +30,7 @@ def main(argv: list[str]) -> None:
     ends: list[float] = []
     spells: list[float] = []
     durs: list[float] = []  # each step's work time (s)
+    starts: list[float] = []  # each step's start
     try:
         while time.monotonic() < start + duration_s:
             spell = time.monotonic()
@@ -38,7 +39,9 @@ def main(argv: list[str]) -> None:
                 while time.monotonic() < min(spell + busy_s, start + duration_s):
                     t0 = time.monotonic()
                     work(units)
-                    durs.append(time.monotonic() - t0)
+                    t1 = time.monotonic()
+                    durs.append(t1 - t0)
+                    starts.append(t0)
                     share.pace()
                     ends.append(time.monotonic())
             if idle_s > 0:
@@ -47,7 +50,7 @@ def main(argv: list[str]) -> None:
     finally:
         slot = share.slot
         share.close()
-    print(json.dumps({"slot": slot, "ends": ends, "durs": durs, "spells": spells}), flush=True)
+    print(json.dumps({"slot": slot, "ends": ends, "durs": durs, "starts": starts, "spells": spells}), flush=True)
 
 
 if __name__ == "__main__":

@@ -61,10 +61,12 @@ def _batch_steps_in_spells(batch: dict, inter: dict, busy_s: float, grace_s: flo
 
 
 def _stop_latencies(batch: dict, inter: dict, busy_s: float) -> list[float]:
-    """Per interactive spell: how long after its start the batch engine's last step there ended."""
+    """Per interactive spell: how long after its start the batch engine's last step there began running
+    (a step begun before the spell counts from the spell's start), + that step's work time."""
     out = []
     for s in inter["spells"]:
-        within = [t - s for t in batch["ends"] if s <= t < s + busy_s]
+        steps = zip(batch["starts"], batch["durs"], strict=True)
+        within = [max(t0, s) - s + d for t0, d in steps if s <= t0 + d and t0 < s + busy_s]
         out.append(max(within) if within else 0.0)
     return out
 
@@ -78,8 +80,11 @@ def test_a_priority_member_preempts_a_batch_member(new_gpu_key, procs: Procs, ru
     inter, batch = _result(i, dur + 30), _result(b, dur + 30)
     lat = _stop_latencies(batch, inter, busy_s)
     inside, total = _batch_steps_in_spells(batch, inter, busy_s, grace_s=0.030)
-    # the batch engine stops within ~one step + REREAD_US of each spell (tolerant: a loaded 2-core box)
-    assert statistics.median(lat) <= 0.015, lat
+    # the batch engine stops within one step of each spell: at most one step begun after the spell's start
+    # (its pace() then waits); in time, that step + REREAD_US (tolerant: steps stretch on a loaded 2-core box)
+    begun = [sum(1 for t0 in batch["starts"] if s <= t0 < s + busy_s) for s in inter["spells"]]
+    assert statistics.median(begun) <= 1 and sum(begun) <= 2 * len(begun), begun
+    assert statistics.median(lat) <= 0.060, lat
     assert inside <= 0.05 * total, (inside, total, lat)
     # and runs the rest: the interactive engine is idle 80 % of the time
     assert total >= 0.4 * dur / (STEP_MS / 1000) * 0.3, total
