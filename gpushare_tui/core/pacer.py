@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 from . import abi, schedule, schedule_ext1
@@ -13,6 +14,9 @@ from .segment import Segment
 
 BUSY_WINDOW_US = 1_000_000  # busy_ppm is the busy fraction over consecutive windows this long (pacer and supervisor)
 BUSY_EARLY_US = 200_000  # after resuming from idle, the first this-long part of the window is published at once
+TRIM_STEP_MAX_US = 40_000  # longer steps (or idle gaps counted as one) are not averaged into the step estimate
+TRIM_LEAD_MAX_US = 5_000  # a sleep ends at most this much early
+TRIM_EWMA = 0.1
 DECIDE_TTL_US = 100_000  # unchanged slot bytes: the decision is re-made this often (aliveness ages on a 3 s scale)
 
 
@@ -67,10 +71,15 @@ class Pacer:
         mono_us: ClockUs = mono_us,
         sleep_s: Callable[[float], None] = time.sleep,
         reread_us: int = 0,
+        trim_edges: bool = False,
     ) -> None:
         """`reread_us`: reuse the schedule built from the registry for this long (mono µs) instead
         of re-reading all slots at every step (0: every step). Reading the slots is most of a
-        step_done's cost; membership and weights change on a scale of heartbeats (500 ms)."""
+        step_done's cost; membership and weights change on a scale of heartbeats (500 ms).
+        `trim_edges`: hold each window's edges on average (GpuShare): no step is begun with less than
+        half a step of the window left (mean overshoot ~0, not half a step), and each sleep ends
+        early by the mean wake-up lateness measured so far (mean start ~ the window's). Without it,
+        §5.7 literally: run to the window's end, sleep exactly until the next one."""
         self._m = membership
         self._clock = clock_us
         self._mono = mono_us
@@ -89,6 +98,10 @@ class Pacer:
         self._decision: schedule_ext1.Decision | None = None
         self._meter = schedule_ext1.BusyMeter(BUSY_WINDOW_US)
         self.total_waited_us = 0  # of total_slept_us: waiting for a priority member (Extension 1)
+        self._trim = trim_edges
+        self._step_est_us = 0.0  # mean step (EWMA) of steps no longer than TRIM_STEP_MAX_US
+        self._lead_us = 0.0  # mean wake-up lateness (EWMA): how much early each sleep ends
+        self.wake_late_us: deque[int] = deque(maxlen=256)  # trim_edges: recent wake-up lateness (µs)
 
     @property
     def decision(self) -> schedule_ext1.Decision | None:
@@ -128,6 +141,12 @@ class Pacer:
         m.set_priority(want, ppm)
         return want != had
 
+    def _may_step(self, sched: schedule.Schedule, slot: int, now: int) -> bool:
+        """In our window, and (trim_edges) at least half a step of it left."""
+        if not schedule.may_run(sched, slot, now):
+            return False
+        return not self._trim or schedule.window_end_us(sched, slot, now) - now >= self._step_est_us / 2
+
     def step_done(self, step_us: int | None = None) -> int:
         """Returns the µs slept (0 when we may keep running).
 
@@ -165,12 +184,22 @@ class Pacer:
             mono, now = after, self._clock()
             d = self._reread(now, mono, force=True)
         sched = d.schedule if d.paced(slot) else None
+        if self._trim and 0 < step <= TRIM_STEP_MAX_US:
+            self._step_est_us += TRIM_EWMA * (step - self._step_est_us)
         if sched is None:
             self._owed_us = 0
-        elif slot is not None and self._owed_us == 0 and not schedule.may_run(sched, slot, now):
+        elif slot is not None and self._owed_us == 0 and not self._may_step(sched, slot, now):
             target = schedule.next_window_start_us(sched, slot, now)
-            self._sleep(min(target - now, schedule.longest_sleep_us(sched)) / 1e6)
+            if target == now:  # in our window, but less than half a step left: sleep to the next one
+                target = schedule.next_window_start_us(sched, slot, schedule.window_end_us(sched, slot, now))
+            want = min(target - now, schedule.longest_sleep_us(sched))
+            ask = max(0, want - int(self._lead_us)) if self._trim else want
+            self._sleep(ask / 1e6)
             after = self._mono()
+            if self._trim:
+                late = after - mono - ask
+                self._lead_us += TRIM_EWMA * (min(max(late, 0), TRIM_LEAD_MAX_US) - self._lead_us)
+                self.wake_late_us.append(late)
             self._owed_us = schedule.owed_run_us(sched, after - mono)
             slept, mono = slept + after - mono, after
         self.total_slept_us += slept
