@@ -54,7 +54,7 @@ def child(case: str, key: str, seconds: float) -> None:
         types.SimpleNamespace(host="127.0.0.1", port=1), gpu_key=key, weight=1.0, name="batch", log_path="/dev/null"
     )  # type: ignore[arg-type]
     sup.proc = engine
-    sup.membership = Membership(key, 1.0, "batch", pid=engine.pid)
+    sup.membership = Membership(key, 1.0, "batch", pid=engine.pid, ext1=True)
     sup.membership.join()
     sup.membership.mark_active()
     sup.membership.set_demand(case != "supervisor-idle")

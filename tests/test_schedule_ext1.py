@@ -136,3 +136,21 @@ def test_busy_meter_counts_the_last_second_idle_included() -> None:
     assert m.ppm(t + 1_100_000) == 0  # a whole second idle
     m.add(t + 5_000_000, 2_000_000)  # a step longer than the window reads full, not more
     assert m.ppm(t + 5_000_000) == 1_000_000
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_the_snapshot_shows_the_decision(case: dict) -> None:
+    """What every view reads (core.snapshot) is the schedule in force, and why."""
+    from gpushare_tui.core.snapshot import build_gpu_snapshot
+
+    now, exp = case["now_us"], case["expect"]
+    snap = build_gpu_snapshot("k", "/opencoti-gpu-k", _slots(case), now)
+    assert (snap.schedule_mode, snap.v1_peer, list(snap.priority_slots)) == (
+        exp["mode"],
+        exp["v1_peer"],
+        exp["priority"],
+    )
+    assert snap.period_ms == (exp["period_us"] // 1000 if exp["period_us"] else None)
+    for p in snap.peers:
+        assert (list(p.window_us) if p.window_us else None) == exp["windows"].get(str(p.slot))
+        assert (p.share_pct > 0) == (p.slot in exp["members"])

@@ -46,12 +46,13 @@ class Membership:
         heartbeat_s: float = HEARTBEAT_S,
         log: Callable[[str], None] = _log_stderr,
         share_group: str | int | None = None,
-        ext1: bool = True,
+        ext1: bool = False,
         interactive: bool = False,
     ) -> None:
         """`ext1`: implement Extension 1 (spec §7: the EXT1 bit; the owner must then publish DEMAND, or it is
-        never scheduled); False: a v1 owner (flags 0). `interactive`: latency class interactive, which
-        starts holding PRIORITY (its budget unspent); needs `ext1`."""
+        never scheduled under Extension 1); every engine kind of ours passes True (GpuShare, the supervisor).
+        False (the default, for a bare Membership that publishes no DEMAND): a v1 owner (flags 0).
+        `interactive`: latency class interactive, which starts holding PRIORITY (its budget unspent)."""
         self.key = abi.validate_gpu_key(key)
         self.share_group = share_group  # opt-in: join/create a segment of this group (spec §1a)
         self._weight = abi.parse_weight(weight)
@@ -67,10 +68,10 @@ class Membership:
         self._last_active_us = 0  # mono_us
         self._busy_ppm = 0
         self._flags = 0  # Extension 1 (§7) FLAG_* bits; 0: a v1 owner
+        if interactive:
+            ext1 = True  # a latency class is Extension 1's
         if ext1:
             self._flags = abi.FLAG_EXT1 | (abi.FLAG_INTERACTIVE | abi.FLAG_PRIORITY if interactive else 0)
-        elif interactive:
-            raise ValueError("interactive needs Extension 1 (ext1=True)")
         self._busy_total_us = 0  # Extension 1 (§7): busy µs since the join
         self._slot: int | None = None
         self._segment: Segment | None = None

@@ -77,7 +77,7 @@ class GpuShare:
         self.stop_requested = threading.Event()
         self._on_stop = on_stop
         self._control = control
-        self._membership = Membership(gpu_key, weight, name, share_group=share_group)
+        self._membership = Membership(gpu_key, weight, name, share_group=share_group, ext1=True)  # spec §7
         self._pacer = Pacer(self._membership, reread_us=SCHEDULE_REREAD_US, trim_edges=True)
         self._lock = threading.Lock()  # the pacer's accounting, and its sleep (one sleeper wakes the rest in-window)
         self._server: ControlServer | None = None

@@ -6,9 +6,9 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import schedule
+from . import schedule, schedule_ext1
 from .abi import ALIVE_US, SlotRecord, segment_name, weight_is_valid
 from .budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
 from .segment import (
@@ -50,6 +50,12 @@ class GpuSnapshot:
     owner: str = ""  # the segment file's owner (user name, or the uid as text); "" when not known
     owner_uid: int = -1
     mode: int = 0  # its permission bits
+    # the schedule in force (schedule_ext1.decide, spec §7): "v1" (§5; `v1_peer` is the member lacking
+    # EXT1 that forces it, None when no member has any work), "ext1", "priority" (`priority_slots` run).
+    # Not compared: a snapshot read back from JSON (--remote) that does not carry them is the same one.
+    schedule_mode: str = field(default="v1", compare=False)
+    v1_peer: int | None = field(default=None, compare=False)
+    priority_slots: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def writable_by_others(self) -> bool:
@@ -73,10 +79,13 @@ def build_gpu_snapshot(
     owner_uid: int = -1,
     mode: int = 0,
 ) -> GpuSnapshot:
-    """Pure: shares and windows per spec §5 from consistent slot records (owner and mode as given)."""
+    """Pure: shares and windows per spec §5, or Extension 1's schedule (§7: schedule_ext1.decide), from
+    consistent slot records (owner and mode as given)."""
     slots = tuple(slots)
-    members = schedule.member_weights(slots, now_us)
-    sched = schedule.build_schedule(members)
+    decision = schedule_ext1.decide(slots, now_us)
+    weight_of = {s.index: float(s.weight) for s in slots}
+    members = [(i, weight_of[i]) for i in decision.members]
+    sched = decision.schedule
     shares = dict(zip((s for s, _ in members), schedule.share_pct([w for _, w in members]))) if members else {}
     achieved = achieved_pcts(slots, [s for s, _ in members])
     peers = []
@@ -100,7 +109,19 @@ def build_gpu_snapshot(
             )
         )
     period = sched.period_ms if sched else None
-    return GpuSnapshot(gpu_key, segment, period, tuple(peers), now_us, owner, owner_uid, mode)
+    return GpuSnapshot(
+        gpu_key,
+        segment,
+        period,
+        tuple(peers),
+        now_us,
+        owner,
+        owner_uid,
+        mode,
+        schedule_mode=decision.mode,
+        v1_peer=decision.v1_peer,
+        priority_slots=decision.priority,
+    )
 
 
 def achieved_pcts(slots: Iterable[SlotRecord], member_slots: Iterable[int]) -> dict[int, float]:
@@ -128,8 +149,8 @@ def own_peer(key: str, slots: Iterable[SlotRecord], slot: int | None, now_us: in
 
 def sole_member(slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> bool:
     """Whether `slot` is the only member of the schedule of `slots` now (share 100 %: nobody to share with)."""
-    members = schedule.member_weights(slots, now_us)
-    return slot is not None and len(members) == 1 and members[0][0] == slot
+    members = schedule_ext1.decide(slots, now_us).members
+    return slot is not None and members == (slot,)
 
 
 def _text(name: str) -> str:

@@ -105,7 +105,7 @@ class Supervisor:
         try:
             ls.wait_healthy(self.proc, self.base_url, self.log_path, self.load_timeout_s, quit_event=self._quit)
             self.membership = Membership(
-                self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group
+                self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group, ext1=True
             )
             slot = self.membership.join()
             self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
