@@ -162,7 +162,10 @@ class GpuShare:
                     self._busy_depth -= 1
             self._steps += 1
             now = time.monotonic()
-            step_s = (step_us / 1e6) if step_us is not None else max(0.0, t0 - self._last_return_s)
+            # the step's length stretches the timeout; without step_us, the time since the last pace() is
+            # the step only while DEMAND was still held (else that gap was idle: the loop had stopped)
+            held = self._last_return_s > 0 and t0 - self._last_return_s <= self._demand_timeout_s()
+            step_s = (step_us / 1e6) if step_us is not None else (t0 - self._last_return_s if held else 0.0)
             self._last_step_s, self._last_return_s = step_s, now
             self._hold_demand(now)
             if now - self._rate_t0 >= RATE_WINDOW_S:
@@ -172,8 +175,11 @@ class GpuShare:
 
     _last_return_s = 0.0
 
+    def _demand_timeout_s(self) -> float:
+        return min(max(DEMAND_TIMEOUT_S, DEMAND_TIMEOUT_STEPS * self._last_step_s), DEMAND_TIMEOUT_MAX_S)
+
     def _hold_demand(self, now: float) -> None:
-        timeout = min(max(DEMAND_TIMEOUT_S, DEMAND_TIMEOUT_STEPS * self._last_step_s), DEMAND_TIMEOUT_MAX_S)
+        timeout = self._demand_timeout_s()
         with self._demand_cv:
             wake = self._demand_until <= 0
             self._demand_until = now + timeout
