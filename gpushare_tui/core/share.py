@@ -10,6 +10,11 @@ It joins the GPU's registry (heartbeats, leaves on exit), marks the engine activ
 `pace()` (idle again 2 s after the last one), sleeps outside its windows, publishes its busy
 fraction, and serves the same control socket as a supervised llama-server, so the dashboard
 and `gpushare-tui weight/stop` can re-weight or stop it.
+
+Registry Extension 1 (spec §7): it sets EXT1 and publishes DEMAND (work in flight): `pace()`
+raises it, `share.idle()` drops it at once, `with share.busy():` holds it for a block (raise it
+as work arrives, before the first step), and it drops DEMAND_TIMEOUT_S after the last `pace()`
+of a loop that simply stops. While a priority (interactive) member runs, `pace()` waits.
 """
 
 from __future__ import annotations
