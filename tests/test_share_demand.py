@@ -72,7 +72,7 @@ def test_pace_keeps_demand_while_it_waits_for_a_priority_member(gpu_key: str) ->
             t_drop = time.monotonic()
             prio.set_demand(False)
             assert done.wait(5)
-            assert time.monotonic() - t_drop < 0.5  # resumes within a re-read (10 ms; loaded box)
+            assert time.monotonic() - t_drop < 0.5  # resumes within a re-read (WAIT_REREAD_US; loaded box)
             assert slept[0] >= DEMAND_TIMEOUT_S * 3 * 1e6 * 0.9
             t.join()
         finally:

@@ -23,7 +23,7 @@ MODE_PRIORITY = "priority"  # Extension 1: §5 over the priority members; the ot
 BUDGET_PPM = 1_000_000  # busy_ppm of a full budget: priority while busy_ppm <= BUDGET_PPM * S_i
 RESET_FRACTION = 0.9  # ... and, once lost, again only below RESET_FRACTION * BUDGET_PPM * S_i
 REREAD_US = 4_000  # a member that may run re-reads this often while an INTERACTIVE peer is alive (§7: 5 ms)
-WAIT_REREAD_US = 10_000  # a member waiting for a priority member re-reads this often (to resume; §7)
+WAIT_REREAD_US = 20_000  # a member waiting for a priority member re-reads this often: only to resume (§7)
 
 
 @dataclass(frozen=True)
