@@ -24,7 +24,7 @@ class RegistryReader:
     """The slots and schedule_ext1.decide's decision, cheaply re-read: the slots are parsed again only
     when the table's bytes changed (one 2 KiB copy to compare, < 1 µs), and the decision is re-made
     when they changed, when asked, or DECIDE_TTL_US after the last one (a heartbeat ageing past 3 s
-    is then seen within 100 ms). What lets the Extension-1 re-read every REREAD_US cost < 2 % of a core."""
+    is then seen within 100 ms). What lets Extension 1's frequent re-reads cost < 2 % of a core."""
 
     def __init__(self) -> None:
         self.slots: tuple[SlotRecord, ...] = ()
@@ -58,7 +58,7 @@ class Pacer:
     Extension 1 (spec §7; schedule_ext1.decide is the schedule): each step raises DEMAND at once
     (the owner drops it when its work ends: GpuShare.idle, or its timeout). A member that must wait
     for a priority member sleeps in WAIT_REREAD_US slices, re-reading, until it may run; while any
-    alive peer is INTERACTIVE a running member re-reads at least every REREAD_US (one step apart).
+    alive peer is INTERACTIVE a running member re-reads at every step (RegistryReader: < 1 µs unchanged).
     An interactive owner keeps its PRIORITY bit by the hysteresis (schedule_ext1.next_priority) on
     its busy over the last second, idle included (BusyMeter), which is also the busy_ppm it publishes.
     """
@@ -109,12 +109,12 @@ class Pacer:
         return self._decision
 
     def _reread(self, now: int, mono: int, force: bool = False) -> schedule_ext1.Decision:
-        """The decision, re-read from the registry when due (reread_us; REREAD_US while an
+        """The decision, re-read from the registry when due (reread_us; every step while an
         INTERACTIVE peer is alive) or `force`d. An interactive owner's PRIORITY is updated here."""
         d = self._decision
         every = self._reread_us
-        if d is not None and d.interactive_alive:
-            every = min(every, schedule_ext1.REREAD_US)
+        if d is not None and d.interactive_alive:  # every step: a re-read of unchanged bytes costs < 1 µs
+            every = 0
         if d is not None and not force and self._sched_mono_us is not None and mono - self._sched_mono_us < every:
             return d
         seg = self._m.segment

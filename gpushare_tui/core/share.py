@@ -35,7 +35,7 @@ from .registry import Membership
 
 RATE_WINDOW_S = 1.0  # pace() calls are counted over windows this long for `steps_per_s`
 SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms;
-# 4 ms while an INTERACTIVE peer is alive: schedule_ext1.REREAD_US)
+# at every step while an INTERACTIVE peer is alive: a new priority member stops us within one step)
 # DEMAND (spec §7) drops this long after pace() last returned, for loops that just stop calling it:
 # longer than a decode step (5-50 ms) with the GIL contended, short beside a request's gap. A step
 # longer than half of it stretches it (DEMAND_TIMEOUT_STEPS steps), up to the 2 s activity window.
