@@ -83,15 +83,22 @@ def worker(a: argparse.Namespace) -> None:
         from gpushare_tui import GpuShare
 
         share = GpuShare(weight=a.weight, name=f"bench-w{a.weight:g}", gpu_key=a.key, control=False).open()
+        if a.no_trim:  # the A/B of the accuracy fix: §5.7 literally (run to the edge, sleep exactly)
+            share._pacer._trim = False
+        diag = _instrument(share)
     print("ready", flush=True)
     line = sys.stdin.readline().split()
     t_start = float(line[1])
     while time.monotonic() < t_start:
         time.sleep(0.001)
     ends: list[float] = []
+    work_s = 0.0
     try:
         while time.monotonic() < t_start + a.busy_s:
+            t0 = time.monotonic()
             step()
+            if t0 >= t_start + WARMUP_S:
+                work_s += time.monotonic() - t0
             if share is not None:
                 share.pace()
             ends.append(time.monotonic())
@@ -101,7 +108,39 @@ def worker(a: argparse.Namespace) -> None:
     finally:
         if share is not None:
             share.close()
-    print(json.dumps({"ends": ends, "pid": os.getpid()}), flush=True)
+    out = {
+        "ends": ends,
+        "pid": os.getpid(),
+        "work_s": work_s,
+        "start_skew_ms": 1000 * (ends[0] - t_start) if ends else None,
+    }
+    if share is not None:
+        out.update(late_ms=diag["late"], over_ms=diag["over"])
+    print(json.dumps(out), flush=True)
+
+
+def _instrument(share) -> dict:
+    """Record, at each of the pacer's sleeps, how late it woke (ms past the time asked) and where the
+    step that ended outside the window ended relative to the window's end (ms; < 0: stopped early)."""
+    from gpushare_tui.core.clock import wall_us
+
+    pacer = share._pacer
+    real_sleep = pacer._sleep
+    diag: dict = {"late": [], "over": []}
+
+    def sleep(s: float) -> None:
+        d = pacer.decision
+        sched = d.schedule if d is not None else None
+        if sched is not None and share.slot in sched.slots:
+            _, end = sched.window_of(share.slot)
+            x = (wall_us() % sched.period_us - end) % sched.period_us
+            diag["over"].append((x - sched.period_us if x > sched.period_us / 2 else x) / 1000)
+        t0 = time.monotonic()
+        real_sleep(s)
+        diag["late"].append((time.monotonic() - t0 - s) * 1000)
+
+    pacer._sleep = sleep
+    return diag
 
 
 # -- the driver --------------------------------------------------------------
@@ -109,14 +148,19 @@ def worker(a: argparse.Namespace) -> None:
 
 def run_engines(
     a: argparse.Namespace, key: str, weights: list[float], paced: bool, busy_s: list[float], total_s: float
-) -> list[list[float]]:
-    """Start one engine per weight, start them together, return each one's step end times."""
+) -> list[dict]:
+    """Start one engine per weight, start them together, return each one's result (step end times
+    from the start, `ends`; work time, start skew and, paced, the pacer's wake-ups and overshoots)."""
     procs = []
     try:
         for w, b in zip(weights, busy_s):
             argv = [sys.executable, "-m", "bench.gpu_share", "--worker", "--backend", a.backend, "--key", key]
             argv += ["--weight", str(w), "--busy-s", str(b), "--total-s", str(total_s), "--dim", str(a.dim)]
-            argv += ["--size-mib", str(a.size_mib)] + ([] if paced else ["--unpaced"])
+            argv += (
+                ["--size-mib", str(a.size_mib)]
+                + ([] if paced else ["--unpaced"])
+                + (["--no-trim"] if a.no_trim else [])
+            )
             procs.append(
                 subprocess.Popen(
                     argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_worker_env(a)
@@ -134,7 +178,9 @@ def run_engines(
             text, _ = p.communicate(timeout=total_s + 120)
             if p.returncode != 0:
                 raise BenchError(f"an engine failed (exit {p.returncode}); its error is above")
-            out.append([t - t_start for t in json.loads(text.strip().splitlines()[-1])["ends"]])
+            res = json.loads(text.strip().splitlines()[-1])
+            res["ends"] = [t - t_start for t in res["ends"]]
+            out.append(res)
         return out
     finally:
         for p in procs:
@@ -183,7 +229,8 @@ def scenario(a: argparse.Namespace, name: str, solo: float | None) -> dict:
     busy = [total] + [end] * (len(weights) - 1) if release else [end] * len(weights)
     key = f"bench-gs-{uuid.uuid4().hex[:8]}"
     try:
-        ends = run_engines(a, key, weights, paced, busy, total)
+        results = run_engines(a, key, weights, paced, busy, total)
+        ends = [r["ends"] for r in results]
     finally:
         try:
             os.unlink(f"/dev/shm/opencoti-gpu-{key}")
@@ -204,9 +251,38 @@ def scenario(a: argparse.Namespace, name: str, solo: float | None) -> dict:
         row["ratio_error_pct"] = max(abs(x / (w / weights[-1]) - 1) * 100 for x, w in zip(achieved, weights))
     if solo:
         row["aggregate_pct_of_solo"] = 100 * sum(rates) / solo
+    row["diag"] = [_diag(r) for r in results]
+    if len(weights) > 1:  # busy accounting: the ratio of work time (what the pacer counts as busy)
+        work = [r["work_s"] for r in results]
+        row["work_ratio"] = [x / work[-1] if work[-1] else math.inf for x in work]
     if release:
         row["idle_release_s"] = idle_release_s(ends[0], end, total)
     return row
+
+
+def _diag(r: dict) -> dict:
+    def mean(xs: list[float]) -> float | None:
+        return statistics.fmean(xs) if xs else None
+
+    return {
+        "wake_late_ms_mean": mean(r.get("late_ms", [])),
+        "overshoot_ms_mean": mean(r.get("over_ms", [])),
+        "start_skew_ms": r.get("start_skew_ms"),
+        "work_s": r.get("work_s"),
+    }
+
+
+def print_diag(rows: list[dict]) -> None:
+    print("why (paced, per engine): wake-up lateness mean ms / overshoot past the window end mean ms / start skew ms")
+    for r in rows:
+        if not r["paced"] or len(r["weights"]) < 2:
+            continue
+        cells = "  ".join(
+            f"{_f(d['wake_late_ms_mean'], '.2f')}/{_f(d['overshoot_ms_mean'], '.2f')}/{_f(d['start_skew_ms'], '.1f')}"
+            for d in r["diag"]
+        )
+        work = ":".join(f"{x:.2f}" for x in r.get("work_ratio", []))
+        print(f"{r['scenario']:<12} {cells}   work-time ratio {work}")
 
 
 def _f(x, spec=".1f") -> str:
@@ -243,6 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--busy-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--total-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--unpaced", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-trim", action="store_true", help="pace by §5.7 literally (the A/B of GpuShare's edge trim)")
     a = ap.parse_args(argv)
     if a.size_mib is None:
         a.size_mib = 4096.0 if a.backend == "torch" else 32.0
@@ -306,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(result, indent=1))
     print(f"{device}; {a.size_mib:g} MiB of weights per engine, {a.seconds:g} s windows; solo {solo:.1f} steps/s")
     print_table(rows)
+    print_diag(rows)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores{'; --no-trim' if a.no_trim else ''}")
     print(f"wrote {path}")
     return 0
 

@@ -13,7 +13,7 @@ from slots import NOW, slot, snap
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.core import abi
-from gpushare_tui.core.snapshot import ext1_mode, priority_holders, v1_compat_peer
+from gpushare_tui.core.schedule_ext1 import decide
 from gpushare_tui.dashboard.columns import class_text, schedule_note
 from gpushare_tui.dashboard.model import DashboardModel, GpuView, PeerRow, achieved_shares
 from gpushare_tui.dashboard.remote import gpu_from_json
@@ -40,40 +40,42 @@ def view(slots: list[abi.SlotRecord], key: str = "k") -> GpuView:
 
 def test_ext1_mode_needs_every_member_to_have_ext1() -> None:
     batch = ext1_slot(1, 1, EXT1 | DEMAND)
-    assert ext1_mode([ext1_slot(0, 1, CHAT), batch], NOW) and v1_compat_peer([batch], NOW) is None
+    assert decide([ext1_slot(0, 1, CHAT), batch], NOW).mode != "v1" and decide([batch], NOW).v1_peer is None
     v1 = slot(2, 1)  # a v1 member (active, flags 0)
-    assert not ext1_mode([ext1_slot(0, 1, CHAT), batch, v1], NOW) and v1_compat_peer([batch, v1], NOW) == 2
-    assert ext1_mode([batch, slot(2, 1, active=0), slot(3, 1, age_s=10)], NOW)  # idle or dead v1 peers: no members
-    assert not ext1_mode([slot(0, 1)], NOW) and v1_compat_peer([slot(3, 1), slot(0, 1)], NOW) == 0  # the lowest
-    assert not ext1_mode([], NOW)  # no Extension-1 peer at all: a v1 segment
+    assert decide([ext1_slot(0, 1, CHAT), batch, v1], NOW).mode == "v1" and decide([batch, v1], NOW).v1_peer == 2
+    assert (
+        decide([batch, slot(2, 1, active=0), slot(3, 1, age_s=10)], NOW).mode != "v1"
+    )  # idle or dead v1 peers: no members
+    assert decide([slot(0, 1)], NOW).mode == "v1" and decide([slot(3, 1), slot(0, 1)], NOW).v1_peer == 0  # the lowest
+    assert view([]).snapshot.schedule_mode == view([slot(0, 1)]).snapshot.schedule_mode == "v1"  # no EXT1 peer
 
 
 def test_priority_is_held_within_the_budget_only() -> None:
     """Rule 2: INTERACTIVE with PRIORITY set, and its busy_ppm within 1e6 × its plain share among the
     DEMAND members (S = 1/(1+3) = 0.25 here); the bit alone, a batch peer or one without DEMAND never."""
     batch = ext1_slot(1, 3, EXT1 | DEMAND, busy=0.7)
-    assert priority_holders([ext1_slot(0, 1, CHAT, busy=0.25), batch], NOW) == {0}  # at the budget: still holds
-    assert priority_holders([ext1_slot(0, 1, CHAT, busy=0.26), batch], NOW) == set()  # over it: lost
-    assert priority_holders([ext1_slot(0, 1, CHAT & ~PRIO, busy=0.0), batch], NOW) == set()  # bit cleared
-    assert priority_holders([ext1_slot(0, 1, EXT1 | DEMAND | PRIO), batch], NOW) == set()  # batch: no claim
-    assert priority_holders([ext1_slot(0, 1, CHAT & ~DEMAND), batch], NOW) == set()  # no work: no member
+    assert set(decide([ext1_slot(0, 1, CHAT, busy=0.25), batch], NOW).priority) == {0}  # at the budget: still holds
+    assert set(decide([ext1_slot(0, 1, CHAT, busy=0.26), batch], NOW).priority) == set()  # over it: lost
+    assert set(decide([ext1_slot(0, 1, CHAT & ~PRIO, busy=0.0), batch], NOW).priority) == set()  # bit cleared
+    assert set(decide([ext1_slot(0, 1, EXT1 | DEMAND | PRIO), batch], NOW).priority) == set()  # batch: no claim
+    assert set(decide([ext1_slot(0, 1, CHAT & ~DEMAND), batch], NOW).priority) == set()  # no work: no member
     # the share counts DEMAND members only: an idle batch peer leaves the interactive one the whole device
-    assert priority_holders([ext1_slot(0, 1, CHAT, busy=0.9), ext1_slot(1, 3, EXT1)], NOW) == {0}
+    assert set(decide([ext1_slot(0, 1, CHAT, busy=0.9), ext1_slot(1, 3, EXT1)], NOW).priority) == {0}
     two = [ext1_slot(0, 1, CHAT, busy=0.2), ext1_slot(1, 1, CHAT, busy=0.3), ext1_slot(2, 2, EXT1 | DEMAND)]
-    assert priority_holders(two, NOW) == {0}  # many claimants: each against its own budget (0.25)
+    assert set(decide(two, NOW).priority) == {0}  # many claimants: each against its own budget (0.25)
 
 
 def test_snapshot_and_json_carry_class_demand_priority_and_the_mode() -> None:
     v = view([ext1_slot(0, 1, CHAT), ext1_slot(1, 3, EXT1 | DEMAND, busy=0.6), slot(2, 1, active=0)])
     g = v.snapshot
-    assert (g.schedule_mode, g.v1_peer) == ("ext1", None)
+    assert (g.schedule_mode, g.v1_peer, g.priority_slots) == ("priority", None, (0,))  # slot 0 runs first
     assert [(p.klass, p.demand, p.priority) for p in g.peers] == [
         ("interactive", True, True),
         ("batch", True, False),
         (None, None, None),  # a v1 peer: null
     ]
     doc = json.loads(json.dumps(gpu_json(v)))
-    assert (doc["schedule_mode"], doc["v1_peer"]) == ("ext1", None)
+    assert (doc["schedule_mode"], doc["v1_peer"]) == ("priority", None)
     assert [(p["class"], p["demand"], p["priority"]) for p in doc["peers"]] == [
         ("interactive", True, True),
         ("batch", True, False),
@@ -102,7 +104,9 @@ def test_cells_and_notes() -> None:
     v = view([ext1_slot(0, 1, CHAT), ext1_slot(1, 1, EXT1 | DEMAND), ext1_slot(2, 1, EXT1 | INTER), slot(3, 1, 0)])
     assert [class_text(r) for r in v.rows] == ["int*", "bat+", "int", "v1"]
     assert [cell_text(r, "class") for r in v.rows] == ["int*", "bat+", "int", "v1"]
-    assert schedule_note(v.snapshot) == "ext1" and "ext1" in info_line(v).plain
+    assert schedule_note(v.snapshot) == "ext1 priority (slot 0)" and "ext1 priority" in info_line(v).plain
+    no_claim = view([ext1_slot(0, 1, EXT1 | DEMAND), ext1_slot(1, 1, EXT1 | INTER)])
+    assert schedule_note(no_claim.snapshot) == "ext1"
     forced = view([ext1_slot(0, 1, CHAT), slot(4, 1)])
     assert schedule_note(forced.snapshot) == "v1 compat (slot 4)" and "v1 compat (slot 4)" in info_line(forced).plain
     assert schedule_note(view([slot(0, 1), slot(1, 2)]).snapshot) == ""  # a v1-only segment: nothing to explain

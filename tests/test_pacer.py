@@ -115,6 +115,7 @@ def test_the_other_peer_sleeps_for_our_window(gpu_key: str, world: World) -> Non
         t[0] = (t[0] // PERIOD + 1) * PERIOD + 10_000
         world.t = t[0]
         world.m.mark_active(t[0])
+        world.m.set_demand(True)  # an Extension-1 member has work in flight (spec §7)
         assert p2.step_done() == 70_000
         assert sleeps == [0.07]
 

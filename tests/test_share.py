@@ -35,9 +35,11 @@ def slot_of(key: str, slot: int) -> abi.SlotRecord:
 
 @pytest.fixture
 def peer(gpu_key: str) -> Iterator[Membership]:
-    """An always-active peer of weight 1 (its own heartbeat thread keeps it alive)."""
+    """An always-active peer of weight 1 (its own heartbeat thread keeps it alive), with work in flight
+    (Extension 1's DEMAND, spec §7)."""
     m = Membership(gpu_key, 1, "peer")
     m.join()
+    m.set_demand(True)
     stop = threading.Event()
 
     def keep_active() -> None:

@@ -156,8 +156,6 @@ def _start_supervisor(
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
-    if klass != "batch":
-        sup.set_class(klass)
     return sup
 
 

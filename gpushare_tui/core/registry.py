@@ -46,7 +46,13 @@ class Membership:
         heartbeat_s: float = HEARTBEAT_S,
         log: Callable[[str], None] = _log_stderr,
         share_group: str | int | None = None,
+        ext1: bool = False,
+        interactive: bool = False,
     ) -> None:
+        """`ext1`: implement Extension 1 (spec §7: the EXT1 bit; the owner must then publish DEMAND, or it is
+        never scheduled under Extension 1); every engine kind of ours passes True (GpuShare, the supervisor).
+        False (the default, for a bare Membership that publishes no DEMAND): a v1 owner (flags 0).
+        `interactive`: latency class interactive, which starts holding PRIORITY (its budget unspent)."""
         self.key = abi.validate_gpu_key(key)
         self.share_group = share_group  # opt-in: join/create a segment of this group (spec §1a)
         self._weight = abi.parse_weight(weight)
@@ -62,6 +68,10 @@ class Membership:
         self._last_active_us = 0  # mono_us
         self._busy_ppm = 0
         self._flags = 0  # Extension 1 (§7) FLAG_* bits; 0: a v1 owner
+        if interactive:
+            ext1 = True  # a latency class is Extension 1's
+        if ext1:
+            self._flags = abi.FLAG_EXT1 | (abi.FLAG_INTERACTIVE | abi.FLAG_PRIORITY if interactive else 0)
         self._busy_total_us = 0  # Extension 1 (§7): busy µs since the join
         self._slot: int | None = None
         self._segment: Segment | None = None
@@ -216,10 +226,34 @@ class Membership:
             self.set_flags(self._flags | abi.FLAG_DEMAND if demand else self._flags & ~abi.FLAG_DEMAND)
 
     def set_interactive(self, interactive: bool) -> None:
-        """Publish the latency class (INTERACTIVE set: interactive; clear: batch) at once (spec §7)."""
+        """Publish the latency class (INTERACTIVE set: interactive; clear: batch) at once (spec §7). Becoming
+        interactive does not claim PRIORITY: the owner's hysteresis (`set_priority`) does, from its busy."""
         with self._lock:
             bit = abi.FLAG_INTERACTIVE
             self.set_flags(self._flags | bit if interactive else self._flags & ~(bit | abi.FLAG_PRIORITY))
+
+    @property
+    def interactive(self) -> bool:
+        return bool(self._flags & abi.FLAG_INTERACTIVE)
+
+    @property
+    def demand(self) -> bool:
+        return bool(self._flags & abi.FLAG_DEMAND)
+
+    @property
+    def priority(self) -> bool:
+        return bool(self._flags & abi.FLAG_PRIORITY)
+
+    def set_priority(self, priority: bool, busy_ppm: int | None = None) -> None:
+        """Publish PRIORITY (interactive owners only; a batch owner's stays clear) at once when it changes,
+        together with `busy_ppm` (the busy it was judged on) in the same seqlock write: a reader never sees
+        a new bit beside an older busy (spec §7)."""
+        with self._lock:
+            want = priority and self.interactive
+            flags = self._flags | abi.FLAG_PRIORITY if want else self._flags & ~abi.FLAG_PRIORITY
+            if busy_ppm is not None:
+                self._busy_ppm = max(0, min(1_000_000, int(busy_ppm)))
+            self.set_flags(flags)
 
     @property
     def busy_total_us(self) -> int:

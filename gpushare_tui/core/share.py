@@ -10,15 +10,21 @@ It joins the GPU's registry (heartbeats, leaves on exit), marks the engine activ
 `pace()` (idle again 2 s after the last one), sleeps outside its windows, publishes its busy
 fraction, and serves the same control socket as a supervised llama-server, so the dashboard
 and `gpushare-tui weight/stop` can re-weight or stop it.
+
+Registry Extension 1 (spec §7): it sets EXT1 and publishes DEMAND (work in flight): `pace()`
+raises it, `share.idle()` drops it at once, `with share.busy():` holds it for a block (raise it
+as work arrives, before the first step), and it drops DEMAND_TIMEOUT_S after the last `pace()`
+of a loop that simply stops. While a priority (interactive) member runs, `pace()` waits.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .clock import mono_us, wall_us
 from .control import ControlServer, StatusReply, control_handlers, socket_path
@@ -29,7 +35,14 @@ from .pacer import Pacer
 from .registry import Membership
 
 RATE_WINDOW_S = 1.0  # pace() calls are counted over windows this long for `steps_per_s`
-SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms)
+SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms;
+# at every step while an INTERACTIVE peer is alive: a new priority member stops us within one step)
+# DEMAND (spec §7) drops this long after pace() last returned, for loops that just stop calling it:
+# longer than a decode step (5-50 ms) with the GIL contended, short beside a request's gap. A step
+# longer than half of it stretches it (DEMAND_TIMEOUT_STEPS steps), up to the 2 s activity window.
+DEMAND_TIMEOUT_S = 0.100
+DEMAND_TIMEOUT_STEPS = 2
+DEMAND_TIMEOUT_MAX_S = 2.0
 
 
 class GpuShare:
@@ -73,8 +86,10 @@ class GpuShare:
         self.stop_requested = threading.Event()
         self._on_stop = on_stop
         self._control = control
-        self._membership = Membership(gpu_key, weight, name, share_group=share_group)
-        self._pacer = Pacer(self._membership, reread_us=SCHEDULE_REREAD_US)
+        self._membership = Membership(  # spec §7
+            gpu_key, weight, name, share_group=share_group, ext1=True, interactive=self.klass == "interactive"
+        )
+        self._pacer = Pacer(self._membership, reread_us=SCHEDULE_REREAD_US, trim_edges=True)
         self._lock = threading.Lock()  # the pacer's accounting, and its sleep (one sleeper wakes the rest in-window)
         self._server: ControlServer | None = None
         self._started_mono_us = mono_us()
@@ -83,6 +98,11 @@ class GpuShare:
         self._rate_steps = 0
         self.steps_per_s = 0.0
         self.state = "new"
+        self._demand_cv = threading.Condition()
+        self._demand_until = 0.0  # time.monotonic() at which DEMAND drops unless pace() is called again
+        self._busy_depth = 0  # `with share.busy():` blocks open (DEMAND held throughout)
+        self._last_step_s = 0.0
+        self._demand_thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -95,7 +115,6 @@ class GpuShare:
             socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
         # each GpuShare of a process serves its own socket (`<pid>.sock`, then `<pid>.1.sock`, ...)
         self._membership.join()
-        self._membership.set_interactive(self.klass == "interactive")
         try:
             if self._control:
                 with termination_deferred():  # a signal between bind() and the assignment would leave the socket
@@ -105,6 +124,8 @@ class GpuShare:
             raise
         self._started_mono_us = mono_us()
         self.state = "running"
+        self._demand_thread = threading.Thread(target=self._demand_loop, name="gpushare-demand", daemon=True)
+        self._demand_thread.start()
         atexit.register(self.close)  # a loop that never calls close() leaves no socket file behind
         return self
 
@@ -114,6 +135,12 @@ class GpuShare:
             if self._server is not None:
                 self._server.close()
                 self._server = None
+            with self._demand_cv:
+                self._demand_until = -1.0  # the watcher ends
+                self._demand_cv.notify_all()
+            if self._demand_thread is not None and self._demand_thread is not threading.current_thread():
+                self._demand_thread.join(timeout=2)
+            self._demand_thread = None
             self._membership.leave()
         atexit.unregister(self.close)
         if self.state != "new":
@@ -128,24 +155,92 @@ class GpuShare:
     # -- the loop ----------------------------------------------------------
 
     def pace(self, step_us: int | None = None) -> int:
-        """Call after each step (once its GPU work is synchronised). Marks us active and, when
-        the step ended outside our window, sleeps until our next window opens. Returns the µs
-        slept. `step_us`: the step's busy time, by default the time since `pace()` last returned.
-        Before `open()` and after `close()` it returns 0 at once."""
+        """Call after each step (once its GPU work is synchronised). Marks us active, raises DEMAND
+        (spec §7: dropped by `idle()`, or DEMAND_TIMEOUT_S after the last pace() returned) and, when
+        the step ended outside our window (or a priority member holds the device), sleeps until we
+        may run. Returns the µs slept. `step_us`: the step's busy time, by default the time since
+        `pace()` last returned. Before `open()` and after `close()` it returns 0 at once."""
         if self.state not in ("running", "exiting"):
             return 0
         with self._lock:
-            slept = self._pacer.step_done(step_us)
+            t0 = time.monotonic()
+            with self._demand_cv:  # DEMAND is held while pace() sleeps or waits (spec §7: a paced engine keeps it)
+                self._busy_depth += 1
+            try:
+                slept = self._pacer.step_done(step_us)
+            finally:
+                with self._demand_cv:
+                    self._busy_depth -= 1
             self._steps += 1
             now = time.monotonic()
+            # the step's length stretches the timeout; without step_us, the time since the last pace() is
+            # the step only while DEMAND was still held (else that gap was idle: the loop had stopped)
+            held = self._last_return_s > 0 and t0 - self._last_return_s <= self._demand_timeout_s()
+            step_s = (step_us / 1e6) if step_us is not None else (t0 - self._last_return_s if held else 0.0)
+            self._last_step_s, self._last_return_s = step_s, now
+            self._hold_demand(now)
             if now - self._rate_t0 >= RATE_WINDOW_S:
                 self.steps_per_s = (self._steps - self._rate_steps) / (now - self._rate_t0)
                 self._rate_t0, self._rate_steps = now, self._steps
         return slept
 
+    _last_return_s = 0.0
+
+    def _demand_timeout_s(self) -> float:
+        return min(max(DEMAND_TIMEOUT_S, DEMAND_TIMEOUT_STEPS * self._last_step_s), DEMAND_TIMEOUT_MAX_S)
+
+    def _hold_demand(self, now: float) -> None:
+        timeout = self._demand_timeout_s()
+        with self._demand_cv:
+            wake = self._demand_until <= 0
+            self._demand_until = now + timeout
+            if wake:
+                self._demand_cv.notify_all()
+
+    def _demand_loop(self) -> None:
+        """Drops DEMAND once its deadline passed with no pace() and no busy() block open."""
+        with self._demand_cv:
+            while self._demand_until >= 0:
+                if self._demand_until == 0 or self._busy_depth:
+                    self._demand_cv.wait()
+                    continue
+                left = self._demand_until - time.monotonic()
+                if left > 0:
+                    self._demand_cv.wait(left)
+                    continue
+                self._demand_until = 0.0
+                self._membership.set_demand(False)
+
+    def idle(self) -> None:
+        """Our work ended: drop DEMAND (and `active`) at once, so the others run without us."""
+        with self._demand_cv:
+            if self._demand_until > 0:
+                self._demand_until = 0.0
+            if not self._busy_depth:
+                self._membership.set_demand(False)
+                self._membership.mark_idle()
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[GpuShare]:
+        """`with share.busy():` holds DEMAND for the block (work in flight, pace() called or not);
+        it drops when the block ends, unless pace() was called within DEMAND_TIMEOUT_S."""
+        with self._demand_cv:
+            self._busy_depth += 1
+            self._membership.set_demand(True)
+        try:
+            yield self
+        finally:
+            with self._demand_cv:
+                self._busy_depth -= 1
+                if not self._busy_depth and self._demand_until <= 0:
+                    self._membership.set_demand(False)
+                self._demand_cv.notify_all()
+
     def active(self) -> None:
-        """Mark us active without pacing (a step run unpaced)."""
+        """Mark us active without pacing (a step run unpaced); it raises DEMAND like pace()."""
         self._membership.mark_active()
+        self._membership.set_demand(True)
+        self._hold_demand(time.monotonic())
 
     # -- state -------------------------------------------------------------
 

@@ -6,18 +6,10 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import schedule
-from .abi import (
-    ALIVE_US,
-    FLAG_DEMAND,
-    FLAG_INTERACTIVE,
-    FLAG_PRIORITY,
-    SlotRecord,
-    segment_name,
-    weight_is_valid,
-)
+from . import schedule, schedule_ext1
+from .abi import ALIVE_US, FLAG_DEMAND, FLAG_INTERACTIVE, SlotRecord, segment_name, weight_is_valid
 from .budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
 from .segment import (
     Segment,
@@ -78,8 +70,12 @@ class GpuSnapshot:
     owner: str = ""  # the segment file's owner (user name, or the uid as text); "" when not known
     owner_uid: int = -1
     mode: int = 0  # its permission bits
-    schedule_mode: str = "v1"  # "ext1": every member implements Extension 1 (spec §7); "v1": §5 for everyone
-    v1_peer: int | None = None  # the slot of the member without EXT1 that puts everyone on §5 (None: none)
+    # the schedule in force (schedule_ext1.decide, spec §7): "v1" (§5; `v1_peer` is the member lacking
+    # EXT1 that forces it, None when no member has any work), "ext1", "priority" (`priority_slots` run).
+    # Not compared: a snapshot read back from JSON (--remote) that does not carry them is the same one.
+    schedule_mode: str = field(default="v1", compare=False)
+    v1_peer: int | None = field(default=None, compare=False)
+    priority_slots: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def writable_by_others(self) -> bool:
@@ -103,16 +99,16 @@ def build_gpu_snapshot(
     owner_uid: int = -1,
     mode: int = 0,
 ) -> GpuSnapshot:
-    """Pure: shares and windows per spec §5 from consistent slot records (owner and mode as given)."""
+    """Pure: shares and windows per spec §5, or Extension 1's schedule (§7: schedule_ext1.decide), from
+    consistent slot records (owner and mode as given)."""
     slots = tuple(slots)
-    members = schedule.member_weights(slots, now_us)
-    sched = schedule.build_schedule(members)
+    decision = schedule_ext1.decide(slots, now_us)
+    weight_of = {s.index: float(s.weight) for s in slots}
+    members = [(i, weight_of[i]) for i in decision.members]
+    sched = decision.schedule
     shares = dict(zip((s for s, _ in members), schedule.share_pct([w for _, w in members]))) if members else {}
     windows = window_pcts(members)
     achieved = achieved_pcts(slots, [s for s, _ in members])
-    v1_peer = v1_compat_peer(slots, now_us)
-    ext1 = ext1_mode(slots, now_us)
-    holding = priority_holders(slots, now_us) if ext1 else frozenset()
     peers = []
     for rec in slots:
         if rec.pid == 0:
@@ -134,39 +130,24 @@ def build_gpu_snapshot(
                 window_pct=windows.get(rec.index),
                 klass=("interactive" if rec.flags & FLAG_INTERACTIVE else "batch") if rec.ext1 else None,
                 demand=bool(rec.flags & FLAG_DEMAND) if rec.ext1 else None,
-                priority=(rec.index in holding) if rec.ext1 else None,
+                priority=(rec.index in decision.priority) if rec.ext1 else None,
                 busy_total_us=rec.busy_total_us,
             )
         )
     period = sched.period_ms if sched else None
     return GpuSnapshot(
-        gpu_key, segment, period, tuple(peers), now_us, owner, owner_uid, mode, "ext1" if ext1 else "v1", v1_peer
-    )
-
-
-# -- Extension 1 (spec §7), for the views. Pure; the schedule itself is the pacer's (core/schedule*.py).
-
-
-def v1_compat_peer(slots: Iterable[SlotRecord], now_us: int) -> int | None:
-    """The lowest slot of a member (§4: alive, active, valid weight) whose flags lack EXT1: one such
-    member puts every peer back on §5 (spec §7 Compatibility). None when every member has EXT1."""
-    return next((r.index for r in sorted(slots, key=lambda r: r.index) if r.is_member(now_us) and not r.ext1), None)
-
-
-def ext1_mode(slots: Iterable[SlotRecord], now_us: int) -> bool:
-    """Whether the Extension-1 schedule applies: some alive peer has EXT1 and no member lacks it."""
-    slots = tuple(slots)
-    return any(r.ext1 and r.is_alive(now_us) for r in slots) and v1_compat_peer(slots, now_us) is None
-
-
-def priority_holders(slots: Iterable[SlotRecord], now_us: int) -> frozenset[int]:
-    """The slots that have priority by spec §7 rule 2: among the Extension-1 members (alive, valid weight,
-    DEMAND), those INTERACTIVE with PRIORITY set whose busy_ppm is within 1e6 × their plain share."""
-    members = [r for r in slots if r.is_alive(now_us) and weight_is_valid(r.weight) and r.flags & FLAG_DEMAND]
-    total = sum(float(r.weight) for r in members)
-    claim = FLAG_INTERACTIVE | FLAG_PRIORITY
-    return frozenset(
-        r.index for r in members if r.flags & claim == claim and r.busy_ppm <= 1_000_000 * float(r.weight) / total
+        gpu_key,
+        segment,
+        period,
+        tuple(peers),
+        now_us,
+        owner,
+        owner_uid,
+        mode,
+        # a segment without any alive Extension-1 peer is a v1 one, whatever decide() says of no members
+        schedule_mode=decision.mode if any(r.ext1 and r.is_alive(now_us) for r in slots) else "v1",
+        v1_peer=decision.v1_peer,
+        priority_slots=decision.priority,
     )
 
 
@@ -209,8 +190,8 @@ def own_peer(key: str, slots: Iterable[SlotRecord], slot: int | None, now_us: in
 
 def sole_member(slots: Iterable[SlotRecord], slot: int | None, now_us: int) -> bool:
     """Whether `slot` is the only member of the schedule of `slots` now (share 100 %: nobody to share with)."""
-    members = schedule.member_weights(slots, now_us)
-    return slot is not None and len(members) == 1 and members[0][0] == slot
+    members = schedule_ext1.decide(slots, now_us).members
+    return slot is not None and members == (slot,)
 
 
 OTHERS_IDLE_BUSY_PPM = 20_000  # another live peer reporting more busy time than this (2 %) is working

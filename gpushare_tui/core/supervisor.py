@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import abi, activity, paths, schedule
+from . import abi, activity, paths, schedule, schedule_ext1
 from .accounting import BusyFromMarks
 from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
@@ -32,7 +32,7 @@ from .engines import command, health, watchdog
 from .engines import llama_server as ls
 from .errors import EngineError
 from .ownership import Owner
-from .pacer import BUSY_WINDOW_US
+from .pacer import BUSY_WINDOW_US, RegistryReader
 from .rate import StepRate
 from .registry import Membership
 from .snapshot import own_peer, runs_alone
@@ -60,8 +60,6 @@ class EngineStatus:
 
 
 class Supervisor:
-    klass = "batch"  # the latency class (spec §7), set by set_class once joined
-
     def __init__(
         self,
         args: command.EngineArgs,
@@ -79,6 +77,7 @@ class Supervisor:
         share_group: str | None = None,
         owner: Owner | None = None,
         quit_event: threading.Event | None = None,
+        klass: str = "batch",
         load_progress: Progress | None = None,
     ) -> None:
         """`args`: the command as it is started (llama_server.prepare_args for llama-server, whose
@@ -107,6 +106,7 @@ class Supervisor:
         self._control: ControlServer | None = None
         self._monitor: threading.Thread | None = None
         self._quit = quit_event if quit_event is not None else threading.Event()
+        self.klass = check_class(klass)  # the latency class (spec §7): published at the join, then by set_class
         self._sig_lock = threading.Lock()
         self._stopped = False
         self._window_end_us: int | None = None
@@ -117,6 +117,7 @@ class Supervisor:
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
         self._resumed_us = mono_us()
         self.in_flight = False  # the activity source's, as last published (DEMAND)
+        self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
 
     # -- public ------------------------------------------------------------
 
@@ -147,13 +148,23 @@ class Supervisor:
                 raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
             ready = health.ready_check(spec, log_ready=log_ready)
             health.wait_ready(
-                self.proc, ready, self.log_path, self.load_timeout_s, what=health.describe(spec),
+                self.proc,
+                ready,
+                self.log_path,
+                self.load_timeout_s,
+                what=health.describe(spec),
                 quit_event=self._quit,
                 progress=self._load_progress,
                 waiting_for=health.waiting_for(spec, self.args.argv[0]),
             )
             self.membership = Membership(
-                self.gpu_key, self.weight, self.name, pid=self.proc.pid, share_group=self.share_group
+                self.gpu_key,
+                self.weight,
+                self.name,
+                pid=self.proc.pid,
+                share_group=self.share_group,
+                ext1=True,
+                interactive=self.klass == "interactive",
             )
             slot = self.membership.join()
             self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
@@ -315,6 +326,7 @@ class Supervisor:
         assert m is not None and proc is not None
         seg = m.segment
         prev: schedule.Schedule | None = None
+        reader = RegistryReader()
         owed_us = 0  # run time still owed since the last stopped spell
         busy = BusyFromMarks(BUSY_MARK_GAP_US)
         stopped_mono_us = last_mono_us = mono_us()
@@ -328,14 +340,28 @@ class Supervisor:
             m.add_busy_us(busy.mark(m.last_active_us))  # busy_total_us (spec §7): continued while working
             last_mono_us = mono
             slot = m.slot
-            sched = schedule.build_schedule(schedule.member_weights(seg.read_slots(), now))
+            decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+            self.decision = decision
+            sched = decision.schedule
             at_edge = sched is prev  # not a membership change, which acts at once, off any edge
             prev = sched
-            if sched is None or slot is None or slot not in sched.slots:
+            # while an INTERACTIVE peer is alive, re-read every REREAD_US: a new priority member stops us within 5 ms
+            recheck_us = min(RECHECK_US, schedule_ext1.REREAD_US) if decision.interactive_alive else RECHECK_US
+            if decision.waits(slot):  # a priority member holds the device: stopped until that changes
+                self._window_end_us = None
+                if not self._stopped:
+                    self._suspend()
+                    stopped_mono_us = mono
+                owed_us = 0  # §5's floor over time: waiting for priority owes nothing (its budget bounds it)
+                stopped_mono_us = mono  # nor does the wait count as a §5 stopped spell afterwards
+                wait_us = schedule_ext1.WAIT_REREAD_US  # only to resume: stopping is what must be fast
+            elif sched is None or slot is None or slot not in sched.slots:
                 self._window_end_us = None
                 self._resume()
                 owed_us = 0
-                wait_us = int(UNTHROTTLED_POLL_S * 1e6)
+                poll_us = int(UNTHROTTLED_POLL_S * 1e6)
+                fast = decision.interactive_alive and m.demand  # running with work: a priority member stops it at once
+                wait_us = min(poll_us, schedule_ext1.REREAD_US) if fast else poll_us
             else:
                 run, edge_us = run_until(sched, slot, now)
                 scheduled = run
@@ -360,7 +386,7 @@ class Supervisor:
                         stopped_mono_us = mono
                         if at_edge:
                             self._note_lateness(sched, slot, edge=1)
-                wait_us = min(edge_us - now, RECHECK_US)
+                wait_us = min(edge_us - now, recheck_us)
                 if self._stopped:
                     wait_us = min(wait_us, stopped_mono_us + schedule.longest_sleep_us(sched) - mono)
             time.sleep(max(wait_us, 0) / 1e6)
@@ -416,9 +442,10 @@ class Supervisor:
                 mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
                 t = mono / 1e6
                 source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
-                if source.in_flight != self.in_flight:
+                # DEMAND (spec §7), written at once; a paced engine stopped with work in flight keeps it
+                if source.in_flight != self.in_flight and (source.in_flight or not self._stopped):
                     self.in_flight = source.in_flight
-                    m.set_demand(source.in_flight)  # DEMAND (spec §7): written at once; read once EXT1 is on
+                    m.set_demand(source.in_flight)
                 n_work = source.take_work_total()
                 if source.is_active(mono):
                     m.mark_active(source.last_us)
@@ -438,6 +465,9 @@ class Supervisor:
                     frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / cores)
                     self.engine_status.busy_pct = 100 * frac
                     m.set_busy_ppm(int(frac * 1_000_000))
+                    if m.interactive and m.slot is not None:  # i20-sched: PRIORITY hysteresis (spec §7) on that busy
+                        share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+                        m.set_priority(schedule_ext1.next_priority(m.priority, int(frac * 1e6), share), int(frac * 1e6))
                 time.sleep(MONITOR_TICK_S)
         finally:
             source.close()

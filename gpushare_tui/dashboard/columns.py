@@ -138,7 +138,11 @@ def _class_order(r: PeerRow) -> tuple[bool, bool, bool, bool]:
 
 def schedule_note(g: GpuSnapshot) -> str:
     """What a GPU line says of Extension 1: "v1 compat (slot N)" when a member without it (slot N) puts
-    Extension-1 peers back on §5, "ext1" when the Extension-1 schedule applies, "" for a v1-only segment."""
+    Extension-1 peers back on §5, "ext1" when the Extension-1 schedule applies ("ext1 priority (slot N)"
+    while priority members run first), "" for a v1-only segment."""
+    if g.schedule_mode == "priority":
+        slots = ", ".join(map(str, g.priority_slots))
+        return f"ext1 priority ({'slot' if len(g.priority_slots) == 1 else 'slots'} {slots})"
     if g.schedule_mode == "ext1":
         return "ext1"
     if g.v1_peer is not None and any(p.alive and p.klass is not None for p in g.peers):

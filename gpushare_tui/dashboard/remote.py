@@ -344,7 +344,7 @@ def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
         owner=owner[:REMOTE_MAX_TEXT_CHARS] if isinstance(owner, str) else "",
         owner_uid=owner_uid if type(owner_uid) is int and -1 <= owner_uid <= PID_MAX else -1,
         mode=mode_bits,
-        schedule_mode="ext1" if d.get("schedule_mode") == "ext1" else "v1",
+        schedule_mode=mode if (mode := d.get("schedule_mode")) in ("ext1", "priority") else "v1",
         v1_peer=v1 if type(v1 := d.get("v1_peer")) is int and 0 <= v1 < abi.SLOT_COUNT else None,
     )
 

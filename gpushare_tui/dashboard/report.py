@@ -105,7 +105,7 @@ def gpu_json(view: GpuView, host: str | None = None) -> dict:
         "owner_uid": g.owner_uid,
         "mode": f"{g.mode:04o}",
         "writable_by_others": g.writable_by_others,
-        "schedule_mode": g.schedule_mode,  # "ext1" | "v1" (spec §7)
+        "schedule_mode": g.schedule_mode,  # "v1" | "ext1" | "priority" (spec §7, schedule_ext1.decide)
         "v1_peer": g.v1_peer,  # the slot that puts everyone on §5, or null
     }
     return doc if host is None else {**doc, "host": host}

@@ -60,7 +60,7 @@ EXT1_PEER_METRICS = {
 }
 EXT1_PEER_LABELS = [*PEER_LABELS, "class"]
 EXT1_GPU_METRICS = {
-    "gpushare_schedule_ext1": "1 when the Extension-1 schedule applies, 0 when every peer is on v1 (spec §5).",
+    "gpushare_schedule_ext1": "1 when the Extension-1 schedule applies (priority or not), 0 on §5 (v1).",
 }
 # Accounting counters (core.accounting): a peer's busy counter is its slot's busy_total_us (source="counter":
 # since it joined, so a serve restart restarts nothing) or busy_ppm integrated between scrapes for a v1 peer
@@ -134,7 +134,7 @@ def families(model: DashboardModel) -> list[Metric]:
     ext1 = {n: _gauge(n, EXT1_PEER_METRICS, EXT1_PEER_LABELS) for n in EXT1_PEER_METRICS}
     ext1_gpu = _gauge("gpushare_schedule_ext1", EXT1_GPU_METRICS, GPU_LABELS)
     for g in model.gpus:
-        ext1_gpu.add_metric([g.gpu_key], 1 if g.snapshot.schedule_mode == "ext1" else 0)
+        ext1_gpu.add_metric([g.gpu_key], 1 if g.snapshot.schedule_mode != "v1" else 0)
         for r in g.rows:
             _add_ext1_peer(ext1, _peer_labels(g, r), r)
         snap = g.snapshot

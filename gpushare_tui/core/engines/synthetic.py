@@ -137,8 +137,9 @@ def run_synth(
                 if stats.tok_s != 0.0 or membership.active:  # entering an idle spell: say so at once
                     rate.idle()
                     stats.tok_s = rate.rate
-                    membership.set_busy_ppm(0)
-                    membership.mark_idle()
+                    if not membership.interactive:  # an interactive one's busy is its budget's (the pacer's)
+                        membership.set_busy_ppm(0)
+                    share.idle()  # DEMAND (spec §7) and `active` drop at once
                 time.sleep(0.05)
             now = time.monotonic()
             if now - last_t >= 1.0:

@@ -1,0 +1,156 @@
+"""Spec §7 (Extension 1): the deciding function against tests/data/ext1-vectors.json, which an
+independent implementation (tests/ext1_reference.py) generates; the hysteresis; the busy meter."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import ext1_reference
+import pytest
+
+from gpushare_tui.core import abi, schedule, schedule_ext1
+from gpushare_tui.core.abi import SlotRecord
+from testkit.paths import DATA
+
+VECTORS = json.loads((DATA / "ext1-vectors.json").read_text())
+CASES = VECTORS["cases"]
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _slots(case: dict) -> list[SlotRecord]:
+    return [
+        SlotRecord(
+            index=i,
+            pid=s["pid"],
+            seq=0,
+            boot_us=0,
+            weight=NON_FINITE[s["weight"]] if isinstance(s["weight"], str) else abi.to_f32(float(s["weight"])),
+            active=s["active"],
+            heartbeat_us=s["heartbeat_us"],
+            busy_ppm=s["busy_ppm"],
+            name_raw=b"\0" * abi.NAME_BYTES,
+            flags=s["flags"],
+        )
+        for i, s in enumerate(case["slots"])
+    ]
+
+
+def test_the_vectors_are_what_the_reference_computes() -> None:
+    """The file is the second implementation's output (regenerate: python tests/ext1_reference.py)."""
+    assert ext1_reference.main(["--check"]) == 0
+    assert len(CASES) >= 20 and all(len(c["slots"]) == abi.SLOT_COUNT for c in CASES)
+    assert {c["expect"]["mode"] for c in CASES} == {"v1", "ext1", "priority"}
+
+
+def test_the_flag_bits_are_the_spec_ones() -> None:
+    ref = ext1_reference
+    assert (abi.FLAG_EXT1, abi.FLAG_INTERACTIVE, abi.FLAG_DEMAND, abi.FLAG_PRIORITY) == (
+        ref.EXT1,
+        ref.INTERACTIVE,
+        ref.DEMAND,
+        ref.PRIORITY,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_ext1_vector(case: dict) -> None:
+    now, exp = case["now_us"], case["expect"]
+    d = schedule_ext1.decide(_slots(case), now)
+    assert d.mode == exp["mode"]
+    assert list(d.members) == exp["members"]
+    assert list(d.priority) == exp["priority"]
+    assert d.v1_peer == exp["v1_peer"]
+    if exp["period_us"] is None:
+        assert d.schedule is None
+    else:
+        assert d.schedule is not None and d.schedule.period_us == exp["period_us"]
+        assert {str(s): list(w) for s, w in zip(d.schedule.slots, d.schedule.windows_us, strict=True)} == exp["windows"]
+    for slot_s, may in exp["may_run"].items():
+        assert d.may_run(int(slot_s), now) is may, slot_s
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["expect"]["mode"] == "v1"], ids=lambda c: c["name"])
+def test_a_v1_member_means_section_5_unchanged(case: dict) -> None:
+    slots, now = _slots(case), case["now_us"]
+    d = schedule_ext1.decide(slots, now)
+    assert d.schedule is schedule.build_schedule(schedule.member_weights(slots, now))  # the same (memoised) object
+    assert not d.priority and not any(d.waits(s.index) for s in slots)
+
+
+def test_the_tdm_vectors_decide_as_section_5() -> None:
+    """Every §5 vector (v1 slots, flags 0) decides exactly as §5 does."""
+    for case in json.loads((DATA / "tdm-vectors.json").read_text())["cases"]:
+        slots = [
+            SlotRecord(
+                i,
+                s["pid"],
+                0,
+                0,
+                NON_FINITE.get(s["weight"], 0.0) if isinstance(s["weight"], str) else abi.to_f32(float(s["weight"])),
+                s["active"],
+                s["heartbeat_us"],
+                0,
+                b"\0" * 48,
+            )
+            for i, s in enumerate(case["slots"])
+        ]
+        now = case["now_us"]
+        d = schedule_ext1.decide(slots, now)
+        assert d.schedule is schedule.build_schedule(schedule.member_weights(slots, now)), case["name"]
+        for slot_s, may in case["expect"]["may_run"].items():
+            assert d.may_run(int(slot_s), now) is may, (case["name"], slot_s)
+
+
+@pytest.mark.parametrize("v", VECTORS["hysteresis"], ids=lambda v: f"{v['had']}-{v['busy_ppm']}-{v['share']}")
+def test_hysteresis_vector(v: dict) -> None:
+    assert schedule_ext1.next_priority(v["had"], v["busy_ppm"], v["share"]) is v["expect"]
+
+
+def test_hysteresis_trace() -> None:
+    tr = VECTORS["hysteresis_trace"]
+    had, bits = tr["start"], []
+    for busy in tr["busy_ppm"]:
+        had = schedule_ext1.next_priority(had, busy, tr["share"])
+        bits.append(had)
+    assert bits == tr["expect"]
+
+
+def test_plain_share_counts_the_owner_whatever_its_demand() -> None:
+    rec = ext1_reference.slot
+    case = {"slots": ext1_reference._padded([rec(1, abi.FLAG_EXT1), rec(3), rec(2, abi.FLAG_EXT1)])}
+    slots = _slots(case)
+    now = ext1_reference.NOW
+    assert schedule_ext1.plain_share(slots, 0, 1.0, now) == pytest.approx(1 / 4)  # itself + the one with demand
+    assert schedule_ext1.plain_share(slots, 1, 3.0, now) == pytest.approx(1.0)
+
+
+def test_busy_meter_counts_the_last_second_idle_included() -> None:
+    m = schedule_ext1.BusyMeter(1_000_000, buckets=20)
+    t = 10_000_000
+    for _ in range(100):  # 5 ms of work every 10 ms for 1 s
+        t += 10_000
+        m.add(t, 5_000)
+    assert m.ppm(t) == pytest.approx(500_000, rel=0.06)
+    assert m.ppm(t + 500_000) == pytest.approx(250_000, rel=0.15)  # half a second idle
+    assert m.ppm(t + 1_100_000) == 0  # a whole second idle
+    m.add(t + 5_000_000, 2_000_000)  # a step longer than the window reads full, not more
+    assert m.ppm(t + 5_000_000) == 1_000_000
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_the_snapshot_shows_the_decision(case: dict) -> None:
+    """What every view reads (core.snapshot) is the schedule in force, and why."""
+    from gpushare_tui.core.snapshot import build_gpu_snapshot
+
+    now, exp = case["now_us"], case["expect"]
+    snap = build_gpu_snapshot("k", "/opencoti-gpu-k", _slots(case), now)
+    assert (snap.schedule_mode, snap.v1_peer, list(snap.priority_slots)) == (
+        exp["mode"],
+        exp["v1_peer"],
+        exp["priority"],
+    )
+    assert snap.period_ms == (exp["period_us"] // 1000 if exp["period_us"] else None)
+    for p in snap.peers:
+        assert (list(p.window_us) if p.window_us else None) == exp["windows"].get(str(p.slot))
+        assert (p.share_pct > 0) == (p.slot in exp["members"])
