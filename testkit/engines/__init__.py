@@ -47,7 +47,6 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-
 def engine_command(module: str, *args: str) -> list[str]:
     """The command that runs stand-in engine `module` ("http_engine", "multiproc_engine") with `args`, from
     any cwd and under any supervisor (which runs a command exactly as given, in its own cwd and environment):
