@@ -25,7 +25,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -38,12 +37,12 @@ from bench.pacing import CLI, engine_argv, llama_server_path
 from gpushare_tui.core import gpu
 from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.core.segment import Segment, shm_path
-from testkit.engines.http_engine import HttpLoad
+from testkit.engines import engine_command
+from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
 SOURCES = ("llama", "metrics", "cpu", "always", "gpu")
 
 
@@ -105,16 +104,16 @@ class Engines:
             assert self.llama and self.model
             return engine_argv(self.llama, self.model, 2, 2048, port)
         if source == "metrics":
-            return [PY, "-m", "testkit.engines.http_engine", "--port", str(port), "--load-s", "0.5", "--workers", "2"]
+            return engine_command("http_engine", "--port", str(port), "--load-s", "0.5", "--workers", "2")
         work = [] if kw.get("work_cpu_s") is None else ["--work-cpu-s", str(kw["work_cpu_s"])]
-        return [PY, "-m", "testkit.engines.multiproc_engine", "--workers", "2", *work]
+        return engine_command("multiproc_engine", "--workers", "2", *work)
 
     def activity_options(self, source: str, port: int, offered: bool) -> list[str]:
         if not offered:
             return []  # today's CLI: llama-server's own activity
         if source == "metrics":
             base = f"http://127.0.0.1:{port}"
-            gauge = ["--metrics-url", f"{base}/metrics", "--gauge", "engine_requests_running"]
+            gauge = ["--metrics-url", f"{base}/metrics", "--gauge", DEFAULT_GAUGE]
             return ["--activity", "metrics", *gauge, "--health-url", f"{base}/health"]
         return ["--activity", source, *(["--no-health"] if source != "llama" else [])]
 

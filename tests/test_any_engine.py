@@ -11,16 +11,16 @@ import select
 import signal
 import socket
 import sys
-import threading
 import time
 
 import httpx
 import pytest
-from llama_env import end_pid, proc_state, read_join_line
+from llama_env import proc_state, read_join_line
 
 from gpushare_tui.core.segment import Segment, shm_path
 from testkit.cli import cli_argv, run_cli
-from testkit.engines import HTTP_ENGINE, TREE_ENGINE
+from testkit.engines import engine_command
+from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad
 from testkit.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -78,40 +78,18 @@ def runs(procs, gpu_key, runtime_dir, tmp_path):
 
 
 def http_engine(port: int, *extra: str) -> list[str]:
-    return [sys.executable, HTTP_ENGINE, "--port", str(port), *extra]
+    return engine_command("http_engine", "--port", str(port), *extra)
+
+
+def tree_engine(workers: int = 2) -> list[str]:
+    return engine_command("multiproc_engine", "--workers", str(workers))
 
 
 def metrics_options(port: int) -> list[str]:
     return [
         "--activity", "metrics", "--metrics-url", f"http://127.0.0.1:{port}/metrics",
-        "--gauge", "engine_requests_in_flight", "--health-url", f"http://127.0.0.1:{port}/health",
+        "--gauge", DEFAULT_GAUGE, "--health-url", f"http://127.0.0.1:{port}/health",
     ]  # fmt: skip
-
-
-class WorkLoad:
-    """Back-to-back GET /work on a thread; `done` counts the replies."""
-
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}/work"
-        self.done = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as c:
-            while not self._stop.is_set():
-                try:
-                    if c.get(self.url).status_code == 200:
-                        self.done += 1
-                except httpx.HTTPError:
-                    time.sleep(0.05)
-
-    def stop(self) -> float:
-        """Stop; the time the last request ended (monotonic)."""
-        self._stop.set()
-        self._thread.join(30)
-        return time.monotonic()
 
 
 def tree_of(pid: int) -> list[int]:
@@ -176,10 +154,11 @@ def test_metrics_source_raises_and_releases_within_2_5_s(runs) -> None:
     st = json.loads(run_cli("status", str(pid), "--json").stdout)
     assert (st["kind"], st["activity"], st["state"]) == ("command", "metrics", "running")
     assert not runs.slot_of(pid).active
-    load = WorkLoad(port)
+    load = HttpLoad(port).start()
     wait_for(lambda: runs.slot_of(pid).active, 2.0, 0.005, "active raised")
     time.sleep(1.0)
-    t_last = load.stop()
+    load.stop()  # joins the request in flight
+    t_last = time.monotonic()
     wait_for(lambda: not runs.slot_of(pid).active, 5.0, 0.01, "active dropped")
     release_s = time.monotonic() - t_last
     print(f"metrics source: idle release {release_s:.2f} s")
@@ -190,15 +169,14 @@ def test_two_http_engines_paced_two_to_one_by_their_gauges(runs) -> None:
     pa, pb = free_port(), free_port()
     _, a = runs.run(*metrics_options(pa), engine=http_engine(pa), weight=2, name="a")
     _, b = runs.run(*metrics_options(pb), engine=http_engine(pb), weight=1, name="b")
-    loads = [WorkLoad(pa), WorkLoad(pb)]
+    loads = [HttpLoad(pa).start(), HttpLoad(pb).start()]
     wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 5, what="both active")
     time.sleep(1.0)
     ratio, split, counts = continued_ratio(tree_of(a), tree_of(b), 8.0)
     for lo in loads:
         lo.stop()
-    print(
-        f"metrics 2:1 twins: continued ratio {ratio:.2f}, split {split:.3f}, {counts}, done {[lo.done for lo in loads]}"
-    )
+    done = [len(lo.done) for lo in loads]
+    print(f"metrics 2:1 twins: continued ratio {ratio:.2f}, split {split:.3f}, {counts}, done {done}")
     # the pacing's own measure, as test_supervisor's 2:1 test: continued time 2:1 (tolerant on a loaded box)
     assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
     assert_two_to_one(ratio, counts)
@@ -215,7 +193,7 @@ def test_http_engine_paced_beside_a_real_llama_server(runs, llama_server, tiny_m
     _, b = runs.run(engine=[llama_server, "-m", tiny_model, "-t", "1", "-c", "1024", "--port", str(lport)], name="ll")
     st = json.loads(run_cli("status", str(b), "--json").stdout)
     assert (st["kind"], st["activity"]) == ("llama-server", "llama")
-    work = WorkLoad(port)
+    work = HttpLoad(port).start()
     tokens = StreamLoad(lport, 2000, banned_tokens=NON_TEXT_TOKEN_IDS).start()
     try:
         wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 10, what="both active")
@@ -235,31 +213,39 @@ def test_http_engine_paced_beside_a_real_llama_server(runs, llama_server, tiny_m
 CPU_OPTIONS = ("--activity", "cpu", "--cpu-cores", "0.1")  # an idle tree (sleeping) reads 0
 
 
-def workers_of(pid: int) -> list[int]:
-    return wait_for(lambda: (kids := tree_of(pid)[1:]) and len(kids) == 2 and kids, 10, what="two workers")
+def workers_of(pid: int, n: int = 2) -> list[int]:
+    """The `n` worker processes of a multiproc_engine (its other child is multiprocessing's resource tracker)."""
+    import psutil
+
+    def workers() -> list[int] | None:
+        kids = [c for c in psutil.Process(pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        return [c.pid for c in kids] if len(kids) == n else None
+
+    return wait_for(workers, 20, what=f"{n} workers")
 
 
 def test_tree_workers_stop_and_continue_together_and_a_sigkilled_supervisor_leaves_none_stopped(runs) -> None:
     # --cpu-cores 0.1: on a 2-core box with ~12 runnable processes two spinning workers get ~0.3 cores
-    sup_a, a = runs.run(*CPU_OPTIONS, engine=[sys.executable, TREE_ENGINE], weight=1, name="tree")
-    _, b = runs.run("--activity", "always", engine=[sys.executable, TREE_ENGINE], weight=1, name="job")
+    sup_a, a = runs.run(*CPU_OPTIONS, engine=tree_engine(), weight=1, name="tree")
+    _, b = runs.run("--activity", "always", engine=tree_engine(), weight=1, name="job")
     st = json.loads(run_cli("status", str(a), "--json").stdout)
     assert (st["kind"], st["activity"], st["port"]) == ("command", "cpu", None)
     wa, wb = workers_of(a), workers_of(b)
-    assert {os.getpgid(p) for p in (a, *wa)} == {a}  # the engine leads its own group, its workers in it
+    ta = tree_of(a)  # the engine, its workers and multiprocessing's resource tracker
+    assert set(wa) < set(ta) and {os.getpgid(p) for p in ta} == {a}  # the engine leads its own group, all in it
     wait_for(lambda: runs.slot_of(a).active and runs.slot_of(b).active, 5, what="both active")
     # the engine and both workers stop and continue together: they disagree only briefly at the hand-off
     # (see continued_ratio); a SIGSTOP to the leader alone leaves the workers running through every
     # stopped spell (~50% of the time)
-    _, split, counts = continued_ratio([a, *wa], wb, 4.0)
+    _, split, counts = continued_ratio(ta, wb, 4.0)
     assert counts["stopped_a"] > 0 and counts["stopped_b"] > 0, counts
     print(f"cpu tree: leader/worker persistent split {split:.3f}, {counts}")
     assert split < 0.05, (split, counts)
     # SIGKILL the supervisor while its tree is stopped: the kernel continues the engine, the watchdog the rest
-    wait_for(lambda: all(proc_state(p) == "T" for p in (a, *wa)), 10, 0.001, "the tree stopped by its supervisor")
+    wait_for(lambda: all(proc_state(p) == "T" for p in ta), 10, 0.001, "the tree stopped by its supervisor")
     os.kill(sup_a.pid, signal.SIGKILL)
     time.sleep(1.0)
-    assert [proc_state(p) for p in (a, *wa)].count("T") == 0, [proc_state(p) for p in (a, *wa)]
+    assert [proc_state(p) for p in ta].count("T") == 0, [proc_state(p) for p in ta]
     assert not _watchdogs_of(a)  # it continued the group and exited
 
 
@@ -298,12 +284,12 @@ def test_launch_a_command_detached_and_stop_it(runs) -> None:
 
 
 def test_cpu_source_releases_an_idle_tree_within_2_5_s(runs) -> None:
-    """A tree that stops working (its workers killed) drops `active` within 2.5 s."""
-    _, a = runs.run(*CPU_OPTIONS, engine=[sys.executable, TREE_ENGINE], name="tree")
+    """A tree that stops working (its workers' --work-cpu-s done: they sleep) drops `active` within 2.5 s."""
+    _, a = runs.run(*CPU_OPTIONS, engine=[*tree_engine(), "--work-cpu-s", "3"], name="tree")
     wa = workers_of(a)
-    wait_for(lambda: runs.slot_of(a).active, 3, 0.005, "active raised by the tree's CPU")
-    for w in wa:
-        end_pid(w)
+    wait_for(lambda: runs.slot_of(a).active, 10, 0.005, "active raised by the tree's CPU")
+    # a spinning worker is R (running or runnable); one done with its work sleeps (S)
+    wait_for(lambda: all(proc_state(w) == "S" for w in wa), 60, 0.005, "the workers idle")
     t_last = time.monotonic()
     wait_for(lambda: not runs.slot_of(a).active, 5, 0.01, "active dropped")
     print(f"cpu source: idle release {time.monotonic() - t_last:.2f} s")
@@ -319,7 +305,7 @@ def test_always_job_gets_the_machine_back_within_2_5_s_of_llama_going_idle(runs,
     from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
 
     lport = free_port()
-    _, job = runs.run("--activity", "always", engine=[sys.executable, TREE_ENGINE, "--workers", "1"], name="job")
+    _, job = runs.run("--activity", "always", engine=tree_engine(1), name="job")
     _, ll = runs.run(engine=[llama_server, "-m", tiny_model, "-t", "1", "-c", "1024", "--port", str(lport)], name="ll")
     tokens = StreamLoad(lport, 2000, banned_tokens=NON_TEXT_TOKEN_IDS).start()
     wait_for(lambda: proc_state(job) == "T", 10, 0.001, "the job paced beside the busy llama-server")
@@ -344,7 +330,7 @@ def test_each_health_source_starts_an_engine(runs, health) -> None:
     options = {
         "http": ["--health-url", f"http://127.0.0.1:{port}/health"],
         "tcp": ["--health-port", str(port)],
-        "log": ["--health-log", r"engine ready on port \d+"],
+        "log": ["--health-log", r"^ready \d+ workers"],
         "none": ["--no-health"],
     }[health]
     t0 = time.monotonic()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
@@ -13,11 +12,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare_tui.core.engines.llama_server import free_port
+from testkit.engines import engine_command
 from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad
 from testkit.procs import Procs
 from testkit.wait import wait_for
 
 pytestmark = pytest.mark.slow
+
+# engine_command runs from any cwd, with no PYTHONPATH of the caller's (a supervisor runs it as given)
+ELSEWHERE = {"cwd": "/", "env": {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}}
 
 
 def _gauge(port: int, name: str) -> float:
@@ -34,7 +37,7 @@ def _health(port: int) -> int | None:
 
 def test_http_engine_loads_then_serves_work_in_a_worker_with_an_in_flight_gauge(procs: Procs) -> None:
     port = free_port()
-    p = procs.start([sys.executable, "-m", "testkit.engines.http_engine", "--port", str(port), "--load-s", "3"])
+    p = procs.start(engine_command("http_engine", "--port", str(port), "--load-s", "3"), **ELSEWHERE)
     wait_for(lambda: _health(port) == 503, 30, what="/health 503 while loading")
     ready = p.stdout.readline().split()  # type: ignore[union-attr]
     assert ready[:3] == ["ready", str(port), "workers"]
@@ -61,7 +64,7 @@ def test_http_engine_loads_then_serves_work_in_a_worker_with_an_in_flight_gauge(
 
 
 def test_multiproc_engine_workers_are_children_that_work_then_idle(procs: Procs) -> None:
-    p = procs.start([sys.executable, "-m", "testkit.engines.multiproc_engine", "--workers", "2", "--work-cpu-s", "0.5"])
+    p = procs.start(engine_command("multiproc_engine", "--workers", "2", "--work-cpu-s", "0.5"), **ELSEWHERE)
     line = p.stdout.readline().split()  # type: ignore[union-attr]
     assert line[0] == "workers" and len(line) == 3
     workers = [int(w) for w in line[1:]]

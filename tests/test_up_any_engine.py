@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 
 import psutil
 import pytest
@@ -18,8 +17,8 @@ from up_env import UpProc, used_slots, write
 
 from gpushare_tui.core.engines.llama_server import free_port
 from testkit.cli import cli_argv, run_cli
+from testkit.engines import engine_command
 from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad
-from testkit.paths import REPO
 from testkit.procs import Procs
 from testkit.wait import wait_for
 
@@ -43,9 +42,8 @@ def test_up_runs_one_engine_of_each_kind(
             "`gpushare-tui run` has no --activity/--metrics-url/--gauge/--health-url/--no-health yet (issue 19 runtime)"
         )
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the stand-in engines are modules of this checkout
     http_port = free_port()
-    http = [sys.executable, "-m", "testkit.engines.http_engine", "--port", str(http_port), "--load-s", "1"]
+    http = engine_command("http_engine", "--port", str(http_port), "--load-s", "1")
     base = f"http://127.0.0.1:{http_port}"
     engines = [
         f'''[[engine]]
@@ -57,13 +55,13 @@ health = {{ url = "{base}/health" }}
 ''',
         f"""[[engine]]
 name = "tree"
-command = {_toml_list([sys.executable, "-m", "testkit.engines.multiproc_engine", "--workers", "2"])}
+command = {_toml_list(engine_command("multiproc_engine", "--workers", "2"))}
 activity = "cpu"
 health = "none"
 """,
         f"""[[engine]]
 name = "job"
-command = {_toml_list([sys.executable, "-m", "testkit.engines.multiproc_engine", "--workers", "1"])}
+command = {_toml_list(engine_command("multiproc_engine", "--workers", "1"))}
 activity = "always"
 health = "none"
 """,

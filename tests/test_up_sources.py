@@ -4,15 +4,14 @@ real subprocess)."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from gpushare_tui.core import declaration, spawn
 from gpushare_tui.core.declaration import ActivitySpec, DeclarationError, HealthSpec, SourceOptions, parse_engine
 from testkit.cli import run_cli
+from testkit.engines import engine_command
 
-ENGINE = [sys.executable, "-m", "testkit.engines.http_engine", "--port", "18123"]
+ENGINE = engine_command("http_engine", "--port", "18123")
 
 
 def _engine(**keys: object):

@@ -1,7 +1,10 @@
 """Stand-in engines of issue 19 (real processes, stdlib + prometheus_client only), run as modules:
 
     python -m testkit.engines.http_engine --port N [--load-s S] [--work-units U] [--workers K]
+        [--gauge NAME] [--exit-during-load CODE]
     python -m testkit.engines.multiproc_engine [--workers 2] [--work-cpu-s S]
+
+Tests, benchmarks and `up` files start them with `engine_command(MODULE, *ARGS)`: it runs from any cwd.
 
 http_engine: an HTTP server whose /health is 503 while "loading" and 200 after; each POST /work does
 real CPU work in a worker process; /metrics exposes an in-flight gauge. multiproc_engine: a parent
@@ -12,7 +15,10 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import time
+
+from testkit.paths import REPO
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,7 +46,9 @@ def die_with_parent(parent_pid: int) -> None:
     if os.getppid() != parent_pid:  # the parent died before prctl
         os._exit(1)
 
-# The runtime branch's script-run stand-ins (tests/test_any_engine.py), to be folded into the modules above.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-HTTP_ENGINE = os.path.join(_HERE, "http_stub.py")
-TREE_ENGINE = os.path.join(_HERE, "tree_engine.py")
+
+def engine_command(module: str, *args: str) -> list[str]:
+    """The command that runs stand-in engine `module` ("http_engine", "multiproc_engine") with `args`, from
+    any cwd and under any supervisor (which runs a command exactly as given, in its own cwd and environment):
+    `env` puts this checkout on PYTHONPATH, then execs `python -m testkit.engines.MODULE ARGS` (same pid)."""
+    return ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", f"testkit.engines.{module}", *args]

@@ -1,15 +1,18 @@
 """An HTTP engine for issue 19's tests and benchmarks (not llama-server): it knows nothing of gpushare.
 
     python -m testkit.engines.http_engine --port N [--host 127.0.0.1] [--load-s 1.0] [--work-units 20]
-        [--workers 1] [--gauge engine_requests_running]
+        [--workers 1] [--gauge engine_requests_running] [--exit-during-load CODE]
 
-- `GET /health`: 503 for the first `--load-s` seconds ("loading"), then 200.
+- `GET /health`: 503 for the first `--load-s` seconds ("loading"), then 200; TCP accepts from the start
+  (as vLLM's server does), so a TCP health check is ready before an HTTP one.
 - `POST /work` (optional query `?units=U`): does U units of CPU work (testkit.engines.burn_units) in a
   worker process (a pool of `--workers` started at launch: children of this process), replies
   `{"units": U}` when done.
 - `GET /metrics`: Prometheus text: the gauge `--gauge` (requests in flight) and the counters
   `engine_work_units_total`, `engine_requests_total`.
-It prints `ready <port> workers <pid> ...` on stdout once it serves 200. SIGTERM/SIGINT: exits.
+It prints `ready <port> workers <pid> ...` on stdout once it serves 200 (a health log line). SIGTERM/SIGINT:
+exits. With `--exit-during-load CODE` it prints two lines of loading log (the last `error: out of memory
+while loading the model`) and exits CODE without serving: a load that fails.
 HttpLoad drives it from a test (back-to-back requests on threads, each completion's time kept)."""
 
 from __future__ import annotations
@@ -159,7 +162,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work-units", type=int, default=20, help="CPU work per request (~1 ms a unit)")
     ap.add_argument("--workers", type=int, default=1, help="worker processes doing the work")
     ap.add_argument("--gauge", default=DEFAULT_GAUGE, help="name of the in-flight gauge on /metrics")
+    ap.add_argument("--exit-during-load", type=int, metavar="CODE", help="fail the load: log a little, exit CODE")
     a = ap.parse_args(argv)
+    if a.exit_during_load is not None:
+        print("loading weights", flush=True)
+        time.sleep(min(a.load_s, 0.3))
+        print("error: out of memory while loading the model", flush=True)
+        sys.exit(a.exit_during_load)
     for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT too: a background job of a shell starts with it ignored
         signal.signal(sig, lambda *_: sys.exit(0))
     engine = Engine(load_s=a.load_s, work_units=a.work_units, workers=a.workers, gauge=a.gauge)
