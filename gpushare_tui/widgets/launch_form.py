@@ -32,13 +32,16 @@ from ..core.declaration import (
     MODEL_FLAGS,
     PORT_FLAG,
     DeclarationError,
+    SourceOptions,
     SynthDecl,
     check_class,
     check_gpu_key,
+    check_model,
     check_name,
     check_step_ms,
     check_weight,
     check_work_units,
+    is_llama_server,
     launch_problems,
     synth_problems,
 )
@@ -85,11 +88,21 @@ def _llama_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
         errors["extra"] = "give the model in the Model path field, not in extra args"
     port = [PORT_FLAG, v["port"]] if v["port"] else []
     engine_argv = (v["binary"], "-m", os.path.expanduser(v["model"]), *port, *extra)
-    for problem in launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None):
+    problems = launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None)
+    # a binary not named llama-server* is one still (the kind says so): its model is checked, and `run`
+    # told (--activity llama: its port and arguments are added as for any llama-server)
+    named = is_llama_server(engine_argv)
+    if not named:
+        try:
+            check_model(engine_argv[2])
+        except DeclarationError as e:
+            problems.append(e)
+    for problem in problems:
         errors.setdefault(problem.part, problem.at_field)
     if errors:
         return None
-    return LaunchSpec(engine_argv, v["gpu_key"], check_weight(v["weight"]), name=v["name"] or None)
+    sources = SourceOptions() if named else SourceOptions(activity="llama")
+    return LaunchSpec(engine_argv, v["gpu_key"], check_weight(v["weight"]), name=v["name"] or None, sources=sources)
 
 
 def _synth_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
