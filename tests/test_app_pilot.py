@@ -28,7 +28,7 @@ from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
 from gpushare_tui.core import abi, segment
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.errors import EngineError
-from gpushare_tui.core.kinds import KINDS
+from gpushare_tui.core.kinds import KIND_BY_KEY, KINDS
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
@@ -859,6 +859,15 @@ def test_the_form_renders_every_kind_of_core_kinds_and_shows_its_errors_inline(g
             offered = [v for _, v in form.query_one("#f-kind", Select)._options if v != Select.BLANK]
             assert offered == [k.key for k in KINDS]
             assert isinstance(form.query_one("#f-class"), Select) and form.values()["class"] == "batch"
+            for key in ("vllm", "command"):  # a command left at one kind's default becomes the next kind's
+                form.query_one("#f-kind", Select).value = key
+                await until(pilot, lambda k=key: form.shown_kind == k, what=f"{key}'s fields shown")
+                assert form.values()["command"] == KIND_BY_KEY[key].defaults()["command"]
+            form.query_one("#f-command", Input).value = "my-own --cmd"
+            form.query_one("#f-kind", Select).value = "tgi"
+            await until(pilot, lambda: form.shown_kind == "tgi", what="tgi's fields shown")
+            assert form.values()["command"] == "my-own --cmd"  # what was typed stays
+            form.query_one("#f-command", Input).value = ""
             for kind in KINDS:
                 form.query_one("#f-kind", Select).value = kind.key
                 own = {f.key for f in kind.fields}

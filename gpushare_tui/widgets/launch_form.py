@@ -337,11 +337,11 @@ class LaunchForm(Dialog[LaunchResult | None]):
                 self.query_one(f"#r-{f.key}").display = f.key in own
                 if f.key in own and not own[f.key].choices:  # a field kinds share: this kind's hint
                     self.query_one(f"#f-{f.key}", Input).placeholder = own[f.key].hint
-        # a value left as another kind's default becomes this kind's (what was typed stays)
-        old = self.kind_defaults(self.shown_kind) if self.shown_kind != kind else {}
+        # a value left empty or at a kind's default (e.g. vLLM's command) becomes this kind's; what was typed stays
+        untouched = {(key, value) for k in KINDS for key, value in self.kind_defaults(k.key).items()}
         new = self.kind_defaults(kind)
         for key in own:
-            if key not in self.given and (self._value(key) == old.get(key) or not self._value(key)):
+            if key not in self.given and (not self._value(key) or (key, self._value(key)) in untouched):
                 self._set_value(key, new[key])
         self.shown_kind = kind
         self.query_one("#f-name", Input).placeholder = _NAME_HINTS.get(kind, _NAME_HINT)
