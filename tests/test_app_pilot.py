@@ -8,9 +8,11 @@ conftest fixtures do both).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,12 +22,13 @@ import psutil
 import pytest
 from slots import NOW, model_at, slot, snap
 from textual.geometry import Region
-from textual.widgets import Select
+from textual.widgets import Input, Select, Static
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
 from gpushare_tui.core import abi, segment
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.errors import EngineError
+from gpushare_tui.core.kinds import KIND_BY_KEY, KINDS
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
@@ -36,7 +39,7 @@ from gpushare_tui.demo import start_demo, stop_demo
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.gpu_panel import GpuPanel, info_line
 from gpushare_tui.widgets.help_screen import NAVIGATION, HelpScreen
-from gpushare_tui.widgets.launch_form import LaunchForm, launch_in_worker
+from gpushare_tui.widgets.launch_form import FIELDS, LaunchForm, launch_in_worker
 from gpushare_tui.widgets.peers_table import PeersTable, cell_text
 from gpushare_tui.widgets.share_plot import SharePlot
 from gpushare_tui.widgets.timeline import Timeline
@@ -790,7 +793,8 @@ def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path
             form.query_one("#f-kind", Select).value = "synthetic"
             await until(pilot, lambda: not form.query_one("#r-binary").display, what="llama-server's fields hidden")
             assert form.query_one("#r-step_ms").display and form.query_one("#r-work_units").display
-            assert set(form.values()) == {"kind", "step_ms", "work_units", "weight", "name", "gpu_key"}
+            assert set(form.values()) == {"kind", "step_ms", "work_units", "weight", "class", "name", "gpu_key"}
+            assert form.values()["class"] == "batch"  # the default, as `synth`
             for k, v in {"step_ms": "0", "work_units": "x", "weight": "-1", "name": ""}.items():
                 form.query_one(f"#f-{k}").value = v
             await pilot.click("#launch")
@@ -801,12 +805,15 @@ def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path
             assert "nothing was started" in form.status_text
             for k, v in {"step_ms": "2", "work_units": "0", "weight": "3", "name": "from-form"}.items():
                 form.query_one(f"#f-{k}").value = v
+            form.query_one("#f-class", Select).value = "interactive"
             await pilot.click("#launch")
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
             assert form.last_spec is not None and form.last_spec.synth is not None
+            assert form.last_spec.klass == "interactive"
             row = await _launched_row(pilot, "from-form")
             started.append(row.peer.pid)
             assert row.peer.weight == 3.0 and row.gpu_key == gpu_key
+            assert _slot_flags(gpu_key, row.peer.pid) & abi.FLAG_INTERACTIVE  # `synth --class interactive`
             said = f"synthetic engine pid {row.peer.pid} (slot "
             await until(pilot, lambda: any(said in n for n in notes(app)), what=f"{said!r} in {notes(app)}")
             assert psutil.Process(row.peer.pid).cmdline()[3] == "synth"
@@ -814,6 +821,122 @@ def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path
     try:
         asyncio.run(main())
     finally:
+        for pid in started:
+            _end(pid)
+
+
+def _slot_flags(gpu_key: str, pid: int) -> int:
+    with Segment.attach_readonly(segment.shm_path(gpu_key)) as seg:
+        return next(r.flags for r in seg.read_slots() if r.pid == pid)
+
+
+# per kind: a value its check rejects (field, what the inline error says)
+BAD_KIND_VALUES = {
+    "llama-server": ("model", "/nonexistent/m.gguf", "no such file"),
+    "vllm": ("command", "vllm serve 'unclosed", "cannot split"),
+    "sglang": ("command", "no-such-sglang-xyz --port 30000", "not on PATH"),
+    "tgi": ("command", f"{sys.executable} --port 99999", "must be 1..65535"),
+    "command": ("health_url", "localhost:1", "http:// or https://"),
+    "synthetic": ("step_ms", "0", "must be between"),
+}
+
+
+def test_the_form_renders_every_kind_of_core_kinds_and_shows_its_errors_inline(gpu_key, tmp_path):
+    """Each kind of core/kinds.py is offered; selecting it shows its fields (a closed set as a
+    selector) and the common ones (the class: a selector, batch); a bad value is shown at its field
+    and nothing is started."""
+    calls: list[LaunchSpec] = []
+
+    def runner(spec: LaunchSpec) -> LaunchReply:
+        calls.append(spec)
+        raise AssertionError("nothing is started")
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, launch_runner=runner)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("l")
+            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            offered = [v for _, v in form.query_one("#f-kind", Select)._options if v != Select.BLANK]
+            assert offered == [k.key for k in KINDS]
+            assert isinstance(form.query_one("#f-class"), Select) and form.values()["class"] == "batch"
+            for key in ("vllm", "command"):  # a command left at one kind's default becomes the next kind's
+                form.query_one("#f-kind", Select).value = key
+                await until(pilot, lambda k=key: form.shown_kind == k, what=f"{key}'s fields shown")
+                assert form.values()["command"] == KIND_BY_KEY[key].defaults()["command"]
+            form.query_one("#f-command", Input).value = "my-own --cmd"
+            form.query_one("#f-kind", Select).value = "tgi"
+            await until(pilot, lambda: form.shown_kind == "tgi", what="tgi's fields shown")
+            assert form.values()["command"] == "my-own --cmd"  # what was typed stays
+            form.query_one("#f-command", Input).value = ""
+            for kind in KINDS:
+                form.query_one("#f-kind", Select).value = kind.key
+                own = {f.key for f in kind.fields}
+                await until(pilot, lambda k=kind.key: form.shown_kind == k, what=f"{kind.key}'s fields shown")
+                assert {f.key for f in FIELDS if form.query_one(f"#r-{f.key}").display} == own | {
+                    "weight",
+                    "class",
+                    "name",
+                    "gpu_key",
+                }, kind.key
+                for f in kind.fields:
+                    assert isinstance(form.query_one(f"#f-{f.key}"), Select if f.choices else Input)
+                    if f.key != "binary":  # llama-server's: the one found here
+                        assert form.values()[f.key] == f.default, (kind.key, f.key)
+                field, bad, needle = BAD_KIND_VALUES[kind.key]
+                form.query_one(f"#f-{field}").value = bad
+                await pilot.click("#launch")
+                await until(pilot, lambda k=field: k in form.errors, what=f"{kind.key}: the error at {field}")
+                assert needle in form.errors[field], form.errors
+                assert needle in str(form.query_one(f"#e-{field}", Static).render())
+                assert "nothing was started" in form.status_text and app.screen is form
+                form.query_one(f"#f-{field}").value = ""
+            assert calls == []
+
+    asyncio.run(main())
+
+
+def test_launch_form_starts_a_real_command_engine_with_its_class(gpu_key, tmp_path, runtime_dir, monkeypatch):
+    """The `command` kind (any program, through core.kinds.kind_engine): the form starts it under a real
+    supervisor (activity always, no health check), and it joins as managed with the class chosen."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    started: list[int] = []
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("l")
+            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form.query_one("#f-kind", Select).value = "command"
+            await until(pilot, lambda: form.query_one("#r-command").display, what="the command kind's fields")
+            command = f"{sys.executable} -c 'import time; time.sleep(60)'"
+            values = {"command": command, "weight": "2", "name": "cmd-from-form", "health_url": ""}
+            for k, v in values.items():
+                form.query_one(f"#f-{k}").value = v
+            form.query_one("#f-activity", Select).value = "always"
+            form.query_one("#f-class", Select).value = "interactive"
+            await pilot.click("#launch")
+            await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
+            spec = form.last_spec
+            assert spec is not None and spec.engine_argv == (sys.executable, "-c", "import time; time.sleep(60)")
+            assert (spec.sources.activity, spec.sources.no_health, spec.klass) == ("always", True, "interactive")
+            row = await _launched_row(pilot, "cmd-from-form")
+            started.append(row.peer.pid)
+            sup = psutil.Process(row.peer.pid).ppid()
+            started.insert(0, sup)
+            assert psutil.Process(sup).cmdline()[3] == "run"
+            assert row.peer.weight == 2.0 and row.gpu_key == gpu_key
+            assert _slot_flags(gpu_key, row.peer.pid) & abi.FLAG_INTERACTIVE
+            said = f"engine pid {row.peer.pid} "
+            await until(pilot, lambda: any(said in n for n in notes(app)), what=f"{said!r} in {notes(app)}")
+
+    try:
+        asyncio.run(main())
+    finally:
+        if started:  # the supervisor ends its engine in order; then the engine itself, if left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(started[0], signal.SIGTERM)
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+                psutil.Process(started[0]).wait(15)
         for pid in started:
             _end(pid)
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 from slots import NOW, slot, snap
 
 from gpushare_tui.app import nudged_weight
 from gpushare_tui.core import abi
-from gpushare_tui.core.declaration import SynthDecl
+from gpushare_tui.core.declaration import SourceOptions, SynthDecl
+from gpushare_tui.core.kinds import KINDS
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.dashboard.columns import COLUMNS, FLOOR_MARK, GAP, NAME_KEEP, NAME_WIDTH, fit_columns, legend
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.help_screen import column_table, screen_text
-from gpushare_tui.widgets.launch_form import FIELDS, KINDS, LaunchResult, validate_launch
+from gpushare_tui.widgets.launch_form import COMMON, FIELDS, LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
 from gpushare_tui.widgets.peers_table import cell_text, header_cells, row_cells
 from gpushare_tui.widgets.timeline import bar_line, cursor_line
@@ -219,7 +223,11 @@ def test_validate_launch_builds_the_launch_spec(tmp_path):
     )
     assert errors == {}
     assert spec == LaunchSpec(
-        ("/bin/true", "-m", str(model), "--ctx-size", "8192", "--flag", "a b"), "GPU-1", 0.5, name=None
+        ("/bin/true", "-m", str(model), "--ctx-size", "8192", "--flag", "a b"),
+        "GPU-1",
+        0.5,
+        name=None,
+        sources=SourceOptions(activity="llama"),  # the kind says llama-server, its binary's name does not
     )
     _, errors = validate_launch(
         {"binary": "/bin/true", "model": str(model), "weight": "1", "gpu_key": "k", "name": "é" * 25}
@@ -252,15 +260,76 @@ def test_validate_launch_of_a_synthetic_engine_checks_its_fields_in_core_declara
     # the llama-server's fields are not the synthetic engine's: a stale binary is no error
     spec, errors = validate_launch({**synth, "binary": "/nope", "work_units": "7"})
     assert errors == {} and spec is not None and spec.synth == SynthDecl(2.5, 7)
-    assert validate_launch({"kind": "tgi"})[1] == {"kind": "'tgi': not one of llama-server, synthetic"}
+    assert validate_launch({"kind": "ollama"})[1] == {
+        "kind": "'ollama': not one of llama-server, vllm, sglang, tgi, command, synthetic"
+    }
 
 
-def test_engine_kinds_are_a_table_of_fields():
-    """The form composes every kind's fields once; each kind names only fields it has."""
-    assert list(KINDS) == ["llama-server", "synthetic"]
+def test_the_form_renders_core_kinds_table():
+    """The form composes every core/kinds.py kind's fields once by key (vllm/sglang/tgi/command share
+    `command`), then the common ones; it keeps no table of its own."""
     keys = [f.key for f in FIELDS]
-    assert len(keys) == len(set(keys)) and keys[-3:] == ["weight", "name", "gpu_key"]
-    assert all(f in FIELDS for k in KINDS.values() for f in k.fields)
+    assert len(keys) == len(set(keys)) and keys[-4:] == ["weight", "class", "name", "gpu_key"]
+    assert {f.key for k in KINDS for f in k.fields} | {f.key for f in COMMON} == set(keys)
+    (klass,) = (f for f in COMMON if f.key == "class")
+    assert (klass.choices, klass.default) == (("interactive", "batch"), "batch")
+
+
+# each kind: values that launch, and one bad value (field, what its inline error says)
+PY = sys.executable
+KIND_CASES = {
+    "llama-server": ({"binary": "DIR/llama-server", "model": "DIR/m.gguf"}, ("model", "no such file")),
+    "vllm": ({"command": f"{PY} -c pass --port 8001"}, ("command", "cannot split")),
+    "sglang": ({"command": f"{PY} -c pass"}, ("command", "not on PATH")),
+    "tgi": ({"command": f"{PY} -c pass --port 3001"}, ("command", "must be 1..65535")),
+    "command": ({"command": f"{PY} -c pass", "activity": "cpu"}, ("activity", "needs a metrics URL")),
+    "synthetic": ({"step_ms": "2", "work_units": "0"}, ("step_ms", "must be between")),
+}
+BAD = {
+    "llama-server": {"model": "/nonexistent/m.gguf"},
+    "vllm": {"command": "vllm serve 'unclosed"},
+    "sglang": {"command": "no-such-sglang-xyz --port 30000"},
+    "tgi": {"command": f"{PY} --port 99999"},
+    "command": {"activity": "metrics"},
+    "synthetic": {"step_ms": "0"},
+}
+
+
+@pytest.mark.parametrize("kind", [k.key for k in KINDS])
+def test_each_kind_validates_to_a_launch_spec_or_inline_errors(kind, tmp_path):
+    assert set(KIND_CASES) == {k.key for k in KINDS}
+    good, (field, needle) = KIND_CASES[kind]
+    good = {k: v.replace("DIR", str(tmp_path)) for k, v in good.items()}
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "llama-server").write_text("#!/bin/sh\n")
+    (tmp_path / "llama-server").chmod(0o755)
+    common = {"kind": kind, "weight": "2", "class": "interactive", "gpu_key": "k", "name": ""}
+    spec, errors = validate_launch({**common, **good})
+    assert errors == {} and spec is not None
+    assert (spec.gpu_key, spec.weight, spec.klass) == ("k", 2.0, "interactive")
+    if kind == "synthetic":
+        assert spec.synth == SynthDecl(2.0, 0) and spec.engine_argv == ()
+    elif kind == "llama-server":
+        assert spec.engine_argv == (good["binary"], "-m", good["model"]) and spec.sources == SourceOptions()
+    else:  # through core.kinds.kind_engine: the command as given, its activity/health as `run` options
+        assert spec.engine_argv[0] == PY and spec.name is None and spec.synth is None
+        assert spec.sources.activity == ("cpu" if kind == "command" else kind)
+        assert spec.sources.no_health == (kind == "command")
+    spec, errors = validate_launch({**common, **good, **BAD[kind], "class": "urgent", "weight": "0"})
+    assert spec is None and set(errors) == {field, "class", "weight"}, errors
+    assert needle in errors[field]
+    assert errors["class"] == "'urgent': must be one of interactive, batch"
+    # no class given: batch (the default, as `launch`)
+    spec, _ = validate_launch({**common, **good, "class": ""})
+    assert spec is not None and spec.klass == "batch"
+
+
+def test_a_command_kinds_health_url_error_is_at_its_field():
+    base = {"kind": "command", "command": f"{PY} -c pass", "activity": "always", "weight": "1", "gpu_key": "k"}
+    _, errors = validate_launch({**base, "health_url": "localhost:1", "name": "é" * 25})
+    assert set(errors) == {"health_url", "name"} and "http:// or https://" in errors["health_url"]
+    spec, _ = validate_launch({**base, "health_url": "http://127.0.0.1:9/health", "name": "job"})
+    assert spec is not None and spec.name == "job" and spec.sources.health_url == "http://127.0.0.1:9/health"
 
 
 def test_a_synthetic_launch_summary_has_no_port_or_supervisor():

@@ -66,3 +66,15 @@ def test_bad_values_name_their_field(kind, values, field, needle) -> None:
     with pytest.raises(DeclarationError, match=needle) as e:
         kind_engine(kind, values, name="x")
     assert e.value.field == field
+
+
+def test_the_table_is_ui_free_and_the_forms_only_one() -> None:
+    """core/kinds.py imports no UI; the launch form renders it and keeps no table of its own."""
+    import subprocess
+
+    code = "import sys, gpushare_tui.core.kinds; sys.exit(any(m.split('.')[0] == 'textual' for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+    from gpushare_tui.widgets import launch_form
+
+    assert not hasattr(launch_form, "KINDS") or launch_form.KINDS is KINDS
+    assert {f.key for f in launch_form.FIELDS} >= {f.key for k in KINDS for f in k.fields}

@@ -171,6 +171,7 @@ def _launch_synth(
         share_group=spec.share_group,
         step_ms=synth.step_ms,
         work_units=synth.work_units,
+        klass=spec.klass,
     )
     try:
         proc = spawn.spawn(argv, log)

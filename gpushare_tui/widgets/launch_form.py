@@ -1,13 +1,14 @@
 """`l`: start an engine detached (like `gpushare-tui launch`), and report how it went.
 
-The form's first field picks the engine kind (KINDS: llama-server, a synthetic engine); the fields
-shown are the common ones and that kind's own. It validates every field first (core/declaration.py;
-inline errors, nothing started); then it calls `core.launcher.launch_detached` in a thread worker
-for the kind's LaunchSpec (llama-server: `BINARY -m MODEL [--port P] EXTRA...` under a supervisor;
-synthetic: `gpushare-tui synth`), which returns once the engine is healthy or with its error.
+The form renders core/kinds.py's KINDS: its first field picks the engine kind, and the fields shown
+are that kind's own, then COMMON (weight, latency class, name, GPU key). It validates every field
+first (core/declaration.py; inline errors, nothing started); then it calls
+`core.launcher.launch_detached` in a thread worker for the kind's LaunchSpec (llama-server:
+`BINARY -m MODEL [--port P] EXTRA...` under a supervisor; vLLM/SGLang/TGI/any command: the command
+as given under a supervisor, with its declaration's activity and health options; synthetic:
+`gpushare-tui synth`), which returns once the engine is healthy or with its error.
 
-Another kind is one more EngineKind in KINDS: its fields and the function that turns their values
-into a LaunchSpec or field errors.
+Another kind is one more entry in core/kinds.py (a `command`-like one needs nothing here).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import shlex
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -26,49 +27,55 @@ from textual.widgets import Button, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
 from ..core.declaration import (
+    LATENCY_CLASSES,
+    LLAMA_SERVER,
     MODEL_FLAGS,
     PORT_FLAG,
     DeclarationError,
+    SourceOptions,
     SynthDecl,
+    check_class,
     check_gpu_key,
+    check_model,
+    check_name,
     check_step_ms,
     check_weight,
     check_work_units,
+    is_llama_server,
     launch_problems,
     synth_problems,
 )
 from ..core.errors import GpushareError
+from ..core.kinds import KIND_BY_KEY, KINDS, EngineKindInfo, KindField, kind_engine
 from ..core.launcher import SYNTH_NAME, LaunchReply, LaunchSpec, Started, launch_detached
 from .dialog import Dialog
 
-
-@dataclass(frozen=True)
-class Field:
-    key: str  # the Input's id is `f-KEY`, its error line's `e-KEY`
-    label: str
-    hint: str
-
-
 Errors = dict[str, str]  # field key -> the problem shown at it
 
-
-@dataclass(frozen=True)
-class EngineKind:
-    """An engine the form can start: its own fields (shown after the kind, before COMMON) and `spec`,
-    which turns the values of those and COMMON (stripped) into what to launch, or adds field errors."""
-
-    key: str
-    label: str
-    fields: tuple[Field, ...]
-    spec: Callable[[dict[str, str], Errors], LaunchSpec | None]
-    defaults: Callable[[], dict[str, str]] = dict  # its fields' initial values
-
-
+# What the form adds to every kind's own fields (rendered after them). A field with `choices` is a
+# selector, else a text input; its widget's id is `f-KEY`, its row's `r-KEY`, its error line's `e-KEY`.
 COMMON = (
-    Field("weight", "Weight", "finite number > 0"),
-    Field("name", "Name", "empty: the model file's name"),
-    Field("gpu_key", "GPU key", "segment key"),
+    KindField("weight", "Weight", "finite number > 0", "1"),
+    KindField("class", "Class", "interactive: first, within its share", "batch", LATENCY_CLASSES),
+    KindField("name", "Name", "empty: the model file's name"),
+    KindField("gpu_key", "GPU key", "segment key"),
 )
+DEFAULT_KIND = LLAMA_SERVER
+SYNTHETIC = KIND_BY_KEY["synthetic"]
+
+
+def _all_fields() -> tuple[KindField, ...]:
+    """Every kind's fields once by key (vllm/sglang/tgi/command share `command`), then COMMON."""
+    seen: dict[str, KindField] = {}
+    for kind in KINDS:
+        for f in kind.fields:
+            seen.setdefault(f.key, f)
+    return (*seen.values(), *COMMON)
+
+
+FIELDS = _all_fields()
+_NAME_HINTS = {LLAMA_SERVER: "empty: the model file's name", SYNTHETIC.key: f"empty: {SYNTH_NAME}"}
+_NAME_HINT = "empty: the program's (or Python module's) name"
 
 
 def _llama_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
@@ -81,11 +88,21 @@ def _llama_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
         errors["extra"] = "give the model in the Model path field, not in extra args"
     port = [PORT_FLAG, v["port"]] if v["port"] else []
     engine_argv = (v["binary"], "-m", os.path.expanduser(v["model"]), *port, *extra)
-    for problem in launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None):
+    problems = launch_problems(engine_argv, weight=v["weight"], name=v["name"] or None)
+    # a binary not named llama-server* is one still (the kind says so): its model is checked, and `run`
+    # told (--activity llama: its port and arguments are added as for any llama-server)
+    named = is_llama_server(engine_argv)
+    if not named:
+        try:
+            check_model(engine_argv[2])
+        except DeclarationError as e:
+            problems.append(e)
+    for problem in problems:
         errors.setdefault(problem.part, problem.at_field)
     if errors:
         return None
-    return LaunchSpec(engine_argv, v["gpu_key"], check_weight(v["weight"]), name=v["name"] or None)
+    sources = SourceOptions() if named else SourceOptions(activity="llama")
+    return LaunchSpec(engine_argv, v["gpu_key"], check_weight(v["weight"]), name=v["name"] or None, sources=sources)
 
 
 def _synth_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
@@ -98,32 +115,36 @@ def _synth_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
     return LaunchSpec((), v["gpu_key"], check_weight(v["weight"]), name=name, synth=work)
 
 
-LLAMA_SERVER = EngineKind(
-    "llama-server",
-    "llama-server",
-    (
-        Field("binary", "Engine binary", "llama-server, or a path"),
-        Field("model", "Model path", "/path/to/model.gguf"),
-        Field("port", "Port", "empty: a free port"),
-        Field("extra", "Extra args", "e.g. -c 4096 -t 4"),
-    ),
-    _llama_spec,
-    lambda: {"binary": default_binary()},
-)
-SYNTHETIC = EngineKind(
-    "synthetic",
-    "synthetic (CPU work, no model)",
-    (
-        Field("step_ms", "Step ms", "CPU work per decode step, in ms"),
-        Field("work_units", "Work units", "0: calibrate to the step"),
-    ),
-    _synth_spec,
-    lambda: {"step_ms": f"{SynthDecl().step_ms:g}", "work_units": str(SynthDecl().work_units)},
-)
-KINDS: dict[str, EngineKind] = {k.key: k for k in (LLAMA_SERVER, SYNTHETIC)}
-DEFAULT_KIND = LLAMA_SERVER.key
-# every field of every kind, once (kinds may share one), then the common ones
-FIELDS: tuple[Field, ...] = (*dict.fromkeys(f for k in KINDS.values() for f in k.fields), *COMMON)
+def _declared_spec(kind: EngineKindInfo, v: dict[str, str], errors: Errors) -> LaunchSpec | None:
+    """vllm/sglang/tgi/command: core.kinds.kind_engine's checked declaration; its command runs as
+    given, with its `run_options()` (activity, health). Each problem at its field."""
+    weight = 1.0
+    try:
+        weight = check_weight(v["weight"])
+    except DeclarationError as e:
+        errors["weight"] = e.at_field
+    if v["name"]:
+        try:
+            check_name(v["name"])
+        except DeclarationError as e:
+            errors["name"] = e.at_field
+    own = {f.key: v[f.key] for f in kind.fields}
+    name = v["name"] if v["name"] and "name" not in errors else "engine"  # a placeholder: `run` derives it
+    try:
+        decl = kind_engine(kind.key, own, name=name, weight=weight)
+    except DeclarationError as e:
+        key = "health_url" if e.field == "health" else e.field
+        errors[key if key in own else "command"] = e.at_field
+        return None
+    if errors:
+        return None
+    return LaunchSpec(decl.command, v["gpu_key"], weight, name=v["name"] or None, sources=decl.run_options())
+
+
+_BUILDERS: dict[str, Callable[[dict[str, str], Errors], LaunchSpec | None]] = {
+    LLAMA_SERVER: _llama_spec,
+    SYNTHETIC.key: _synth_spec,
+}
 
 TAIL_LINES = 7  # of the engine log, under the error line
 
@@ -175,14 +196,21 @@ def default_binary() -> str:
 
 def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, Errors]:
     """(what to launch, {}) or (None, {field: error}): `values["kind"]` (default: llama-server) picks
-    the kind whose fields are checked, by core.declaration (as `launch` / `up` check theirs); each
-    problem is shown at its field."""
+    the kind (core.kinds.KINDS) whose fields are checked, by core.declaration (as `launch` / `up`
+    check theirs), with the common ones (`class` empty or absent: batch); each problem is shown at
+    its field."""
     errors: Errors = {}
-    kind = KINDS.get(values.get("kind") or DEFAULT_KIND)
+    kind = KIND_BY_KEY.get(values.get("kind") or DEFAULT_KIND)
     if kind is None:
-        return None, {"kind": f"{values.get('kind')!r}: not one of {', '.join(KINDS)}"}
+        return None, {"kind": f"{values.get('kind')!r}: not one of {', '.join(KIND_BY_KEY)}"}
     v = {f.key: (values.get(f.key) or "").strip() for f in (*kind.fields, *COMMON)}
-    spec = kind.spec(v, errors)
+    builder = _BUILDERS.get(kind.key)
+    spec = builder(v, errors) if builder is not None else _declared_spec(kind, v, errors)
+    klass = "batch"
+    try:
+        klass = check_class(v["class"] or "batch", label="class")
+    except DeclarationError as e:
+        errors["class"] = e.at_field
     key = v["gpu_key"]
     if not key:
         errors["gpu_key"] = "required (the segment the engine joins)"
@@ -191,7 +219,7 @@ def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, Errors]:
             check_gpu_key(key)
         except DeclarationError as e:
             errors["gpu_key"] = e.at_field
-    return (None, errors) if errors or spec is None else (spec, {})
+    return (None, errors) if errors or spec is None else (replace(spec, klass=klass), {})
 
 
 def launch_in_worker(spec: LaunchSpec, started: Started | None = None) -> LaunchReply:
@@ -223,31 +251,53 @@ class LaunchForm(Dialog[LaunchResult | None]):
     def __init__(
         self, gpu_key: str = "", *, runner: Runner | None = None, defaults: dict | None = None, note: str = ""
     ) -> None:
-        """`defaults`: initial field values (`kind`: the kind selected first); `note`: what the form says
-        of the launched engine's life (default: it outlives the dashboard)."""
+        """`defaults`: initial field values (`kind`: the kind selected first; a kind's field given here
+        is not replaced by its kind's default on a switch); `note`: what the form says of the launched
+        engine's life (default: it outlives the dashboard)."""
         super().__init__()
         self.runner = runner or launch_in_worker
-        kinds = {k: v for kind in KINDS.values() for k, v in kind.defaults().items()}
-        self.defaults = {"kind": DEFAULT_KIND, **kinds, "weight": "1", "gpu_key": gpu_key, **(defaults or {})}
+        self.given = {"gpu_key": gpu_key, **(defaults or {})}
+        kind = self.given.get("kind")
+        self.first_kind = kind if isinstance(kind, str) and kind in KIND_BY_KEY else DEFAULT_KIND
+        first = self.kind_defaults(self.first_kind)
+        others: dict[str, str] = {}  # a field the first kind lacks: the default of the first kind with it
+        for k in KINDS:
+            for key, value in self.kind_defaults(k.key).items():
+                others.setdefault(key, value)
+        self.defaults = {"kind": self.first_kind, **others, **first}
+        self.shown_kind = self.first_kind
         self.note = note or "The engine runs detached and keeps running after the dashboard exits."
         self.running = False
         self.last_spec: LaunchSpec | None = None
         self.errors: dict[str, str] = {}
         self.status_text = ""
 
+    def kind_defaults(self, kind: str) -> dict[str, str]:
+        """The initial values of `kind`'s fields and the common ones: core.kinds' defaults (a llama-server
+        binary: the one found here), then what the form was given."""
+        info = KIND_BY_KEY[kind]
+        values = {f.key: f.default for f in (*info.fields, *COMMON)}
+        if kind == LLAMA_SERVER:
+            values["binary"] = default_binary()
+        return values | {k: str(v) for k, v in self.given.items() if k in values}
+
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Label("Launch an engine (like gpushare-tui launch)", classes="title")
             with Horizontal(classes="row"):
                 yield Label("Engine kind")
-                options = [(k.label, k.key) for k in KINDS.values()]
-                kind = self.defaults["kind"] if self.defaults["kind"] in KINDS else DEFAULT_KIND
-                yield Select(options, value=kind, allow_blank=False, id="f-kind", compact=True)
+                options = [(k.label, k.key) for k in KINDS]
+                yield Select(options, value=self.first_kind, allow_blank=False, id="f-kind", compact=True)
             yield Static("", id="e-kind", classes="field-error -empty")
             for f in FIELDS:
                 with Horizontal(classes="row", id=f"r-{f.key}"):
                     yield Label(f.label)
-                    yield Input(value=self.defaults.get(f.key, ""), placeholder=f.hint, id=f"f-{f.key}", compact=True)
+                    value = self.defaults.get(f.key, "")
+                    if f.choices:
+                        options = [(c, c) for c in f.choices]
+                        yield Select(options, value=value, allow_blank=False, id=f"f-{f.key}", compact=True)
+                    else:
+                        yield Input(value=value, placeholder=f.hint, id=f"f-{f.key}", compact=True)
                 yield Static("", id=f"e-{f.key}", classes="field-error -empty")
             yield Static(self.note, id="launch-status")
             with Horizontal(classes="buttons"):
@@ -256,26 +306,45 @@ class LaunchForm(Dialog[LaunchResult | None]):
 
     def on_mount(self) -> None:
         self._show_kind(self.kind)
-        shown = self.kind_fields()
+        shown = [f for f in self.kind_fields() if not f.choices]
         first_empty = next((f.key for f in shown if not self.defaults.get(f.key)), shown[0].key)
-        self.query_one(f"#f-{first_empty}", Input).focus()
+        self.query_one(f"#f-{first_empty}").focus()
 
     @property
     def kind(self) -> str:
         value = self.query_one("#f-kind", Select).value
-        return value if isinstance(value, str) and value in KINDS else DEFAULT_KIND
+        return value if isinstance(value, str) and value in KIND_BY_KEY else DEFAULT_KIND
 
-    def kind_fields(self) -> tuple[Field, ...]:
+    def kind_fields(self) -> tuple[KindField, ...]:
         """The fields shown: the selected kind's, then the common ones."""
-        return (*KINDS[self.kind].fields, *COMMON)
+        return (*KIND_BY_KEY[self.kind].fields, *COMMON)
+
+    def _value(self, key: str) -> str:
+        w = self.query_one(f"#f-{key}")
+        value = w.value if isinstance(w, (Input, Select)) else ""
+        return value if isinstance(value, str) else ""
+
+    def _set_value(self, key: str, value: str) -> None:
+        w = self.query_one(f"#f-{key}")
+        if isinstance(w, (Input, Select)):
+            w.value = value
 
     def _show_kind(self, kind: str) -> None:
-        own = {f.key for f in KINDS[kind].fields}
+        info = KIND_BY_KEY[kind]
+        own = {f.key: f for f in info.fields}
         for f in FIELDS:
             if f not in COMMON:
                 self.query_one(f"#r-{f.key}").display = f.key in own
-        placeholder = "empty: the model file's name" if kind == LLAMA_SERVER.key else f"empty: {SYNTH_NAME}"
-        self.query_one("#f-name", Input).placeholder = placeholder
+                if f.key in own and not own[f.key].choices:  # a field kinds share: this kind's hint
+                    self.query_one(f"#f-{f.key}", Input).placeholder = own[f.key].hint
+        # a value left empty or at a kind's default (e.g. vLLM's command) becomes this kind's; what was typed stays
+        untouched = {(key, value) for k in KINDS for key, value in self.kind_defaults(k.key).items()}
+        new = self.kind_defaults(kind)
+        for key in own:
+            if key not in self.given and (not self._value(key) or (key, self._value(key)) in untouched):
+                self._set_value(key, new[key])
+        self.shown_kind = kind
+        self.query_one("#f-name", Input).placeholder = _NAME_HINTS.get(kind, _NAME_HINT)
         self._show_errors({})
 
     def on_select_changed(self, event: Select.Changed) -> None:
@@ -285,7 +354,7 @@ class LaunchForm(Dialog[LaunchResult | None]):
 
     def values(self) -> dict[str, str]:
         """The kind, and the values of its fields and the common ones."""
-        return {"kind": self.kind, **{f.key: self.query_one(f"#f-{f.key}", Input).value for f in self.kind_fields()}}
+        return {"kind": self.kind, **{f.key: self._value(f.key) for f in self.kind_fields()}}
 
     def _show_errors(self, errors: dict[str, str]) -> None:
         self.errors = errors
