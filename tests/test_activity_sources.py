@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psutil
 import pytest
 
-from gpushare_tui.core import abi
-from gpushare_tui.core.activity import CpuMeter, ProcessTree, Tick, make_source, probe
+from gpushare_tui.core import abi, probe
+from gpushare_tui.core.activity import CpuMeter, ProcessTree, Tick, make_source
 from gpushare_tui.core.activity.cpu import CpuActivity
 from gpushare_tui.core.activity.metrics import GaugeActivity, gauge_value
 from gpushare_tui.core.declaration import (

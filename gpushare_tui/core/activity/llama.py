@@ -4,10 +4,9 @@ between probes."""
 
 from __future__ import annotations
 
-from .. import abi
+from .. import abi, probe
 from ..clock import mono_us
 from ..engines import llama_server as ls
-from . import probe
 from .base import ActivitySource, Tick
 from .tree import CpuMeter, ProcessTree
 

@@ -46,7 +46,7 @@ class LogReady:
 
 
 def _http_ready(url: str) -> Callable[[], bool]:
-    from ..activity import probe
+    from .. import probe
 
     client = probe.new_client(HEALTH_PROBE_DEADLINE_S)
 

@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from ..budgets import ENGINE_PROBE_DEADLINE_S, ENGINE_PROBE_MAX_BYTES
+from .budgets import ENGINE_PROBE_DEADLINE_S, ENGINE_PROBE_MAX_BYTES
 
 
 class ProbeError(Exception):
