@@ -32,6 +32,8 @@ GPU_TYPES = {
     "owner_uid": int,
     "mode": str,
     "writable_by_others": bool,
+    "schedule_mode": str,  # Extension 1 (issue 20): "v1" | "ext1" | "priority"
+    "v1_peer": (int, type(None)),
 }
 PEER_TYPES = {
     "slot": int,
@@ -47,13 +49,16 @@ PEER_TYPES = {
     "boot_us": int,
     "achieved_pct": (float, type(None)),
     "window_pct": (float, type(None)),
+    "class": (str, type(None)),  # Extension 1 (issue 20); null for a v1 peer
+    "demand": (bool, type(None)),
+    "priority": (bool, type(None)),
     "busy_total_s": (float, type(None)),  # accounting (issue 21)
     "busy_source": (str, type(None)),
     "energy_j": (float, type(None)),
     "managed": bool,
     "engine": (dict, type(None)),
 }
-ENGINE_KEYS = ["state", "tok_s", "solo_tok_s", "speed_pct", "model", "port", "kind", "log", "error"]
+ENGINE_KEYS = ["state", "tok_s", "solo_tok_s", "speed_pct", "model", "port", "kind", "activity", "log", "error"]
 BAD_PID = 4_000_123
 
 
@@ -270,6 +275,7 @@ def test_segment_file_name_not_utf8_is_tolerated(shm_files, gpu_key: str, cli) -
     raw = os.fsencode(f"{abi.SEGMENT_PREFIX}{gpu_key}-") + b"\xff\xfe"
     with open(shm_files(os.fsdecode(raw)), "xb") as f:
         f.write(b"junk")
+    Segment.create_or_attach(gpu_key).close()  # one segment that reads: exit 0 (only error rows exit 1)
     shown = f"/opencoti-gpu-{gpu_key}-\ufffd\ufffd"
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}  # strict, as under en_US.UTF-8
     r = cli("--once", "--json", env=env)
