@@ -184,6 +184,9 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
         "boot_us": 7,
         "achieved_pct": None,
         "window_pct": None,  # idle: no window
+        "class": None,  # written as a v1 peer: no Extension 1 fields
+        "demand": None,
+        "priority": None,
         "busy_total_s": 0.0,  # written as a v1 peer (idle): a counter at 0 until it shows busy_ppm > 0
         "busy_source": "counter",
         "energy_j": None,
