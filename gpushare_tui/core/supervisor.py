@@ -136,9 +136,11 @@ class Supervisor:
         """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
         if self._quit.is_set():
             raise EngineError("interrupted before the engine was started")
-        spec = self.health_spec
+        spec = shown = self.health_spec
         if spec.kind == "http" and spec.url is None:
-            spec = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
+            spec = shown = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
+            if self.upstream is not None:  # a person is told the public port (the engine's own is internal)
+                shown = HealthSpec("http", url=f"http://{self.args.host}:{self.args.port}/health")
         log_ready = None
         if spec.kind == "log":  # followed from its end before the engine writes to it
             os.close(paths.open_log(self.log_path))
@@ -166,7 +168,7 @@ class Supervisor:
                 what=health.describe(spec),
                 quit_event=self._quit,
                 progress=self._load_progress,
-                waiting_for=health.waiting_for(spec, self.args.argv[0]),
+                waiting_for=health.waiting_for(shown, self.args.argv[0]),
             )
             self.membership = Membership(
                 self.gpu_key,
