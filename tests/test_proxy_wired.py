@@ -143,3 +143,33 @@ def test_no_proxy_serves_the_engine_port_and_demand_comes_from_the_probes(engine
         data = read_to_end(sock)
         down = wait_demand(seg, pid, False, PROBED_MAX_S)
     assert data.count(b"data: ") >= 400 and up is not None and down is not None, (up, down, data[:300])
+
+
+@pytest.mark.slow
+def test_a_paced_engine_stopped_with_requests_in_flight_keeps_demand(engines) -> None:
+    """Two engines streaming at 1:1 are paced (each stopped part of the time); the proxy counts the request
+    in flight across each stop, so a stopped engine's DEMAND stays set (spec §7: a waiting member keeps it).
+    Only a stop between one request's end and the next one's head (a few ms each) may find it clear."""
+    from llama_env import proc_state
+
+    from testkit.load import StreamLoad
+
+    (_, a, _), (_, b, _) = engines.run(1.0, name="a"), engines.run(1.0, name="b")
+    ports = [json.loads(run_cli("status", str(p), "--json").stdout)["port"] for p in (a, b)]
+    loads = [StreamLoad(port, 2000, banned_tokens=NON_TEXT_TOKEN_IDS).start() for port in ports]
+    stopped, clear = {a: 0, b: 0}, 0
+    try:
+        with Segment.attach_readonly(shm_path(engines.key)) as seg:
+            assert wait_demand(seg, a, True, 10) and wait_demand(seg, b, True, 10)
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                for pid in (a, b):
+                    if proc_state(pid) == "T":
+                        stopped[pid] += 1
+                        clear += demand_of(seg, pid) is not True
+                time.sleep(0.003)
+    finally:
+        for lo in loads:
+            lo.stop()
+    assert stopped[a] > 0 and stopped[b] > 0, stopped  # both were paced while they streamed
+    assert clear <= 0.05 * sum(stopped.values()), (clear, stopped)
