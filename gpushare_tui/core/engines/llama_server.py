@@ -56,12 +56,15 @@ def prepare_args(argv: list[str], proxy: bool = True) -> EngineArgs:
     port = engine_port(out)
     chosen = port is None
     if port is None:
-        port = free_port(host) if ":" not in host else free_port()
+        port = free_port(host)
         if not proxy:
             out += [PORT_FLAG, str(port)]
     upstream = None
     if proxy:
-        upstream = (ENGINE_HOST, free_port(ENGINE_HOST))
+        inner = free_port(ENGINE_HOST)
+        while inner == port:  # a port just closed may be handed out again
+            inner = free_port(ENGINE_HOST)
+        upstream = (ENGINE_HOST, inner)
         out = [*_without(out, ("--host", PORT_FLAG)), "--host", upstream[0], PORT_FLAG, str(upstream[1])]
     return EngineArgs(tuple(out), host, port, flag_value(out, *MODEL_FLAGS), chosen, upstream)
 
