@@ -70,15 +70,17 @@ class Engines:
         name: str | None = None,
         threads: int = 1,
         python: list[str] | None = None,
+        options: tuple[str, ...] = (),
     ):
         """(supervisor, engine pid, its join line). `python`: the CLI's argv before its arguments,
-        instead of `python -m gpushare_tui`."""
+        instead of `python -m gpushare_tui`; `options`: more of `run`'s (before the `--`)."""
         notice_r, notice_w = os.pipe2(os.O_CLOEXEC)
         argv = [*python, "run"] if python else cli_argv("run")
         argv += ["--weight", str(weight), "--gpu-key", self.key, "--notify-fd", str(notice_w)]
         if name:
             argv += ["--name", name]
-        argv += ["--", self.server, "-m", self.model, "-t", str(threads), "-c", "4096", "-np", "1", *extra_engine]
+        argv += [*options, "--", self.server, "-m", self.model, "-t", str(threads), "-c", "4096", "-np", "1"]
+        argv += extra_engine
         try:
             sup = self.procs.start(argv, pass_fds=(notice_w,))
         finally:

@@ -27,6 +27,7 @@ from .options import (
     LoadTimeoutOpt,
     MetricsUrlOpt,
     NoHealthOpt,
+    NoProxyOpt,
     ShareGroupOpt,
     WeightOpt,
 )
@@ -71,6 +72,7 @@ def run(
     health_log: str | None = HealthLogOpt,
     no_health: bool = NoHealthOpt,
     klass: str = ClassOpt,
+    no_proxy: bool = NoProxyOpt,
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)
 
@@ -86,7 +88,7 @@ def run(
     try:
         opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
         sup = _start_supervisor(
-            ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, quit_event, klass
+            ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, quit_event, klass, not no_proxy
         )
     except GpushareError as e:
         notify_failed(notify_fd, e)  # `launch` shows it (our stderr goes to a log there)
@@ -116,6 +118,7 @@ def _start_supervisor(
     opts: SourceOptions,
     quit_event: threading.Event,
     klass: str = "batch",
+    proxy: bool = True,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
     from ..core.control import check_socket_dir
@@ -131,7 +134,7 @@ def _start_supervisor(
     key = resolve_key(gpu_key, gpu)
     _check_gpu_source(sources, key)
     llama = sources.kind == "llama-server"
-    args = ls.prepare_args(engine_argv) if llama else command.prepare(engine_argv, sources.port)
+    args = ls.prepare_args(engine_argv, proxy=proxy) if llama else command.prepare(engine_argv, sources.port)
     name = name or command.display_name(args)
     check_socket_dir()  # before the engine is started and loads its model
     log_path = os.path.join(state_dir(), f"{file_name_part(name)}-{args.port or os.getpid()}.log")
@@ -152,6 +155,7 @@ def _start_supervisor(
         share_group=share_group,
         owner=Owner.from_env(),
         quit_event=quit_event,
+        klass=klass,
         load_progress=WaitProgress(),
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
@@ -209,6 +213,7 @@ def launch(
     health_log: str | None = HealthLogOpt,
     no_health: bool = NoHealthOpt,
     klass: str = ClassOpt,
+    no_proxy: bool = NoProxyOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed).
 
@@ -224,7 +229,7 @@ def launch(
         key = resolve_key(gpu_key, gpu)
         _check_gpu_source(sources, key)
         spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        reply = launch_detached(replace(spec, sources=opts, klass=klass), progress=WaitProgress())
+        reply = launch_detached(replace(spec, sources=opts, klass=klass, proxy=not no_proxy), progress=WaitProgress())
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))

@@ -42,6 +42,12 @@ HealthUrlOpt = typer.Option(None, "--health-url", help="Ready when GET URL answe
 HealthPortOpt = typer.Option(None, "--health-port", help="Ready when this TCP port (127.0.0.1) accepts.")
 HealthLogOpt = typer.Option(None, "--health-log", help="Ready when a line of the engine's log matches REGEX.")
 NoHealthOpt = typer.Option(False, "--no-health", help="Ready at once (no readiness check).")
+NoProxyOpt = typer.Option(
+    False,
+    "--no-proxy",
+    help="llama-server: serve its port itself, without the front proxy that publishes its work in flight"
+    " at each request's start and end (DEMAND then comes from /metrics probes, tens of ms late).",
+)
 ClassOpt = typer.Option(
     "batch",
     "--class",

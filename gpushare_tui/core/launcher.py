@@ -52,6 +52,7 @@ class LaunchSpec:
     share_group: str | None = None
     sources: SourceOptions = SourceOptions()  # --activity, --health-... (resolved by the supervisor)
     klass: str = "batch"  # the latency class (spec §7): `run --class`
+    proxy: bool = True  # llama-server behind the front proxy (`run --no-proxy`: False)
     synth: SynthDecl | None = None
 
 
@@ -109,6 +110,7 @@ def launch_detached(
         notify_fd=write_fd,
         sources=spec.sources,
         klass=spec.klass,
+        proxy=spec.proxy,
     )
     try:
         proc = spawn.spawn(argv, sup_log, pass_fds=(write_fd,))

@@ -65,11 +65,14 @@ def run_argv(
     notify_fd: int | None = None,
     sources: SourceOptions = SourceOptions(),
     klass: str = "batch",
+    proxy: bool = True,
 ) -> list[str]:
     """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`; `sources`:
-    its --activity/--health... options (those given); `--class` only when not the default batch."""
+    its --activity/--health... options (those given); `--class` only when not the default batch,
+    `--no-proxy` only when not `proxy`."""
     options = {"weight": weight, "gpu_key": gpu_key, "load_timeout": load_timeout_s, "notify_fd": notify_fd}
     options |= {"name": name or None, "share_group": share_group, "class": _class_option(klass), **asdict(sources)}
+    options["no_proxy"] = not proxy
     return gpushare_argv("run", options, engine_argv)
 
 

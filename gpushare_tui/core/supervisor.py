@@ -10,6 +10,12 @@ the supervisor never knows which engine it paces. Every exit path continues the
 group; if the supervisor is SIGKILLed, the kernel sends the engine SIGCONT
 (PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) the rest of its group,
 so nothing of it is left stopped — it then runs on unpaced until someone stops it.
+
+A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
+(core/front_proxy.py) on the public --host/--port forwards to it and publishes DEMAND (spec §7)
+the moment a request arrives and when the last one ends. The proxy starts once the engine is
+healthy and joined (clients see the port refuse connections while the model loads: no request
+is accepted that could only fail, and DEMAND has a slot to go to) and is closed first at shutdown.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .engines import command, health, watchdog
 from .engines import llama_server as ls
 from .errors import EngineError
+from .front_proxy import FrontProxy
 from .ownership import Owner
 from .pacer import BUSY_WINDOW_US, RegistryReader
 from .rate import StepRate
@@ -112,11 +119,15 @@ class Supervisor:
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
-        self.base_url = f"http://{args.host}:{args.port}" if args.port is not None else None
+        # proxied (llama-server): the engine listens on `upstream`; health checks and probes go there
+        self.upstream: tuple[str, int] | None = getattr(args, "upstream", None) if kind == LLAMA_SERVER else None
+        host, port = self.upstream or (args.host, args.port)
+        self.base_url = f"http://{host}:{port}" if port is not None else None
+        self.proxy: FrontProxy | None = None
         self._watchdog: watchdog.Watchdog | None = None
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
         self._resumed_us = mono_us()
-        self.in_flight = False  # the activity source's, as last published (DEMAND)
+        self.in_flight = False  # work in flight, as last published (DEMAND): the proxy's, else the activity source's
         self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
 
     # -- public ------------------------------------------------------------
@@ -125,9 +136,11 @@ class Supervisor:
         """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
         if self._quit.is_set():
             raise EngineError("interrupted before the engine was started")
-        spec = self.health_spec
+        spec = shown = self.health_spec
         if spec.kind == "http" and spec.url is None:
-            spec = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
+            spec = shown = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
+            if self.upstream is not None:  # a person is told the public port (the engine's own is internal)
+                shown = HealthSpec("http", url=f"http://{self.args.host}:{self.args.port}/health")
         log_ready = None
         if spec.kind == "log":  # followed from its end before the engine writes to it
             os.close(paths.open_log(self.log_path))
@@ -155,7 +168,7 @@ class Supervisor:
                 what=health.describe(spec),
                 quit_event=self._quit,
                 progress=self._load_progress,
-                waiting_for=health.waiting_for(spec, self.args.argv[0]),
+                waiting_for=health.waiting_for(shown, self.args.argv[0]),
             )
             self.membership = Membership(
                 self.gpu_key,
@@ -167,6 +180,10 @@ class Supervisor:
                 interactive=self.klass == "interactive",
             )
             slot = self.membership.join()
+            if self.upstream is not None and self.args.port is not None:  # bound now (ProxyError if the port is taken)
+                public = (self.args.host, self.args.port)
+                self.proxy = FrontProxy(public, self.upstream, on_demand=self._proxy_demand)
+                self.proxy.start()
             self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
         except BaseException:
             self.shutdown()
@@ -176,6 +193,11 @@ class Supervisor:
             f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
             f"(weight {self.weight:g}, {counted(self.membership.peers_alive(), 'peer')} alive)"
         )
+        if self.proxy is not None and self.upstream is not None:
+            self._say(
+                f"gpushare-tui: serving {self.args.host}:{self.args.port} through the front proxy"
+                f" (engine on {self.upstream[0]}:{self.upstream[1]}; --no-proxy to serve it directly)"
+            )
 
     def run(self) -> int:
         """Pace until the engine exits or a stop is requested; returns the exit code."""
@@ -191,6 +213,12 @@ class Supervisor:
         """Thread- and signal-safe: ends `run()`, which then stops the engine. "stopping"."""
         self._quit.set()
         return "stopping"
+
+    def _proxy_demand(self, demand: bool) -> None:
+        """The proxy's DEMAND (its thread): the first request in flight arrived, or the last one ended."""
+        self.in_flight = demand
+        if self.membership is not None:
+            self.membership.set_demand(demand)
 
     def set_weight(self, weight: float) -> float:
         """Publish a new weight (joined only); the stored (f32) value."""
@@ -241,6 +269,9 @@ class Supervisor:
         proc = self.proc
         if proc is not None:
             self._resume(force=True)  # first: a probe in flight may take budgets.ENGINE_PROBE_DEADLINE_S to end
+        if self.proxy is not None:  # before the engine is ended (its clients are cut: it exits sooner), still joined
+            self.proxy.close()
+            self.proxy = None
         self._join_monitor()
         if self.membership is not None:
             self.membership.leave()
@@ -442,8 +473,10 @@ class Supervisor:
                 mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
                 t = mono / 1e6
                 source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
-                # DEMAND (spec §7), written at once; a paced engine stopped with work in flight keeps it
-                if source.in_flight != self.in_flight and (source.in_flight or not self._stopped):
+                # DEMAND (spec §7), written at once; a paced engine stopped with work in flight keeps it.
+                # Proxied, the proxy publishes it (each request's start and end; it counts through stops)
+                changed = source.in_flight != self.in_flight
+                if self.upstream is None and changed and (source.in_flight or not self._stopped):
                     self.in_flight = source.in_flight
                     m.set_demand(source.in_flight)
                 n_work = source.take_work_total()

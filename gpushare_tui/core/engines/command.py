@@ -29,6 +29,9 @@ class EngineArgs:
     port: int | None
     model: str | None
     port_chosen: bool  # we picked the port (llama-server only)
+    # where the engine itself listens when a front proxy (core/front_proxy.py) serves (host, port): llama-server
+    # only; None: the engine serves (host, port) itself
+    upstream: tuple[str, int] | None = None
 
 
 def prepare(argv: Sequence[str], port: int | None = None) -> EngineArgs:
