@@ -473,12 +473,15 @@ class Supervisor:
                 mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
                 t = mono / 1e6
                 source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
-                # DEMAND (spec §7), written at once; a paced engine stopped with work in flight keeps it.
-                # Proxied, the proxy publishes it (each request's start and end; it counts through stops)
-                changed = source.in_flight != self.in_flight
-                if self.upstream is None and changed and (source.in_flight or not self._stopped):
-                    self.in_flight = source.in_flight
-                    m.set_demand(source.in_flight)
+                # DEMAND (spec §7). Proxied (llama-server), the proxy publishes it at each request's start
+                # and end, counting through stops. A sampled source (a gauge, CPU readings) cannot see the
+                # end of work exactly: a reading between two back-to-back requests reads 0 (measured: 40 %
+                # of a loaded 2:1 pair's samples lost DEMAND, and the pair ran 1.06:1), so its DEMAND
+                # follows its activity window, as v1's `active` does; kept while stopped (§7).
+                demand = source.is_active(mono)
+                if self.upstream is None and demand != self.in_flight and (demand or not self._stopped):
+                    self.in_flight = demand
+                    m.set_demand(demand)
                 n_work = source.take_work_total()
                 if source.is_active(mono):
                     m.mark_active(source.last_us)
