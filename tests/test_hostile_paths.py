@@ -224,7 +224,8 @@ def test_run_never_writes_a_log_through_the_attackers_state_dir(
     other_user(plant, d, victim)
     (model := tmp_path / "m.gguf").write_bytes(b"GGUF")
     env = {**os.environ, "XDG_STATE_HOME": d}
-    r = run_cli("run", "--gpu-key", gpu_key, "--", "true", "-m", str(model), "--port", "8080", env=env, timeout=60)
+    argv = ["run", "--gpu-key", gpu_key, "--activity", "llama", "--", "true", "-m", str(model), "--port", "8080"]
+    r = run_cli(*argv, env=env, timeout=60)  # a llama-server stand-in: its log is named after its model
     assert "not using XDG_STATE_HOME" in r.stderr, r.stderr
     assert open(victim).read() == "keep me\n", r.stderr
     assert os.path.exists(os.path.join(private_home, ".local", "state", "gpushare-tui", "m-8080.log"))
