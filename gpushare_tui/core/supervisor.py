@@ -468,6 +468,7 @@ class Supervisor:
         cpu_stats.cores(mono_us())
         cores = tree.cores()
         next_stats = time.monotonic() + BUSY_WINDOW_US / 1e6
+        busy_total_us, busy_at_us = m.busy_total_us, mono_us()  # device time at the last stats tick
         try:
             while not self._quit.is_set() and proc.poll() is None:
                 mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
@@ -501,9 +502,16 @@ class Supervisor:
                     frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / cores)
                     self.engine_status.busy_pct = 100 * frac
                     m.set_busy_ppm(int(frac * 1_000_000))
-                    if m.interactive and m.slot is not None:  # i20-sched: PRIORITY hysteresis (spec §7) on that busy
+                    # The priority budget (spec §7) is judged on device time: the engine's continued time while
+                    # working (busy_total_us) over the last second. Its CPU fraction of the machine's cores
+                    # cannot be: a 1-thread engine on 2 cores reads at most 50 %, and at weight 1:1 (S = 0.5)
+                    # never overran (measured: a flooding interactive engine kept 92-100 % of the steps).
+                    total_us, at_us = m.busy_total_us, mono_us()
+                    device_ppm = min(1_000_000, (total_us - busy_total_us) * 1_000_000 // max(1, at_us - busy_at_us))
+                    busy_total_us, busy_at_us = total_us, at_us
+                    if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
                         share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
-                        m.set_priority(schedule_ext1.next_priority(m.priority, int(frac * 1e6), share), int(frac * 1e6))
+                        m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
                 time.sleep(MONITOR_TICK_S)
         finally:
             source.close()
