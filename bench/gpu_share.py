@@ -83,8 +83,8 @@ def worker(a: argparse.Namespace) -> None:
         from gpushare_tui import GpuShare
 
         share = GpuShare(weight=a.weight, name=f"bench-w{a.weight:g}", gpu_key=a.key, control=False).open()
-        if a.no_trim:  # the A/B of the accuracy fix: §5.7 literally (run to the edge, sleep exactly)
-            share._pacer._trim = False
+        if a.trim:  # the A/B of the edge trim (off in GpuShare: measured, it cost aggregate, gained no accuracy)
+            share._pacer._trim = True
         diag = _instrument(share)
     print("ready", flush=True)
     line = sys.stdin.readline().split()
@@ -159,7 +159,7 @@ def run_engines(
             argv += (
                 ["--size-mib", str(a.size_mib)]
                 + ([] if paced else ["--unpaced"])
-                + (["--no-trim"] if a.no_trim else [])
+                + (["--trim"] if a.trim else [])
             )
             procs.append(
                 subprocess.Popen(
@@ -319,7 +319,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--busy-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--total-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--unpaced", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--no-trim", action="store_true", help="pace by §5.7 literally (the A/B of GpuShare's edge trim)")
+    ap.add_argument("--trim", action="store_true", help="pace with the edge trim (A/B; GpuShare: §5.7 literally)")
     a = ap.parse_args(argv)
     if a.size_mib is None:
         a.size_mib = 4096.0 if a.backend == "torch" else 32.0
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device}; {a.size_mib:g} MiB of weights per engine, {a.seconds:g} s windows; solo {solo:.1f} steps/s")
     print_table(rows)
     print_diag(rows)
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores{'; --no-trim' if a.no_trim else ''}")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores{'; --trim' if a.trim else ''}")
     print(f"wrote {path}")
     return 0
 
