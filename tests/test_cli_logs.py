@@ -232,7 +232,7 @@ def test_logs_of_a_real_llama_server_and_a_log_that_is_no_longer_readable(
         r = run_cli("logs", str(pid), "-n", "1000")
         assert (r.returncode, r.stderr) == (0, "")
         assert r.stdout.splitlines() == open(log, errors="replace").read().splitlines()
-        assert f"listening on http://127.0.0.1:{status['port']}" in r.stdout  # llama-server's own words
+        assert "llama_server: listening on http://127.0.0.1:" in r.stdout  # its own words, on its internal port
         r = run_cli("logs", str(pid), "-n", "2")
         assert r.stdout.splitlines() == open(log, errors="replace").read().splitlines()[-2:]
 
