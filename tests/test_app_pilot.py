@@ -883,6 +883,8 @@ def test_the_form_renders_every_kind_of_core_kinds_and_shows_its_errors_inline(g
                     if f.key != "binary":  # llama-server's: the one found here
                         assert form.values()[f.key] == f.default, (kind.key, f.key)
                 field, bad, needle = BAD_KIND_VALUES[kind.key]
+                if "binary" in own:  # a binary that exists, whatever this host's PATH finds: the model is checked
+                    form.query_one("#f-binary", Input).value = sys.executable
                 form.query_one(f"#f-{field}").value = bad
                 await pilot.click("#launch")
                 await until(pilot, lambda k=field: k in form.errors, what=f"{kind.key}: the error at {field}")
