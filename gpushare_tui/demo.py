@@ -162,16 +162,7 @@ def janitor_main() -> None:
     launched = [int(pid) for pid, _log in adopted if pid.isdigit()]
     _end_launched(launched)  # no PR_SET_PDEATHSIG for them: they started detached
     pids, logs = pids + launched, logs + [log for _pid, log in adopted]
-    deadline = time.monotonic() + JANITOR_GRACE_S
-    while any(_running(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in pids:
-        if _running(pid):
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    break
+    _kill_after(pids, JANITOR_GRACE_S)
     _remove_leftovers(key, pids, logs)
 
 
@@ -240,16 +231,7 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
     with demo._lock:
         launched = list(demo.launched)
     _end_launched([pid for pid, _ in launched])
-    deadline = time.monotonic() + LAUNCHED_GRACE_S
-    while any(_running(pid) for pid, _ in launched) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid, _ in launched:
-        if _running(pid):
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    break
+    _kill_after([pid for pid, _ in launched], LAUNCHED_GRACE_S)
     _remove_leftovers(demo.key, demo.pids + [pid for pid, _ in launched], demo.logs + [log for _, log in launched])
     demo.logs.clear()
     if demo.janitor is not None:
@@ -304,3 +286,17 @@ def run_demo(
         if demo is not None:
             stop_demo(demo)
         restore_signals()
+
+
+def _kill_after(pids: list[int], grace_s: float) -> None:
+    """Wait up to `grace_s` for `pids` to exit, then continue and kill the ones still running."""
+    deadline = time.monotonic() + grace_s
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pids:
+        if _running(pid):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
