@@ -909,7 +909,8 @@ def test_launch_form_starts_a_real_command_engine_with_its_class(gpu_key, tmp_pa
             await pilot.press("l")
             form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
             form.query_one("#f-kind", Select).value = "command"
-            await until(pilot, lambda: form.query_one("#r-command").display, what="the command kind's fields")
+            await until(pilot, lambda: form.shown_kind == "command", what="the command kind's fields")
+            await pilot.pause()  # the switch's defaults are applied before the values below are typed
             command = f"{sys.executable} -c 'import time; time.sleep(60)'"
             values = {"command": command, "weight": "2", "name": "cmd-from-form", "health_url": ""}
             for k, v in values.items():
@@ -919,7 +920,8 @@ def test_launch_form_starts_a_real_command_engine_with_its_class(gpu_key, tmp_pa
             await pilot.click("#launch")
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
             spec = form.last_spec
-            assert spec is not None and spec.engine_argv == (sys.executable, "-c", "import time; time.sleep(60)")
+            assert spec is not None, (form.errors, form.status_text, notes(app))
+            assert spec.engine_argv == (sys.executable, "-c", "import time; time.sleep(60)")
             assert (spec.sources.activity, spec.sources.no_health, spec.klass) == ("always", True, "interactive")
             row = await _launched_row(pilot, "cmd-from-form")
             started.append(row.peer.pid)
