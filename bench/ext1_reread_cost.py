@@ -28,7 +28,7 @@ import uuid
 import psutil
 
 from gpushare_tui.core import schedule_ext1
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment
 

@@ -122,7 +122,7 @@ def worker(a: argparse.Namespace) -> None:
 def _instrument(share) -> dict:
     """Record, at each of the pacer's sleeps, how late it woke (ms past the time asked) and where the
     step that ended outside the window ended relative to the window's end (ms; < 0: stopped early)."""
-    from gpushare_tui.core.clock import wall_us
+    from gpushare_tui.core.host.clock import wall_us
 
     pacer = share._pacer
     real_sleep = pacer._sleep

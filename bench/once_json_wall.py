@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from gpushare_tui.cli import once_report
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.snapshot import SegmentReader
 from gpushare_tui.dashboard.model import unmanaged_view

@@ -16,7 +16,7 @@ import sys
 import time
 
 from gpushare_tui import GpuShare
-from gpushare_tui.core.errors import GpushareError
+from gpushare_tui.core.host.errors import GpushareError
 
 DIM = 1024
 PYTHON_DIM = 128  # pure Python: 8 x 128 x 128 multiply-adds a step (~20 ms), not 8 M

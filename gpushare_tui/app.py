@@ -25,10 +25,10 @@ from textual.widgets import Footer, Static
 from textual.worker import Worker, get_current_worker
 
 from .core.abi import to_f32
-from .core.clock import ClockUs, wall_us
 from .core.control import ControlError, Target
-from .core.errors import GpushareError
-from .core.text import counted
+from .core.host.clock import ClockUs, wall_us
+from .core.host.errors import GpushareError
+from .core.host.text import counted
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.columns import fmt_age
 from .dashboard.control import ControlClient, LocalControl

@@ -26,12 +26,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .core.clock import wall_us
 from .core.control import is_managed
 from .core.engines.synthetic import calibrate_units
-from .core.errors import GpushareError
-from .core.lifecycle import on_signals
-from .core.logtail import tail_text
+from .core.host.clock import wall_us
+from .core.host.errors import GpushareError
+from .core.host.lifecycle import on_signals
+from .core.host.logtail import tail_text
 from .core.segment import Segment, SegmentError, shm_path
 from .core.spawn import spawn, synth_argv
 

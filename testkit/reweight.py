@@ -13,7 +13,7 @@ import threading
 import time
 
 from gpushare_tui.core import schedule
-from gpushare_tui.core.clock import mono_us, wall_us
+from gpushare_tui.core.host.clock import mono_us, wall_us
 from gpushare_tui.core.registry import Membership
 from testkit.wait import wait_for
 
@@ -24,7 +24,7 @@ REWEIGHTER = r"""
 import sys, time
 from gpushare_tui.core import abi, schedule
 from gpushare_tui.core.registry import Membership
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 key = sys.argv[1]
 by_period = {}  # period_us -> (our weight giving it, the end of the victim's window)
 for p_ms in range(schedule.PERIOD_MIN_MS, schedule.PERIOD_MAX_MS + 1):

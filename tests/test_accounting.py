@@ -335,7 +335,7 @@ def test_remote_report_carries_the_accounts() -> None:
 def test_reclaim_after_eviction_keeps_counting(gpu_key: str) -> None:
     """busy_total_us belongs to the owner (pid, boot_us), not the slot: a re-claim after an eviction
     keeps both, so the counter carries on (spec §7: it never decreases while (pid, boot_us) is the same)."""
-    from gpushare_tui.core.clock import wall_us
+    from gpushare_tui.core.host.clock import wall_us
     from gpushare_tui.core.registry import Membership
     from gpushare_tui.core.segment import Segment
 

@@ -17,7 +17,7 @@ from llama_env import end_pid
 from up_env import UpProc, write
 
 from gpushare_tui.core.control import socket_path
-from gpushare_tui.core.paths import up_log_path
+from gpushare_tui.core.host.paths import up_log_path
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment, shm_path
 from gpushare_tui.demo import start_demo, stop_demo

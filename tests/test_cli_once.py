@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpushare_tui.core import abi
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
 from gpushare_tui.dashboard.columns import COLUMNS, legend

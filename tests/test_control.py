@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from gpushare_tui.core import abi, control, ownership, paths
+from gpushare_tui.core import abi, control, ownership
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
+from gpushare_tui.core.host import paths
 from gpushare_tui.core.ownership import Owner
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment

@@ -11,7 +11,7 @@ import pytest
 
 from gpushare_tui.core import abi, declaration
 from gpushare_tui.core.declaration import DeclarationError, EngineDecl, SynthDecl
-from gpushare_tui.core.errors import UsageError
+from gpushare_tui.core.host.errors import UsageError
 from gpushare_tui.up import config
 from gpushare_tui.widgets.launch_form import validate_launch
 

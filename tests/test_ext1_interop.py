@@ -14,7 +14,7 @@ import pytest
 from serve_env import start_writer
 
 from gpushare_tui.core import abi, schedule_ext1
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.segment import Segment
 from testkit.paths import REPO
 from testkit.procs import Procs

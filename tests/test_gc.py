@@ -14,9 +14,9 @@ import time
 import pytest
 
 from gpushare_tui.core import abi
-from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.gc import NEW_GRACE_S, judge, remove_if_garbage
+from gpushare_tui.core.host.clock import wall_us
 from testkit.cli import cli_argv, run_cli
 from testkit.shm import shm_file
 from testkit.wait import wait_for

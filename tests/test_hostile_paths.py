@@ -16,8 +16,9 @@ import time
 import pytest
 from up_env import UpProc, write
 
-from gpushare_tui.core import budgets, control, paths
-from gpushare_tui.core.errors import ControlError
+from gpushare_tui.core import control
+from gpushare_tui.core.host import budgets, paths
+from gpushare_tui.core.host.errors import ControlError
 from gpushare_tui.core.spawn import spawn
 from gpushare_tui.up import config
 from testkit.cli import run_cli
@@ -320,7 +321,7 @@ HOLE_BYTES = 2 * 1024**3
 
 
 def test_tail_of_a_sparse_log_is_bounded(tmp_path) -> None:
-    from gpushare_tui.core.logtail import LogFollower, tail_lines
+    from gpushare_tui.core.host.logtail import LogFollower, tail_lines
 
     log = tmp_path / "e.log"
     log.write_text("first\nsecond\n")

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from gpushare_tui.core import abi
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment, SegmentError
 from gpushare_tui.core.snapshot import SegmentReader
@@ -113,7 +113,7 @@ def _errors(doc: dict) -> dict[str, str]:
 
 VICTIM = r"""
 import json, sys
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.segment import Segment, SegmentError
 from gpushare_tui.core.snapshot import SegmentReader
 
@@ -511,7 +511,7 @@ print(json.dumps(ops), flush=True)
 
 STORM_READER = r"""
 import json, sys, time
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.snapshot import SegmentReader
 
 key, duration = sys.argv[1], float(sys.argv[2])

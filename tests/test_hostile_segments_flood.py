@@ -21,8 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpushare_tui.core import abi, budgets, segment
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core import abi, segment
+from gpushare_tui.core.host import budgets
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.snapshot import SegmentReader, foreign_not_shown_text
 from testkit.cli import cli_argv
@@ -205,7 +206,7 @@ def test_foreign_reads_stop_when_their_time_budget_is_spent(other_user, flood_di
 
 FD_VICTIM = r"""
 import json, resource, sys
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.snapshot import SegmentReader
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from gpushare_tui.core import launcher
-from gpushare_tui.core.errors import EngineError, GpushareError, UsageError
+from gpushare_tui.core.host.errors import EngineError, GpushareError, UsageError
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec, launch_detached
 from testkit.cli import cli_argv
 from testkit.wait import wait_for

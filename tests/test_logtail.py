@@ -1,4 +1,4 @@
-"""core/logtail.py: the last lines of a log, then what is appended (truncation, rotation, bursts)."""
+"""core/host/logtail.py: the last lines of a log, then what is appended (truncation, rotation, bursts)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from gpushare_tui.core.errors import GpushareError
-from gpushare_tui.core.logtail import (
+from gpushare_tui.core.host.errors import GpushareError
+from gpushare_tui.core.host.logtail import (
     CHUNK_BYTES,
     MAX_LINE_BYTES,
     POLL_READ_BYTES,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpushare_tui.core import abi, schedule_ext1
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment

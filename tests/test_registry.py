@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gpushare_tui.core import abi
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import Membership, RegistryFullError
 from gpushare_tui.core.segment import Segment
 from gpushare_tui.core.snapshot import SegmentReader
@@ -390,7 +390,7 @@ def test_sigterm_member_leaves_cleanly(gpu_key: str, procs) -> None:
 def test_sigterm_while_claiming_still_leaves_cleanly(gpu_key: str, monkeypatch) -> None:
     """SIGTERM right after the slot's pid CAS (before its fields are written) must not
     strand the slot: the exit waits until join is done, then leave clears it."""
-    from gpushare_tui.core.lifecycle import exit_on_termination
+    from gpushare_tui.core.host.lifecycle import exit_on_termination
 
     old_handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     exit_on_termination()

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from gpushare_tui.core import abi, schedule
-from gpushare_tui.core.clock import wall_us
 from gpushare_tui.core.control import request
-from gpushare_tui.core.errors import GpushareError
+from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.host.errors import GpushareError
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.core.segment import Segment

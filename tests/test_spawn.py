@@ -14,7 +14,7 @@ import pytest
 from gpushare_tui.core import control, spawn
 from gpushare_tui.core.abi import to_f32
 from gpushare_tui.core.declaration import SourceOptions
-from gpushare_tui.core.errors import GpushareError
+from gpushare_tui.core.host.errors import GpushareError
 from testkit.wait import wait_for
 
 PY = [sys.executable, "-m", "gpushare_tui"]

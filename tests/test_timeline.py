@@ -17,7 +17,7 @@ from slots import NOW, model_at, slot, snap
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.core import schedule, segment
-from gpushare_tui.core.clock import wall_us
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import Membership
 from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.source import FixedSource, LiveSource

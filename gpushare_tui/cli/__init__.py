@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ..core.errors import GpushareError
+from ..core.host.errors import GpushareError
 from .common import report_error
 from .once import headless_args, once_report, print_once
 

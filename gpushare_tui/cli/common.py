@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..core import abi
-from ..core.errors import GpushareError, UsageError
+from ..core.host.errors import GpushareError, UsageError
 
 if TYPE_CHECKING:
     from ..core.control import EngineRef

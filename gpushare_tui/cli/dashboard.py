@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ..core.errors import UsageError
+from ..core.host.errors import UsageError
 from .common import checked_interval, checked_key
 from .once import ONCE_EXIT_RULE, print_once
 from .options import AllOwnersOpt, IntervalOpt, ReadonlyOpt

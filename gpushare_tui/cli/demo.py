@@ -6,7 +6,7 @@ import math
 
 import typer
 
-from ..core.errors import UsageError
+from ..core.host.errors import UsageError
 from .common import checked_interval, checked_key
 from .options import IntervalOpt
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import typer
 
 from ..core.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
-from ..core.errors import GpushareError, UsageError
+from ..core.host.errors import GpushareError, UsageError
 from .common import ExitCode, WaitProgress, checked_group, error_line, resolve_key
 from .options import (
     ActivityOpt,
@@ -78,7 +78,7 @@ def run(
 
     While the engine loads it says what it waits for every few seconds (on a terminal), and once
     when the engine is ready."""
-    from ..core.lifecycle import on_signals
+    from ..core.host.lifecycle import on_signals
     from ..core.spawn import notify_failed, notify_ready
 
     # First of all: from here on a SIGTERM/SIGINT/SIGHUP stops us in order (nothing started, or the
@@ -124,8 +124,8 @@ def _start_supervisor(
     from ..core.control import check_socket_dir
     from ..core.engines import command
     from ..core.engines import llama_server as ls
+    from ..core.host.paths import file_name_part, state_dir
     from ..core.ownership import Owner
-    from ..core.paths import file_name_part, state_dir
     from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ..core.errors import GpushareError
+from ..core.host.errors import GpushareError
 
 
 def gc(
@@ -16,9 +16,9 @@ def gc(
 
     One line per segment of ours, removed or kept and why; other users' segments are counted only.
     Exit 0, also when nothing was removed; 1 only when the directory cannot be read."""
-    from ..core.clock import wall_us
     from ..core.gc import collect_garbage
-    from ..core.text import counted, printable
+    from ..core.host.clock import wall_us
+    from ..core.host.text import counted, printable
 
     try:
         report = collect_garbage(wall_us, dry_run=dry_run, shm_dir=shm_dir)

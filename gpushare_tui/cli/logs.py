@@ -1,5 +1,5 @@
 """`gpushare-tui logs ENGINE`: a managed engine's log (the file its control socket's `status`
-names), its last lines and, with -f, what is appended (core/logtail.py). ENGINE is a pid or a
+names), its last lines and, with -f, what is appended (core/host/logtail.py). ENGINE is a pid or a
 name (cli/common.engine_ref)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..core.budgets import LOG_FOLLOW_READ_MAX_BYTES, LOG_OUTPUT_MAX_BYTES, LOG_TAIL_MAX_BYTES
-from ..core.errors import GpushareError, UsageError
+from ..core.host.budgets import LOG_FOLLOW_READ_MAX_BYTES, LOG_OUTPUT_MAX_BYTES, LOG_TAIL_MAX_BYTES
+from ..core.host.errors import GpushareError, UsageError
 from .common import engine_ref
 from .options import ENGINE_HELP, EngineKeyOpt, EngineSlotOpt, complete_engine
 
@@ -52,11 +52,11 @@ def logs(
         if follow:
             _follow(pid, path, n)
         else:
-            from ..core.logtail import tail_lines
+            from ..core.host.logtail import tail_lines
 
             _print(tail_lines(path, n, LOG_TAIL_MAX_BYTES))
     except GpushareError as e:  # the path in it came from the engine
-        from ..core.text import printable
+        from ..core.host.text import printable
 
         raise GpushareError(f"engine {pid}: {printable(str(e))}") from None
     except BrokenPipeError:  # `logs PID | head`: the reader is gone, which is no error
@@ -91,7 +91,7 @@ def engine_log(pid: int, target: Target | None = None) -> str:
     """The log file engine `pid` (the one `target` picks, when it serves several) reports;
     ControlError if it is not managed (or not there), GpushareError if it reports none."""
     from ..core.control import request
-    from ..core.logtail import reported_log
+    from ..core.host.logtail import reported_log
 
     return reported_log(pid, request(pid, "status", target=target))
 
@@ -99,7 +99,7 @@ def engine_log(pid: int, target: Target | None = None) -> str:
 def _print(lines: Iterable[str], max_bytes: int = LOG_OUTPUT_MAX_BYTES) -> None:
     """The lines for a terminal, at most `max_bytes` of them (UTF-8) per call: a log another
     process writes (a hole of NULs, a line of tabs) never makes us print without bound."""
-    from ..core.logtail import display_line
+    from ..core.host.logtail import display_line
     from .common import error_line
 
     written = 0
@@ -118,8 +118,8 @@ def _follow(pid: int, path: str, n: int) -> None:
     """Print the last `n` lines, then what is appended, until Ctrl+C (quietly) or the engine exits."""
     import psutil
 
-    from ..core.logtail import LogFollower
-    from ..core.text import printable
+    from ..core.host.logtail import LogFollower
+    from ..core.host.text import printable
     from .common import error_line
 
     try:

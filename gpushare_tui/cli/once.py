@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..core.errors import GpushareError, UsageError
+from ..core.host.errors import GpushareError, UsageError
 from .common import ExitCode, checked_key
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def collect(
     the `--once` table and its JSON are made of; text as read (untrusted)."""
     import socket
 
-    from ..core.clock import wall_us
+    from ..core.host.clock import wall_us
     from ..core.snapshot import SegmentProblem
     from ..dashboard.model import unmanaged_view
     from ..dashboard.report import ReportData
@@ -146,7 +146,7 @@ def _checked_format(fmt: str | None, as_json: bool, remotes: Sequence[str], loca
 
 
 def _cell(column: Column, row: PeerRow) -> str:
-    from ..core.text import printable
+    from ..core.host.text import printable
 
     return printable(column.text(row))
 
@@ -173,7 +173,7 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
     (every one: the table is not width-limited) with the same headers and cell text, and a legend line.
     Unless `show_idle`, segments with no live peer are left out (counted in a last line). Names, keys and
     errors are untrusted: every cell goes through `printable` (the JSON form keeps them, escaped)."""
-    from ..core.text import printable
+    from ..core.host.text import printable
     from ..dashboard.columns import COLUMNS, legend, schedule_note
 
     lines = []

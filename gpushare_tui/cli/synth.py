@@ -9,7 +9,7 @@ import typer
 
 from ..core.abi import parse_weight
 from ..core.declaration import check_class, check_name, check_step_ms, check_work_units
-from ..core.errors import UsageError
+from ..core.host.errors import UsageError
 from .common import checked_group, resolve_key
 from .options import WEIGHT_HELP, ClassOpt, GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
 

@@ -17,7 +17,7 @@ def up(
     from ..up.owner import check as check_file
 
     if check and reload:
-        from ..core.errors import UsageError
+        from ..core.host.errors import UsageError
 
         raise UsageError("give --check or --reload, not both")
     if check or reload:

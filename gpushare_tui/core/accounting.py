@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .clock import ClockUs, mono_us
 from .energy import EnergyReading, energy_delta_j, split_energy
+from .host.clock import ClockUs, mono_us
 from .schedule import Schedule
 from .snapshot import GpuSnapshot, PeerSnapshot
 

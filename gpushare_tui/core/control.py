@@ -1,7 +1,7 @@
 """Per-engine control socket: one JSON request line, one JSON reply line.
 
 Socket: `<runtime dir>/<engine pid>.sock`, mode 0600, in the 0700 per-user runtime
-directory (core/paths.py). A process that serves several engines' sockets under one pid (two
+directory (core/host/paths.py). A process that serves several engines' sockets under one pid (two
 `GpuShare` in one Python process) names the others `<pid>.<n>.sock` (n = 1, 2, ...: the lowest
 number this process does not hold); each is reachable and closes alone. A client finds them all
 by the pid (`socket_paths`); with more than one it picks the engine by its gpu key and slot
@@ -34,12 +34,12 @@ from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
-from . import budgets
 from .abi import parse_weight
 from .declaration import check_class
-from .errors import ControlError, GpushareError, UsageError
+from .host import budgets
+from .host.errors import ControlError, GpushareError, UsageError
+from .host.paths import runtime_dir, runtime_dir_path, unlink_in
 from .ownership import Owner
-from .paths import runtime_dir, runtime_dir_path, unlink_in
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = budgets.CONTROL_REQUEST_READ_S
@@ -651,7 +651,7 @@ def resolve_engine(text: str, target: Target | None = None, *, timeout_s: float 
     several are, listing them. The names compared and listed are untrusted text (printable)."""
     if text.isascii() and text.isdigit():
         return EngineRef(int(text), target)
-    from .text import printable
+    from .host.text import printable
 
     runtime_dir()  # an unusable runtime directory: its own one line, not "no engine named ..."
     engines = managed_engines(timeout_s)
@@ -713,7 +713,7 @@ NAMED_SHOWN_MAX = 20  # engines listed in one error line; the rest are counted
 def _named(entries: list[ManagedEntry]) -> str:
     """`chat=123, batch=456` (a name printable; `?` for an engine that reports none), at most
     NAMED_SHOWN_MAX of them, then `and N more`."""
-    from .text import printable
+    from .host.text import printable
 
     shown = [f"{printable(e.status.name) if e.status.name else '?'}={e.ref.pid}" for e in entries[:NAMED_SHOWN_MAX]]
     more = len(entries) - NAMED_SHOWN_MAX
@@ -742,7 +742,7 @@ def _why_unreachable(pid: int) -> str:
 
 def _is_registry_peer(pid: int) -> bool:
     """Whether `pid` holds a slot in any segment on this host (alive or not)."""
-    from .clock import wall_us
+    from .host.clock import wall_us
     from .snapshot import SegmentReader
 
     reader = SegmentReader()

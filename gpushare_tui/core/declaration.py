@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from . import abi
-from .errors import UsageError
+from .host.errors import UsageError
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 LATENCY_CLASSES = ("interactive", "batch")  # spec §7 INTERACTIVE set / clear; batch is the default

@@ -96,7 +96,7 @@ def judge(path: str, now_us: int) -> Verdict | None:
 
 
 def _judge_slots(path: str, read: SlotsRead, now_us: int, ident: tuple[int, int]) -> Verdict:
-    from .text import counted, printable
+    from .host.text import counted, printable
 
     if read.torn:
         return Verdict(path, False, f"slot {read.torn[0]} torn (being written)")

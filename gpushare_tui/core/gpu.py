@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .abi import derive_gpu_key
-from .errors import GpushareError
+from .host.errors import GpushareError
 
 
 class GpuKeyError(GpushareError, RuntimeError):

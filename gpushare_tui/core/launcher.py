@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 
 from . import spawn
 from .declaration import SourceOptions, SynthDecl
-from .errors import EngineError, GpushareError, UsageError
-from .paths import file_name_part, state_dir
+from .host.errors import EngineError, GpushareError, UsageError
+from .host.paths import file_name_part, state_dir
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
@@ -162,7 +162,7 @@ def _launch_synth(
     ready once it serves its control socket (it has joined then); EngineError with its log's tail
     if it exits first or is not ready within SYNTH_READY_TIMEOUT_S (it is stopped then)."""
     from . import control
-    from .logtail import tail_text
+    from .host.logtail import tail_text
 
     name = spec.name or SYNTH_NAME
     log = os.path.join(state_dir(), f"synth-{file_name_part(name)}-{int(time.time())}-{os.getpid()}.log")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from . import abi, schedule, schedule_ext1
 from .abi import SlotRecord
 from .accounting import in_window_us
-from .clock import ClockUs, mono_us, wall_us
+from .host.clock import ClockUs, mono_us, wall_us
 from .registry import Membership
 from .segment import Segment
 

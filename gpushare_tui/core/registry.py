@@ -9,9 +9,9 @@ import threading
 from collections.abc import Callable
 
 from . import abi
-from .clock import ClockUs, mono_us, wall_us
-from .errors import GpushareError
-from .lifecycle import termination_deferred
+from .host.clock import ClockUs, mono_us, wall_us
+from .host.errors import GpushareError
+from .host.lifecycle import termination_deferred
 from .segment import Segment, SegmentError
 
 HEARTBEAT_S = 0.5

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import abi
-from .budgets import OWN_TORN_WAIT_S, OWN_TORN_WAITS, SEQLOCK_REREADS
-from .errors import GpushareError, UsageError
+from .host.budgets import OWN_TORN_WAIT_S, OWN_TORN_WAITS, SEQLOCK_REREADS
+from .host.errors import GpushareError, UsageError
 
 if TYPE_CHECKING:
     from atomics.ctx import AtomicViewContext

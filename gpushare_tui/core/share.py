@@ -26,10 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from .clock import mono_us, wall_us
 from .control import ControlServer, StatusReply, control_handlers, socket_path
 from .declaration import check_class
-from .lifecycle import termination_deferred
+from .host.clock import mono_us, wall_us
+from .host.lifecycle import termination_deferred
 from .ownership import Owner
 from .pacer import Pacer
 from .registry import Membership

@@ -29,22 +29,23 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import abi, activity, paths, schedule, schedule_ext1
+from . import abi, activity, schedule, schedule_ext1
 from .accounting import BusyFromMarks
-from .clock import mono_us, wall_us
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .engines import command, health, watchdog
 from .engines import llama_server as ls
-from .errors import EngineError
 from .front_proxy import FrontProxy
+from .host import paths
+from .host.clock import mono_us, wall_us
+from .host.errors import EngineError
+from .host.text import counted
 from .ownership import Owner
 from .pacer import BUSY_WINDOW_US, RegistryReader
 from .rate import StepRate
 from .registry import Membership
 from .snapshot import own_peer, runs_alone
 from .spawn import Progress
-from .text import counted
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads

@@ -2,7 +2,7 @@
 
 A remote host is untrusted: each fetch has an overall deadline (connect, status line, headers and body
 together, not only per read), a byte cap, a JSON depth cap, and every value is checked against the spec's
-ranges (core/budgets.py, docs/trust.md). A host that cannot be read or sends anything out of range is one
+ranges (core/host/budgets.py, docs/trust.md). A host that cannot be read or sends anything out of range is one
 error row naming the host, never a failure, a freeze or a crash of the whole view. Fetches run on their own
 event loop: the dashboard's local view never waits for a remote one. httpx is imported only here.
 """
@@ -24,7 +24,7 @@ import httpx
 
 from ..core import abi
 from ..core.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, GpuAccount, PeerAccount, owner_key
-from ..core.budgets import (
+from ..core.host.budgets import (
     REMOTE_DEADLINE_S,
     REMOTE_MAX_ERRORS,
     REMOTE_MAX_GPUS,
@@ -33,10 +33,10 @@ from ..core.budgets import (
     REMOTE_MAX_TEXT_CHARS,
     REMOTE_RETRY_S,
 )
-from ..core.errors import GpushareError, UsageError
+from ..core.host.errors import GpushareError, UsageError
+from ..core.host.text import printable, printable_gpu
 from ..core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, window_pcts
-from ..core.text import printable, printable_gpu
 from .model import DashboardModel, GpuView, unmanaged_view
 
 TIMEOUT_S = REMOTE_DEADLINE_S  # the name callers know
@@ -480,7 +480,7 @@ class RemoteSource:
             errors += e
         if base is not None:
             return replace(base, gpus=tuple(gpus), errors=tuple(errors))
-        from ..core.clock import mono_us, wall_us
+        from ..core.host.clock import mono_us, wall_us
 
         return DashboardModel(wall_us(), tuple(gpus), tuple(errors), mono_us())
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..core.accounting import Accountant
-from ..core.clock import ClockUs, mono_us, wall_us
 from ..core.control import ControlError, StatusReply, Target
 from ..core.energy import EnergyReading, EnergySources
 from ..core.gpu import DeviceStats, device_stats
+from ..core.host.clock import ClockUs, mono_us, wall_us
+from ..core.host.text import printable, printable_gpu, printable_problem
 from ..core.snapshot import GpuSnapshot, SegmentReader
-from ..core.text import printable, printable_gpu, printable_problem
 from .control import ControlClient, LocalControl
 from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 

@@ -3,5 +3,5 @@
 `GET /metrics` (Prometheus text exposition, `exposition.py`), `GET /gpu/peers` (the seed's JSON,
 `peers.py`) and `GET /healthz`, served by a bounded asyncio HTTP server (`server.py`) from the dashboard's
 data layer (`dashboard.source.LiveSource`), one collect shared by concurrent requests (`exporter.py`).
-Nothing here imports UI code. Budgets: core/budgets.py; promises: docs/trust.md.
+Nothing here imports UI code. Budgets: core/host/budgets.py; promises: docs/trust.md.
 """

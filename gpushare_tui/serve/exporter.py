@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..core.budgets import SERVE_MODEL_MAX_AGE_S
+from ..core.host.budgets import SERVE_MODEL_MAX_AGE_S
 from ..dashboard.model import DashboardModel
 from ..dashboard.source import LiveSource
 from .exposition import render_metrics

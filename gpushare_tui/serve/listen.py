@@ -6,7 +6,7 @@ import errno
 import ipaddress
 
 from ..core.declaration import DeclarationError, check_port
-from ..core.errors import GpushareError, UsageError
+from ..core.host.errors import GpushareError, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 

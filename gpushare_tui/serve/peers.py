@@ -7,7 +7,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 
 from ..core.abi import validate_gpu_key
-from ..core.errors import GpushareError
+from ..core.host.errors import GpushareError
 from ..dashboard.model import DashboardModel
 from ..dashboard.report import ReportData, gpu_json, report_json
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from ..core.lifecycle import on_signals
+from ..core.host.lifecycle import on_signals
 from ..dashboard.source import LiveSource
 from .exporter import Exporter
 from .listen import bind_error, is_loopback, parse_listen

@@ -1,7 +1,7 @@
 """The HTTP server of `serve`: GET /metrics, /gpu/peers[?gpu_key=K], /healthz. Read-only.
 
 An asyncio server (h11 parses HTTP): each connection is a coroutine, a few KiB, not a thread, so a
-slowloris that holds sockets open holds no worker. Bounded against hostile clients (core/budgets.py):
+slowloris that holds sockets open holds no worker. Bounded against hostile clients (core/host/budgets.py):
 the request line and headers must arrive within SERVE_HEADER_DEADLINE_S (at most SERVE_MAX_HEADER_BYTES),
 the whole request and its reply within SERVE_REQUEST_DEADLINE_S; at most SERVE_MAX_CONNECTIONS are open,
 and when full the oldest one still sending its headers makes room (only when none is, a newcomer gets
@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import h11
 
-from ..core.budgets import (
+from ..core.host.budgets import (
     SERVE_COLLECT_THREADS,
     SERVE_HEADER_DEADLINE_S,
     SERVE_MAX_CONNECTIONS,
@@ -33,7 +33,7 @@ from ..core.budgets import (
     SERVE_MAX_QUERY_CHARS,
     SERVE_REQUEST_DEADLINE_S,
 )
-from ..core.errors import GpushareError
+from ..core.host.errors import GpushareError
 from .exporter import Exporter
 from .exposition import CONTENT_TYPE
 from .peers import peers_reply

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
-from ..core import budgets, declaration
+from ..core import declaration
 from ..core.declaration import DeclarationError, EngineDecl, SynthDecl
-from ..core.errors import UsageError
+from ..core.host import budgets
+from ..core.host.errors import UsageError
 from ..serve.listen import DEFAULT_LISTEN, parse_listen
 from .lines import key_line
 

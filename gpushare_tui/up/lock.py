@@ -1,6 +1,6 @@
 """One `up` per config file: it holds an exclusive lock on `<runtime dir>/up-<hash>.lock`
 (the hash of the file's real path) holding its pid; `up --reload FILE` signals that pid.
-The lock is opened relative to the checked runtime directory (core/paths.py), never through a link."""
+The lock is opened relative to the checked runtime directory (core/host/paths.py), never through a link."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import fcntl
 import os
 import signal
 
-from ..core import paths
-from ..core.errors import GpushareError
-from ..core.paths import runtime_dir
+from ..core.host import paths
+from ..core.host.errors import GpushareError
+from ..core.host.paths import runtime_dir
 
 
 def lock_path(config_path: str) -> str:

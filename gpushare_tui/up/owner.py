@@ -1,7 +1,7 @@
 """The `up` owner loop: start every declared engine, restart the ones that exit (per policy,
 with backoff), reload the file on SIGHUP, stop everything on SIGTERM/SIGINT.
 
-Runs in the main thread: signal handlers only set flags and wake the loop (core/lifecycle.py),
+Runs in the main thread: signal handlers only set flags and wake the loop (core/host/lifecycle.py),
 and every child is forked from this thread (their PR_SET_PDEATHSIG follows it)."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core import budgets, control, paths
-from ..core.errors import GpushareError
+from ..core import control
 from ..core.gpu import GpuKeyError, gpu_key_for_index
-from ..core.lifecycle import SignalWakeup, on_signals
+from ..core.host import budgets, paths
+from ..core.host.errors import GpushareError
+from ..core.host.lifecycle import SignalWakeup, on_signals
 from . import config as cfgmod
 from .backoff import Backoff
 from .child import Child, State

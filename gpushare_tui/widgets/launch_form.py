@@ -45,7 +45,7 @@ from ..core.declaration import (
     launch_problems,
     synth_problems,
 )
-from ..core.errors import GpushareError
+from ..core.host.errors import GpushareError
 from ..core.kinds import KIND_BY_KEY, KINDS, EngineKindInfo, KindField, kind_engine
 from ..core.launcher import SYNTH_NAME, LaunchReply, LaunchSpec, Started, launch_detached
 from .dialog import Dialog

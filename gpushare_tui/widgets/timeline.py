@@ -20,7 +20,7 @@ from textual.timer import Timer
 from textual.widget import Widget
 
 from ..core import schedule
-from ..core.clock import ClockUs, wall_us
+from ..core.host.clock import ClockUs, wall_us
 from ..core.snapshot import GpuSnapshot, PeerSnapshot
 from ..dashboard.strobe import Strobe
 from .palette import slot_colour, slot_fill

@@ -7,7 +7,7 @@ import time
 
 from rich.text import Text
 
-from ..core.text import counted
+from ..core.host.text import counted
 from .text_line import TextLine
 
 

@@ -4,9 +4,10 @@ between probes."""
 
 from __future__ import annotations
 
-from .. import abi, probe
-from ..clock import mono_us
+from .. import abi
 from ..engines import llama_server as ls
+from ..host import probe
+from ..host.clock import mono_us
 from .base import ActivitySource, Tick
 from .tree import CpuMeter, ProcessTree
 

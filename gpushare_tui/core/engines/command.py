@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import paths
-from ..errors import EngineError
+from ..host import paths
+from ..host.errors import EngineError
 from ..spawn import die_with_parent
 
 HOST_DEFAULT = "127.0.0.1"

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from ..budgets import HEALTH_LOG_READ_MAX_BYTES, HEALTH_PROBE_DEADLINE_S, HEALTH_PROBE_MAX_BYTES
 from ..declaration import HealthSpec
-from ..errors import EngineError
-from ..logtail import LogError, LogFollower, tail_text
+from ..host.budgets import HEALTH_LOG_READ_MAX_BYTES, HEALTH_PROBE_DEADLINE_S, HEALTH_PROBE_MAX_BYTES
+from ..host.errors import EngineError
+from ..host.logtail import LogError, LogFollower, tail_text
 from ..spawn import Progress
 
 POLL_S = 0.1
@@ -46,7 +46,7 @@ class LogReady:
 
 
 def _http_ready(url: str) -> Callable[[], bool]:
-    from .. import probe
+    from ..host import probe
 
     client = probe.new_client(HEALTH_PROBE_DEADLINE_S)
 

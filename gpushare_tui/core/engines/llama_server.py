@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
-from ..errors import EngineError
+from ..host.errors import EngineError
 from . import command
 from .command import HOST_DEFAULT, EngineArgs, resolve_binary
 

@@ -13,16 +13,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .. import abi, paths
-from ..clock import mono_us
+from .. import abi
 from ..control import StatusReply
-from ..errors import GpushareError
-from ..lifecycle import exit_on_termination, termination_deferred
+from ..host import paths
+from ..host.clock import mono_us
+from ..host.errors import GpushareError
+from ..host.lifecycle import exit_on_termination, termination_deferred
+from ..host.text import counted
 from ..ownership import Owner
 from ..rate import StepRate
 from ..share import GpuShare
 from ..snapshot import runs_alone
-from ..text import counted
 
 _BLOCK = b"\x5a" * 4096
 

@@ -22,7 +22,7 @@ class UsageError(GpushareError):
 
 class ControlError(GpushareError, RuntimeError):
     """A control socket that cannot be set up or reached, or a request it refused; also a per-user
-    directory (runtime, state: core/paths.py) that cannot be used."""
+    directory (runtime, state: core/host/paths.py) that cannot be used."""
 
 
 class EngineError(GpushareError, RuntimeError):

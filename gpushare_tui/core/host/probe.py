@@ -1,5 +1,5 @@
 """A bounded HTTP GET of an engine's endpoint (its /metrics, its /health): the engine is a
-program we run, not one we trust to answer in time or in size (core/budgets.py)."""
+program we run, not one we trust to answer in time or in size (core/host/budgets.py)."""
 
 from __future__ import annotations
 

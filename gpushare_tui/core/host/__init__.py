@@ -1,0 +1,1 @@
+"""The OS layer: paths and trusted directories, budgets, lifecycle and signals, the clock, errors, display text, log tails, local HTTP probes. Imports nothing else of core/."""
