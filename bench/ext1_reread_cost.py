@@ -26,11 +26,11 @@ import types
 import uuid
 
 import psutil
+from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership.segment import Segment
 
 from gpushare_tui.core import schedule_ext1
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry import Membership
-from gpushare_tui.core.segment import Segment
 
 TARGET_PCT = 2.0
 CASES = ("share-wait", "supervisor-wait", "supervisor-idle", "supervisor-run")

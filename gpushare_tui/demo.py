@@ -32,7 +32,7 @@ from .core.host.clock import wall_us
 from .core.host.errors import GpushareError
 from .core.host.lifecycle import on_signals
 from .core.host.logtail import tail_text
-from .core.segment import Segment, SegmentError, shm_path
+from .core.registry.segment import Segment, SegmentError, shm_path
 from .core.spawn import spawn, synth_argv
 
 # (name, weight, --busy-idle): a little idle/busy variation so the plots move.

@@ -12,9 +12,10 @@ import sys
 import threading
 import time
 
+from gpushare_tui.core.registry.membership.membership import Membership
+
 from gpushare_tui.core import schedule
 from gpushare_tui.core.host.clock import mono_us, wall_us
-from gpushare_tui.core.registry import Membership
 from testkit.wait import wait_for
 
 # The attacker: slot 1 beside the victim's slot 0 (weight 1). Its weight w sets the victim's share
@@ -22,8 +23,9 @@ from testkit.wait import wait_for
 # it. Every millisecond it picks the P that puts "now" outside that window with the longest wait.
 REWEIGHTER = r"""
 import sys, time
-from gpushare_tui.core import abi, schedule
-from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core import schedule
+from gpushare_tui.core.registry.membership.membership import Membership
 from gpushare_tui.core.host.clock import wall_us
 key = sys.argv[1]
 by_period = {}  # period_us -> (our weight giving it, the end of the victim's window)
@@ -75,7 +77,7 @@ def stop(p: subprocess.Popen) -> None:
 
 
 def _two_members(key: str) -> bool:
-    from gpushare_tui.core.segment import Segment, shm_path
+    from gpushare_tui.core.registry.membership.segment import Segment, shm_path
 
     with Segment.attach_readonly(shm_path(key)) as seg:
         return len(schedule.member_weights(seg.read_slots(), wall_us())) == 2

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpushare_tui.core import abi
 from gpushare_tui.core.activity import EngineActivity
+from gpushare_tui.core.registry.membership import abi
 
 S = 1_000_000  # µs
 

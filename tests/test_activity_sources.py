@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psutil
 import pytest
 
-from gpushare_tui.core import abi
 from gpushare_tui.core.activity import CpuMeter, ProcessTree, Tick, make_source
 from gpushare_tui.core.activity.cpu import CpuActivity
 from gpushare_tui.core.activity.metrics import GaugeActivity, gauge_value
@@ -27,6 +26,7 @@ from gpushare_tui.core.declaration import (
 )
 from gpushare_tui.core.engines.health import LogReady
 from gpushare_tui.core.host import probe
+from gpushare_tui.core.registry.membership import abi
 
 S = 1_000_000
 

@@ -20,18 +20,18 @@ from dataclasses import replace
 
 import psutil
 import pytest
+from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership.segment import Segment
 from slots import NOW, model_at, slot, snap
 from textual.geometry import Region
 from textual.widgets import Input, Select, Static
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
-from gpushare_tui.core import abi, segment
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.host.errors import EngineError
 from gpushare_tui.core.kinds import KIND_BY_KEY, KINDS
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
-from gpushare_tui.core.registry import Membership
-from gpushare_tui.core.segment import Segment
+from gpushare_tui.core.registry.membership import abi, segment
 from gpushare_tui.dashboard.control import LocalControl
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow
 from gpushare_tui.dashboard.source import FixedSource, LiveSource

@@ -12,13 +12,14 @@ import subprocess
 import sys
 
 import pytest
+from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership.ownership import Owner
+from gpushare_tui.core.registry.membership.segment import Segment
 
-from gpushare_tui.core import abi, control, ownership
+from gpushare_tui.core import control
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.host import paths
-from gpushare_tui.core.ownership import Owner
-from gpushare_tui.core.registry import Membership
-from gpushare_tui.core.segment import Segment
+from gpushare_tui.core.registry.membership import abi, ownership
 from testkit.cli import cli_argv
 from testkit.shm import shm_file
 from testkit.wait import wait_for

@@ -1,4 +1,4 @@
-"""`gpushare-tui gc`: our own segments without a live slot go, nothing else does (core/gc.py). Real files:
+"""`gpushare-tui gc`: our own segments without a live slot go, nothing else does (core/registry/gc.py). Real files:
 in a directory of the test's own (`--shm-dir`: a gc of /dev/shm would take other tests' segments), one of
 them created by another user (uid 65534), and in /dev/shm only `--dry-run` beside a live engine."""
 
@@ -12,11 +12,11 @@ import threading
 import time
 
 import pytest
+from gpushare_tui.core.registry.membership.gc import NEW_GRACE_S, judge, remove_if_garbage
 
-from gpushare_tui.core import abi
 from gpushare_tui.core.control import socket_path
-from gpushare_tui.core.gc import NEW_GRACE_S, judge, remove_if_garbage
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.registry.membership import abi
 from testkit.cli import cli_argv, run_cli
 from testkit.shm import shm_file
 from testkit.wait import wait_for

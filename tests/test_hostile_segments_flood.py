@@ -18,13 +18,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from gpushare_tui.core.registry.membership.membership import Membership
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpushare_tui.core import abi, segment
 from gpushare_tui.core.host import budgets
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.registry.membership import abi, segment
 from gpushare_tui.core.snapshot import SegmentReader, foreign_not_shown_text
 from testkit.cli import cli_argv
 

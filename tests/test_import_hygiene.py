@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpushare_tui.core.registry.membership.segment import Segment
 
-from gpushare_tui.core.segment import Segment
 from testkit.paths import REPO
 
 UI_MODULES = ("textual", "textual_plotext", "plotext", "gpushare_tui.app", "gpushare_tui.widgets")

@@ -9,11 +9,11 @@ import sys
 import time
 
 import pytest
+from gpushare_tui.core.registry.membership.membership import Membership, RegistryFullError
+from gpushare_tui.core.registry.membership.segment import Segment
 
-from gpushare_tui.core import abi
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry import Membership, RegistryFullError
-from gpushare_tui.core.segment import Segment
+from gpushare_tui.core.registry.membership import abi
 from gpushare_tui.core.snapshot import SegmentReader
 from testkit.cli import cli_argv
 from testkit.shm import shm_file
@@ -272,7 +272,7 @@ def test_dead_slot_is_claimable_live_slot_is_not(gpu_key: str) -> None:
 
 RACER = r"""
 import os, sys, time
-from gpushare_tui.core.registry import Membership, RegistryFullError
+from gpushare_tui.core.registry.membership.membership import Membership, RegistryFullError
 
 key, go, stop = sys.argv[1:4]
 m = Membership(key, 1.0, f"racer-{os.getpid()}")
@@ -329,7 +329,7 @@ def test_twenty_racers_exactly_sixteen_win(gpu_key: str, procs, tmp_path) -> Non
 
 HOLDER = r"""
 import sys, time
-from gpushare_tui.core.registry import Membership
+from gpushare_tui.core.registry.membership.membership import Membership
 m = Membership(sys.argv[1], 1.0, "holder")
 print(f"slot {m.join()}", flush=True)
 time.sleep(120)

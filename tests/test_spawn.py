@@ -10,9 +10,9 @@ import textwrap
 import threading
 
 import pytest
+from gpushare_tui.core.registry.membership.abi import to_f32
 
 from gpushare_tui.core import control, spawn
-from gpushare_tui.core.abi import to_f32
 from gpushare_tui.core.declaration import SourceOptions
 from gpushare_tui.core.host.errors import GpushareError
 from testkit.wait import wait_for

@@ -8,8 +8,8 @@ import math
 import sys
 from typing import TYPE_CHECKING
 
-from ..core import abi
 from ..core.host.errors import GpushareError, UsageError
+from ..core.registry import abi
 
 if TYPE_CHECKING:
     from ..core.control import EngineRef
@@ -51,7 +51,7 @@ def resolve_key(gpu_key: str | None, gpu: int | None) -> str:
 def checked_group(group: str | None) -> str | None:
     """A --share-group that names a group here (or a numeric gid), or None; UnknownGroupError otherwise."""
     if group is not None:
-        from ..core.segment import resolve_group
+        from ..core.registry.segment import resolve_group
 
         resolve_group(group)
     return group

@@ -11,10 +11,10 @@ import json
 
 import typer
 
-from ..core.abi import WEIGHT_RULE, parse_weight
 from ..core.declaration import LATENCY_CLASSES, check_class
 from ..core.host import budgets
 from ..core.host.errors import GpushareError
+from ..core.registry.abi import WEIGHT_RULE, parse_weight
 from .common import engine_ref
 from .options import EngineArg, EngineKeyOpt, EngineSlotOpt
 

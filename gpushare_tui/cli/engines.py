@@ -125,7 +125,7 @@ def _start_supervisor(
     from ..core.engines import command
     from ..core.engines import llama_server as ls
     from ..core.host.paths import file_name_part, state_dir
-    from ..core.ownership import Owner
+    from ..core.registry.ownership import Owner
     from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)

@@ -1,4 +1,4 @@
-"""`gpushare-tui gc [--dry-run]`: remove our own registry segments that hold no live slot (core/gc.py)."""
+"""`gpushare-tui gc [--dry-run]`: remove our own registry segments that hold no live slot (core/registry/gc.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ def gc(
 
     One line per segment of ours, removed or kept and why; other users' segments are counted only.
     Exit 0, also when nothing was removed; 1 only when the directory cannot be read."""
-    from ..core.gc import collect_garbage
     from ..core.host.clock import wall_us
     from ..core.host.text import counted, printable
+    from ..core.registry.gc import collect_garbage
 
     try:
         report = collect_garbage(wall_us, dry_run=dry_run, shm_dir=shm_dir)

@@ -238,7 +238,7 @@ def print_once(
     else:
         data = collect(key, urls, local, all_owners)
         if key is not None and not data.views and not data.errors:
-            from ..core.abi import segment_name
+            from ..core.registry.abi import segment_name
 
             raise GpushareError(f"no segment {segment_name(key)} on this host")  # a typo must not look like success
         show_idle = show_idle or key is not None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from ..core.abi import WEIGHT_RULE
 from ..core.host.budgets import FOREIGN_SEGMENTS_SHOWN_MAX
+from ..core.registry.abi import WEIGHT_RULE
 
 GpuKeyOpt = typer.Option(None, "--gpu-key", help="Registry key (overrides --gpu); 1..64 of [A-Za-z0-9._-].")
 GpuIndexOpt = typer.Option(None, "--gpu", help="CUDA device index whose NVML UUID is the key (default 0).")

@@ -7,9 +7,9 @@ import os
 
 import typer
 
-from ..core.abi import parse_weight
 from ..core.declaration import check_class, check_name, check_step_ms, check_work_units
 from ..core.host.errors import UsageError
+from ..core.registry.abi import parse_weight
 from .common import checked_group, resolve_key
 from .options import WEIGHT_HELP, ClassOpt, GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
 
@@ -40,7 +40,7 @@ def synth(
     if status_file is not None:
         _check_status_file(status_file)
     from ..core.engines.synthetic import serve_synth
-    from ..core.ownership import Owner
+    from ..core.registry.ownership import Owner
 
     pattern = _parse_pattern(busy_idle)
     key = resolve_key(gpu_key, gpu)

@@ -34,12 +34,12 @@ from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
-from .abi import parse_weight
 from .declaration import check_class
 from .host import budgets
 from .host.errors import ControlError, GpushareError, UsageError
 from .host.paths import runtime_dir, runtime_dir_path, unlink_in
-from .ownership import Owner
+from .registry.abi import parse_weight
+from .registry.ownership import Owner
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = budgets.CONTROL_REQUEST_READ_S
@@ -85,7 +85,7 @@ class StatusReply:
     gpu_key: str | None = None
     log: str | None = None
     signal_lateness: SignalLateness | None = None
-    # set when `gpushare-tui up` owns the engine (core/ownership.py)
+    # set when `gpushare-tui up` owns the engine (core/registry/ownership.py)
     owner: str | None = None  # "up"
     owner_pid: int | None = None
     config: str | None = None  # the file that declares it

@@ -15,8 +15,8 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from . import abi
 from .host.errors import UsageError
+from .registry import abi
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 LATENCY_CLASSES = ("interactive", "batch")  # spec §7 INTERACTIVE set / clear; batch is the default

@@ -30,9 +30,9 @@ from .control import ControlServer, StatusReply, control_handlers, socket_path
 from .declaration import check_class
 from .host.clock import mono_us, wall_us
 from .host.lifecycle import termination_deferred
-from .ownership import Owner
 from .pacer import Pacer
-from .registry import Membership
+from .registry.membership import Membership
+from .registry.ownership import Owner
 
 RATE_WINDOW_S = 1.0  # pace() calls are counted over windows this long for `steps_per_s`
 SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms;

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from . import schedule, schedule_ext1
-from .abi import ALIVE_US, FLAG_DEMAND, FLAG_INTERACTIVE, SlotRecord, segment_name, weight_is_valid
 from .host.budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
-from .segment import (
+from .registry.abi import ALIVE_US, FLAG_DEMAND, FLAG_INTERACTIVE, SlotRecord, segment_name, weight_is_valid
+from .registry.segment import (
     Segment,
     SegmentError,
     UnknownGroupError,

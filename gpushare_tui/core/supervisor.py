@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import abi, activity, schedule, schedule_ext1
+from . import activity, schedule, schedule_ext1
 from .accounting import BusyFromMarks
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
@@ -40,10 +40,11 @@ from .host import paths
 from .host.clock import mono_us, wall_us
 from .host.errors import EngineError
 from .host.text import counted
-from .ownership import Owner
 from .pacer import BUSY_WINDOW_US, RegistryReader
 from .rate import StepRate
-from .registry import Membership
+from .registry import abi
+from .registry.membership import Membership
+from .registry.ownership import Owner
 from .snapshot import own_peer, runs_alone
 from .spawn import Progress
 

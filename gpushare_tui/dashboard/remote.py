@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..core import abi
 from ..core.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, GpuAccount, PeerAccount, owner_key
 from ..core.host.budgets import (
     REMOTE_DEADLINE_S,
@@ -35,6 +34,7 @@ from ..core.host.budgets import (
 )
 from ..core.host.errors import GpushareError, UsageError
 from ..core.host.text import printable, printable_gpu
+from ..core.registry import abi
 from ..core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, window_pcts
 from .model import DashboardModel, GpuView, unmanaged_view

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from http import HTTPStatus
 
-from ..core.abi import validate_gpu_key
 from ..core.host.errors import GpushareError
+from ..core.registry.abi import validate_gpu_key
 from ..dashboard.model import DashboardModel
 from ..dashboard.report import ReportData, gpu_json, report_json
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from ..core import control, spawn
 from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
-from ..core.ownership import ENV, STOP_EVENT, Owner
+from ..core.registry.ownership import ENV, STOP_EVENT, Owner
 from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig
 

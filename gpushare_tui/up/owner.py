@@ -52,7 +52,7 @@ def check(path: str) -> tuple[UpConfig, dict[str, str]]:
     config and each engine's key; ConfigError (one line) otherwise."""
     cfg = cfgmod.load(path)
     if cfg.share_group is not None:
-        from ..core.segment import resolve_group
+        from ..core.registry.segment import resolve_group
 
         try:
             resolve_group(cfg.share_group)

@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Static
 
-from ..core.abi import BadWeightError, parse_weight
+from ..core.registry.abi import BadWeightError, parse_weight
 from ..core.schedule import window_shares
 from ..core.snapshot import floor_lifted
 from ..dashboard.model import GpuView, PeerRow

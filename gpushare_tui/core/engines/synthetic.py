@@ -13,15 +13,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .. import abi
 from ..control import StatusReply
 from ..host import paths
 from ..host.clock import mono_us
 from ..host.errors import GpushareError
 from ..host.lifecycle import exit_on_termination, termination_deferred
 from ..host.text import counted
-from ..ownership import Owner
 from ..rate import StepRate
+from ..registry import abi
+from ..registry.ownership import Owner
 from ..share import GpuShare
 from ..snapshot import runs_alone
 

@@ -1,1 +1,2 @@
-"""The OS layer: paths and trusted directories, budgets, lifecycle and signals, the clock, errors, display text, log tails, local HTTP probes. Imports nothing else of core/."""
+"""The OS layer: paths and trusted directories, budgets, lifecycle and signals, the clock, errors,
+display text, log tails, local HTTP probes. The lowest layer of core/."""

@@ -5,7 +5,7 @@ at the boundary"). docs/trust.md says what each surface promises against a hosti
 
 from __future__ import annotations
 
-from ..abi import SLOT_COUNT
+from ..registry.abi import SLOT_COUNT
 
 # -- control sockets (core/control.py) --------------------------------------------------------
 

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..host.budgets import OWN_TORN_WAIT_S, OWN_TORN_WAITS, SEQLOCK_REREADS
+from ..host.errors import GpushareError, UsageError
 from . import abi
-from .host.budgets import OWN_TORN_WAIT_S, OWN_TORN_WAITS, SEQLOCK_REREADS
-from .host.errors import GpushareError, UsageError
 
 if TYPE_CHECKING:
     from atomics.ctx import AtomicViewContext

@@ -8,10 +8,10 @@ import sys
 import threading
 from collections.abc import Callable
 
+from ..host.clock import ClockUs, mono_us, wall_us
+from ..host.errors import GpushareError
+from ..host.lifecycle import termination_deferred
 from . import abi
-from .host.clock import ClockUs, mono_us, wall_us
-from .host.errors import GpushareError
-from .host.lifecycle import termination_deferred
 from .segment import Segment, SegmentError
 
 HEARTBEAT_S = 0.5

@@ -4,7 +4,7 @@ run but `demo` leaves one behind; this removes them when asked.
 
 A segment is removed only when all of these hold, checked on the open file (O_NOFOLLOW, fstat):
 - a regular file, not a symlink (never followed), owned by our euid and writable by nobody else
-  (core/segment.py's trust rule for joiners: a group-shared segment is left to its group);
+  (core/registry/segment.py's trust rule for joiners: a group-shared segment is left to its group);
 - no slot is live (spec §4: pid set, heartbeat within 3 s), torn, or held by a pid that still runs
   (a stopped engine's heartbeat goes stale, yet it comes back), or the segment is corrupt (bad size
   or header); and it was created more than NEW_GRACE_S ago (its creator claims a slot right after);
@@ -96,7 +96,7 @@ def judge(path: str, now_us: int) -> Verdict | None:
 
 
 def _judge_slots(path: str, read: SlotsRead, now_us: int, ident: tuple[int, int]) -> Verdict:
-    from .host.text import counted, printable
+    from ..host.text import counted, printable
 
     if read.torn:
         return Verdict(path, False, f"slot {read.torn[0]} torn (being written)")

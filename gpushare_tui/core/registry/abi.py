@@ -10,7 +10,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from .host.errors import UsageError
+from ..host.errors import UsageError
 
 MAGIC = b"OCGPU\0\0\0"
 VERSION = 1
