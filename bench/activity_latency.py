@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import httpx
-from gpushare_tui.core.registry.membership.segment import Segment, shm_path
+from gpushare_tui.core.registry.segment import Segment, shm_path
 
 from bench.pacing import CLI, engine_argv, llama_server_path
 from gpushare_tui.core.engines.llama_server import free_port

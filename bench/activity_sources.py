@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
-from gpushare_tui.core.registry.membership.segment import Segment, shm_path
+from gpushare_tui.core.registry.segment import Segment, shm_path
 
 from bench.pacing import CLI, engine_argv, llama_server_path
 from gpushare_tui.core import gpu

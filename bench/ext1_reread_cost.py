@@ -27,7 +27,7 @@ import uuid
 
 import psutil
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import schedule_ext1
 from gpushare_tui.core.host.clock import wall_us

@@ -209,7 +209,7 @@ def measure_dashboard(d: str, seconds: float = 8.0) -> dict:
 def run_scenario(kind: str, n: int, surfaces: set[str]) -> dict:
     from gpushare_tui.core.registry.membership.membership import Membership
 
-    from gpushare_tui.core.registry.membership import segment
+    from gpushare_tui.core.registry import segment
 
     d = os.path.join("/dev/shm", f"gpushare-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(d)

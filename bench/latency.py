@@ -39,7 +39,7 @@ from pathlib import Path
 
 import httpx
 import psutil
-from gpushare_tui.core.registry.membership.segment import Segment, shm_path
+from gpushare_tui.core.registry.segment import Segment, shm_path
 
 from bench import pacing
 from bench.pacing import CLI, Engine, decode_count, end, engine_argv, llama_server_path, start_plain

@@ -21,7 +21,7 @@ from gpushare_tui.core.registry.membership.membership import Membership
 
 from gpushare_tui import GpuShare
 from gpushare_tui.api import SCHEDULE_REREAD_US
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 TARGET_US = 50.0

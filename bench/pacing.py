@@ -29,7 +29,7 @@ import httpx
 
 from gpushare_tui.core import schedule
 from gpushare_tui.core.engines.llama_server import free_port, parse_metrics
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 

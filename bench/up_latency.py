@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpushare_tui.core.registry.membership.segment import Segment, SegmentError, shm_path
+from gpushare_tui.core.registry.segment import Segment, SegmentError, shm_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENGINE = '\n[[engine]]\nname = "{name}"\nweight = {weight}\n{body}\n'

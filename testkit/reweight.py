@@ -23,7 +23,7 @@ from testkit.wait import wait_for
 # it. Every millisecond it picks the P that puts "now" outside that window with the longest wait.
 REWEIGHTER = r"""
 import sys, time
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core import schedule
 from gpushare_tui.core.registry.membership.membership import Membership
 from gpushare_tui.core.host.clock import wall_us
@@ -77,7 +77,7 @@ def stop(p: subprocess.Popen) -> None:
 
 
 def _two_members(key: str) -> bool:
-    from gpushare_tui.core.registry.membership.segment import Segment, shm_path
+    from gpushare_tui.core.registry.segment import Segment, shm_path
 
     with Segment.attach_readonly(shm_path(key)) as seg:
         return len(schedule.member_weights(seg.read_slots(), wall_us())) == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 
 SHM_DIR = "/dev/shm"
 

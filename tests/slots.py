@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import GpuSnapshot, build_gpu_snapshot
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 

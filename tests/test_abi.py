@@ -12,9 +12,9 @@ import time
 
 import pytest
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import build_gpu_snapshot
 from testkit.shm import shm_file
 

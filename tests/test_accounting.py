@@ -284,7 +284,7 @@ def test_live_source_attributes_the_device_energy(gpu_key: str) -> None:
     from gpushare_tui.core.registry.membership.membership import Membership
 
     from gpushare_tui.core.gpu import DeviceStats
-    from gpushare_tui.core.registry.membership import abi
+    from gpushare_tui.core.registry import abi
     from gpushare_tui.dashboard.source import LiveSource
     from gpushare_tui.serve.exposition import render_metrics
 
@@ -337,7 +337,7 @@ def test_reclaim_after_eviction_keeps_counting(gpu_key: str) -> None:
     """busy_total_us belongs to the owner (pid, boot_us), not the slot: a re-claim after an eviction
     keeps both, so the counter carries on (spec §7: it never decreases while (pid, boot_us) is the same)."""
     from gpushare_tui.core.registry.membership.membership import Membership
-    from gpushare_tui.core.registry.membership.segment import Segment
+    from gpushare_tui.core.registry.segment import Segment
 
     from gpushare_tui.core.host.clock import wall_us
 

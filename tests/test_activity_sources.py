@@ -26,7 +26,7 @@ from gpushare_tui.core.declaration import (
 )
 from gpushare_tui.core.engines.health import LogReady
 from gpushare_tui.core.host import probe
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 
 S = 1_000_000
 

@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from gpushare_tui.core.registry.membership.segment import Segment, shm_path
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import proc_state, read_join_line
 
 from testkit.cli import cli_argv, run_cli

@@ -17,7 +17,7 @@ from textual.widgets import Input
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.core.gpu import DeviceStats
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import SegmentProblem, build_gpu_snapshot
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 from gpushare_tui.dashboard.source import FixedSource

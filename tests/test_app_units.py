@@ -11,7 +11,7 @@ from gpushare_tui.app import nudged_weight
 from gpushare_tui.core.declaration import SourceOptions, SynthDecl
 from gpushare_tui.core.kinds import KINDS
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.columns import COLUMNS, FLOOR_MARK, GAP, NAME_KEEP, NAME_WIDTH, fit_columns, legend
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.help_screen import column_table, screen_text

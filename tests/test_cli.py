@@ -10,7 +10,7 @@ import sys
 import pytest
 import typer
 import typer.main
-from gpushare_tui.core.registry.membership.abi import WEIGHT_RULE
+from gpushare_tui.core.registry.abi import WEIGHT_RULE
 
 from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE

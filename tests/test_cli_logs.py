@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.segment import Segment, shm_path
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import end_pid
 from up_env import UpProc, write
 

@@ -8,10 +8,10 @@ import socket
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import SegmentReader
 from gpushare_tui.dashboard.columns import COLUMNS, legend
 from testkit.cli import cli_argv

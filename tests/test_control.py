@@ -13,13 +13,13 @@ import sys
 
 import pytest
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.ownership import Owner
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.ownership import Owner
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import control
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.host import paths
-from gpushare_tui.core.registry.membership import abi, ownership
+from gpushare_tui.core.registry import abi, ownership
 from testkit.cli import cli_argv
 from testkit.shm import shm_file
 from testkit.wait import wait_for

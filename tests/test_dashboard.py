@@ -81,7 +81,7 @@ class FakeControl:
 def test_live_source_polls_status_of_managed_peers_only_and_not_every_tick(tmp_path, monkeypatch, listing):
     from gpushare_tui.core.registry.membership.membership import Membership
 
-    from gpushare_tui.core.registry.membership import segment
+    from gpushare_tui.core.registry import segment
 
     monkeypatch.setattr(segment, "SHM_DIR", str(tmp_path))
     ms = [Membership("live", 1.0, f"m{i}", pid=920_000 + i, log=lambda _m: None) for i in range(3)]
@@ -128,7 +128,7 @@ def test_live_source_polls_status_of_managed_peers_only_and_not_every_tick(tmp_p
 def test_live_source_backs_off_nvml_for_keys_that_are_not_devices(tmp_path, monkeypatch):
     from gpushare_tui.core.registry.membership.membership import Membership
 
-    from gpushare_tui.core.registry.membership import segment
+    from gpushare_tui.core.registry import segment
 
     monkeypatch.setattr(segment, "SHM_DIR", str(tmp_path))
     m = Membership("cpu-only", 1.0, "x", pid=930_000, log=lambda _m: None)

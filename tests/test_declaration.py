@@ -12,7 +12,7 @@ import pytest
 from gpushare_tui.core import declaration
 from gpushare_tui.core.declaration import DeclarationError, EngineDecl, SynthDecl
 from gpushare_tui.core.host.errors import UsageError
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.up import config
 from gpushare_tui.widgets.launch_form import validate_launch
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from gpushare_tui.core.registry.membership.abi import BadKeyError, BadWeightError
+from gpushare_tui.core.registry.abi import BadKeyError, BadWeightError
 from gpushare_tui.core.registry.membership.membership import RegistryFullError
-from gpushare_tui.core.registry.membership.segment import SegmentError, UnknownGroupError
+from gpushare_tui.core.registry.segment import SegmentError, UnknownGroupError
 
 from gpushare_tui.core.declaration import DeclarationError
 from gpushare_tui.core.engines.synthetic import StatusFileError

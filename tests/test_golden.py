@@ -19,7 +19,7 @@ from gpushare_tui.core.accounting import GpuAccount, GpuAccountant
 from gpushare_tui.core.control import SignalLateness
 from gpushare_tui.core.energy import nvml_reading
 from gpushare_tui.core.gpu import DeviceStats
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import GpuSnapshot, SegmentProblem, build_gpu_snapshot
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares, unmanaged_view
 from gpushare_tui.dashboard.remote import gpu_from_json

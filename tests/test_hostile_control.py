@@ -20,7 +20,7 @@ import time
 
 import psutil
 import pytest
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import control
 from gpushare_tui.core.control import ControlError

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from serve_env import start_writer
 
 from gpushare_tui.core.host.budgets import REMOTE_DEADLINE_S, REMOTE_MAX_GPUS, REMOTE_MAX_JSON_DEPTH
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
 from gpushare_tui.dashboard.remote import RemoteSource, check_depth, host_view, parse_report
 from gpushare_tui.dashboard.source import LiveSource
@@ -335,7 +335,7 @@ entrypoint()
 def test_a_crashed_dashboard_exits_non_zero(gpu_key, tmp_path) -> None:
     """An exception in the App (here a bug put in its model handler) ends the dashboard with a non-zero
     exit status (the shell saw 0), on a real terminal (a pty)."""
-    from gpushare_tui.core.registry.membership.segment import Segment
+    from gpushare_tui.core.registry.segment import Segment
 
     Segment.create_or_attach(gpu_key).close()
     script = tmp_path / "crash.py"

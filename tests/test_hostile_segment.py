@@ -18,10 +18,10 @@ import time
 
 import pytest
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.segment import Segment, SegmentError
+from gpushare_tui.core.registry.segment import Segment, SegmentError
 
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import SegmentReader
 from testkit.cli import cli_argv
 from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON
@@ -114,7 +114,7 @@ def _errors(doc: dict) -> dict[str, str]:
 VICTIM = r"""
 import json, sys
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry.membership.segment import Segment, SegmentError
+from gpushare_tui.core.registry.segment import Segment, SegmentError
 from gpushare_tui.core.snapshot import SegmentReader
 
 key, path = sys.argv[1], sys.argv[2]

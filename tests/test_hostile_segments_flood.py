@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from gpushare_tui.core.host import budgets
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry.membership import abi, segment
+from gpushare_tui.core.registry import abi, segment
 from gpushare_tui.core.snapshot import SegmentReader, foreign_not_shown_text
 from testkit.cli import cli_argv
 

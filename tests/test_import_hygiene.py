@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
 from testkit.paths import REPO
 

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import schedule_ext1
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.pacer import Pacer
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from testkit.shm import shm_file
 
 OTHER_PID = 3_999_600

@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
-from gpushare_tui.core.registry.membership.abi import SlotRecord
+from gpushare_tui.core.registry.abi import SlotRecord
 
 from gpushare_tui.core import schedule
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import build_gpu_snapshot
 from testkit.paths import DATA
 

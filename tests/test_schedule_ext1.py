@@ -8,10 +8,10 @@ import math
 
 import ext1_reference
 import pytest
-from gpushare_tui.core.registry.membership.abi import SlotRecord
+from gpushare_tui.core.registry.abi import SlotRecord
 
 from gpushare_tui.core import schedule, schedule_ext1
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from testkit.paths import DATA
 
 VECTORS = json.loads((DATA / "ext1-vectors.json").read_text())

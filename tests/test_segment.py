@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership.segment import Segment, SegmentError, list_segment_paths, shm_path
+from gpushare_tui.core.registry.segment import Segment, SegmentError, list_segment_paths, shm_path
 
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from testkit.shm import shm_file
 
 
@@ -220,8 +220,8 @@ def test_list_segment_paths(tmp_path, gpu_key: str) -> None:
 
 WRITER = r"""
 import sys, time
-from gpushare_tui.core.registry.membership import abi
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.segment import Segment
 
 key, duration = sys.argv[1], float(sys.argv[2])
 slots = [int(x) for x in sys.argv[3].split(",")]

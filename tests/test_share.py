@@ -13,14 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import schedule
 from gpushare_tui.core.control import request
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.host.errors import GpushareError
 from gpushare_tui.core.pacer import Pacer
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from testkit.paths import REPO
 from testkit.shm import shm_file
 from testkit.wait import wait_for

@@ -7,11 +7,11 @@ import os
 
 import pytest
 from gpushare_tui.core.registry.membership.membership import Membership
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import schedule
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry.membership import abi
+from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import GpuSnapshot, SegmentReader, build_gpu_snapshot, own_peer, runs_alone
 from testkit.shm import shm_file
 

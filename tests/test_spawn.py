@@ -10,7 +10,7 @@ import textwrap
 import threading
 
 import pytest
-from gpushare_tui.core.registry.membership.abi import to_f32
+from gpushare_tui.core.registry.abi import to_f32
 
 from gpushare_tui.core import control, spawn
 from gpushare_tui.core.declaration import SourceOptions

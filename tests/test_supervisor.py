@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from gpushare_tui.core.registry.membership.segment import Segment, shm_path
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import Engines, end_pid, proc_state, read_join_line
 
 from gpushare_tui.core.engines.llama_server import port_in_use

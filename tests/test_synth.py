@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership.abi import WEIGHT_RULE
-from gpushare_tui.core.registry.membership.segment import Segment
+from gpushare_tui.core.registry.abi import WEIGHT_RULE
+from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.core import control

@@ -9,7 +9,7 @@ import textwrap
 from collections import Counter
 
 import pytest
-from gpushare_tui.core.registry.membership.abi import WEIGHT_RULE
+from gpushare_tui.core.registry.abi import WEIGHT_RULE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -168,7 +168,7 @@ def test_deploy_examples_are_valid(tmp_path, capsys, monkeypatch) -> None:
 
 @pytest.mark.parametrize("raw", ["", "not json", "[]", '{"config": "f"}', '{"config": "f", "pid": 1, "weight": "x"}'])
 def test_owner_env_malformed_is_no_owner_and_is_not_inherited(monkeypatch, raw) -> None:
-    from gpushare_tui.core.registry.membership import ownership
+    from gpushare_tui.core.registry import ownership
 
     monkeypatch.setenv(ownership.ENV, raw)
     assert ownership.Owner.from_env() is None
@@ -178,7 +178,7 @@ def test_owner_env_malformed_is_no_owner_and_is_not_inherited(monkeypatch, raw) 
 def test_owner_env_round_trip_and_wrapped_handlers(monkeypatch) -> None:
     import os
 
-    from gpushare_tui.core.registry.membership import ownership
+    from gpushare_tui.core.registry import ownership
 
     r, w = os.pipe()
     monkeypatch.setenv(ownership.ENV, ownership.Owner("/x/g.toml", 42, 3.0, 2, w).to_env())

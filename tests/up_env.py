@@ -10,7 +10,7 @@ import threading
 import time
 
 import psutil
-from gpushare_tui.core.registry.membership.segment import Segment, SegmentError, shm_path
+from gpushare_tui.core.registry.segment import Segment, SegmentError, shm_path
 
 from gpushare_tui.core import control
 from testkit.cli import cli_argv
