@@ -45,7 +45,7 @@ PEERS_N = 16
 
 
 def _peers(keys: list[str], shm_dir: str, ready, stop, active_n: int | None = None) -> None:
-    from gpushare_tui.core.registry.membership.membership import Membership
+    from gpushare_tui.core.registry.membership import Membership
 
     from gpushare_tui.core.registry import segment
 

@@ -26,7 +26,7 @@ import types
 import uuid
 
 import psutil
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import schedule_ext1

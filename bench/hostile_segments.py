@@ -207,7 +207,7 @@ def measure_dashboard(d: str, seconds: float = 8.0) -> dict:
 
 
 def run_scenario(kind: str, n: int, surfaces: set[str]) -> dict:
-    from gpushare_tui.core.registry.membership.membership import Membership
+    from gpushare_tui.core.registry.membership import Membership
 
     from gpushare_tui.core.registry import segment
 

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 
 from gpushare_tui.cli import once_report
 from gpushare_tui.core.host.clock import wall_us

@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 
 from gpushare_tui import GpuShare
 from gpushare_tui.api import SCHEDULE_REREAD_US

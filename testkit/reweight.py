@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 
 from gpushare_tui.core import schedule
 from gpushare_tui.core.host.clock import mono_us, wall_us
@@ -25,7 +25,7 @@ REWEIGHTER = r"""
 import sys, time
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core import schedule
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.host.clock import wall_us
 key = sys.argv[1]
 by_period = {}  # period_us -> (our weight giving it, the end of the victim's window)

@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core.registry import abi

@@ -281,7 +281,7 @@ def test_nvml_energy_read_with_the_device_stats(monkeypatch) -> None:
 def test_live_source_attributes_the_device_energy(gpu_key: str) -> None:
     """A real segment: an Extension 1 owner's busy counter and a scripted NVML energy counter, through
     LiveSource, the model and /metrics."""
-    from gpushare_tui.core.registry.membership.membership import Membership
+    from gpushare_tui.core.registry.membership import Membership
 
     from gpushare_tui.core.gpu import DeviceStats
     from gpushare_tui.core.registry import abi
@@ -336,7 +336,7 @@ def test_remote_report_carries_the_accounts() -> None:
 def test_reclaim_after_eviction_keeps_counting(gpu_key: str) -> None:
     """busy_total_us belongs to the owner (pid, boot_us), not the slot: a re-claim after an eviction
     keeps both, so the counter carries on (spec §7: it never decreases while (pid, boot_us) is the same)."""
-    from gpushare_tui.core.registry.membership.membership import Membership
+    from gpushare_tui.core.registry.membership import Membership
     from gpushare_tui.core.registry.segment import Segment
 
     from gpushare_tui.core.host.clock import wall_us

@@ -7,7 +7,7 @@ import asyncio
 import os
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from test_app_pilot import _row_ready, notes, start_synth, until
 from textual.widgets import Log
 

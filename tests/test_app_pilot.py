@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import psutil
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 from slots import NOW, model_at, slot, snap
 from textual.geometry import Region

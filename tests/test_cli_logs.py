@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import end_pid
 from up_env import UpProc, write

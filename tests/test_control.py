@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.ownership import Owner
 from gpushare_tui.core.registry.segment import Segment
 

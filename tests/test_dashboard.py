@@ -79,7 +79,7 @@ class FakeControl:
 
 @pytest.mark.parametrize("listing", [True, False], ids=["socket-listing", "is-managed-per-peer"])
 def test_live_source_polls_status_of_managed_peers_only_and_not_every_tick(tmp_path, monkeypatch, listing):
-    from gpushare_tui.core.registry.membership.membership import Membership
+    from gpushare_tui.core.registry.membership import Membership
 
     from gpushare_tui.core.registry import segment
 
@@ -126,7 +126,7 @@ def test_live_source_polls_status_of_managed_peers_only_and_not_every_tick(tmp_p
 
 
 def test_live_source_backs_off_nvml_for_keys_that_are_not_devices(tmp_path, monkeypatch):
-    from gpushare_tui.core.registry.membership.membership import Membership
+    from gpushare_tui.core.registry.membership import Membership
 
     from gpushare_tui.core.registry import segment
 

@@ -42,7 +42,7 @@ class RepliesControl:
 
 @pytest.fixture
 def live_model(tmp_path, monkeypatch) -> DashboardModel:
-    from gpushare_tui.core.registry.membership.membership import Membership
+    from gpushare_tui.core.registry.membership import Membership
 
     from gpushare_tui.core.registry import segment
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gpushare_tui.core.registry.abi import BadKeyError, BadWeightError
-from gpushare_tui.core.registry.membership.membership import RegistryFullError
+from gpushare_tui.core.registry.membership import RegistryFullError
 from gpushare_tui.core.registry.segment import SegmentError, UnknownGroupError
 
 from gpushare_tui.core.declaration import DeclarationError

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core.host.clock import wall_us

@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment, SegmentError
 
 from gpushare_tui.core.host.clock import wall_us

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership, RegistryFullError
+from gpushare_tui.core.registry.membership import Membership, RegistryFullError
 from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core.host.clock import wall_us
@@ -272,7 +272,7 @@ def test_dead_slot_is_claimable_live_slot_is_not(gpu_key: str) -> None:
 
 RACER = r"""
 import os, sys, time
-from gpushare_tui.core.registry.membership.membership import Membership, RegistryFullError
+from gpushare_tui.core.registry.membership import Membership, RegistryFullError
 
 key, go, stop = sys.argv[1:4]
 m = Membership(key, 1.0, f"racer-{os.getpid()}")
@@ -329,7 +329,7 @@ def test_twenty_racers_exactly_sixteen_win(gpu_key: str, procs, tmp_path) -> Non
 
 HOLDER = r"""
 import sys, time
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 m = Membership(sys.argv[1], 1.0, "holder")
 print(f"slot {m.join()}", flush=True)
 time.sleep(120)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import schedule

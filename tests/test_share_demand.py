@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core.registry import abi

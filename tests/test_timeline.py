@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from gpushare_tui.core.registry.membership.membership import Membership
+from gpushare_tui.core.registry.membership import Membership
 from slots import NOW, model_at, slot, snap
 
 from gpushare_tui.app import DashboardApp
