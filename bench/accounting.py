@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_tui.core import control, schedule
+from gpushare_tui.core import control
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.registry import abi
 
 RESULTS = Path(__file__).resolve().parent / "results"

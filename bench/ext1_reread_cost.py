@@ -29,7 +29,7 @@ import psutil
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
-from gpushare_tui.core import schedule_ext1
+from gpushare_tui.core.schedule import ext1 as schedule_ext1
 from gpushare_tui.core.host.clock import wall_us
 
 TARGET_PCT = 2.0

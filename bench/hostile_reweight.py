@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from testkit.reweight import pacer_share, supervisor_share
 from testkit.shm import remove, shm_file, unique_key
 

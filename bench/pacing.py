@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.engines.llama_server import free_port, parse_metrics
 from gpushare_tui.core.registry import abi
 from testkit.load import StreamLoad

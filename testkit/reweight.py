@@ -14,7 +14,7 @@ import time
 
 from gpushare_tui.core.registry.membership import Membership
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.host.clock import mono_us, wall_us
 from testkit.wait import wait_for
 
@@ -24,7 +24,7 @@ from testkit.wait import wait_for
 REWEIGHTER = r"""
 import sys, time
 from gpushare_tui.core.registry import abi
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.host.clock import wall_us
 key = sys.argv[1]

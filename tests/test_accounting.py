@@ -240,7 +240,7 @@ def test_busy_from_marks() -> None:
 
 
 def test_in_window_us() -> None:
-    from gpushare_tui.core import schedule
+    from gpushare_tui.core.schedule import v1 as schedule
     from gpushare_tui.core.accounting import in_window_us
 
     sched = schedule.build_schedule([(0, 2.0), (1, 1.0)])  # 120 ms: slot 0 [0, 80 ms), slot 1 [80, 120 ms)

@@ -14,7 +14,7 @@ import pytest
 from gpushare_tui.core.registry.segment import Segment
 from serve_env import start_writer
 
-from gpushare_tui.core import schedule_ext1
+from gpushare_tui.core.schedule import ext1 as schedule_ext1
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import abi
 from testkit.paths import REPO

@@ -13,7 +13,7 @@ from slots import NOW, slot, snap
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.core.registry import abi
-from gpushare_tui.core.schedule_ext1 import decide
+from gpushare_tui.core.schedule.ext1 import decide
 from gpushare_tui.dashboard.columns import class_text, schedule_note
 from gpushare_tui.dashboard.model import DashboardModel, GpuView, PeerRow, achieved_shares
 from gpushare_tui.dashboard.remote import gpu_from_json

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from testkit.reweight import pacer_share, supervisor_share
 
 # The floor of two members is 10 % of solo; on a noisy 2-core machine half of it is the bar

@@ -24,7 +24,7 @@ from serve_env import start_writer
 
 from gpushare_tui.core.host.budgets import REMOTE_DEADLINE_S, REMOTE_MAX_GPUS, REMOTE_MAX_JSON_DEPTH
 from gpushare_tui.core.registry import abi
-from gpushare_tui.core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
+from gpushare_tui.core.schedule.v1 import PERIOD_MAX_MS, PERIOD_MIN_MS
 from gpushare_tui.dashboard.remote import RemoteSource, check_depth, host_view, parse_report
 from gpushare_tui.dashboard.source import LiveSource
 from testkit.http import HostileHost, http_reply

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.supervisor import STOP_LEAD_US, run_until
 
 BASE_US = 1_800_000_000_000_000 - 1_800_000_000_000_000 % 120_000  # a period boundary

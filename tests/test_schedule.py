@@ -8,7 +8,7 @@ import math
 import pytest
 from gpushare_tui.core.registry.abi import SlotRecord
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import build_gpu_snapshot
 from testkit.paths import DATA

@@ -10,7 +10,7 @@ import ext1_reference
 import pytest
 from gpushare_tui.core.registry.abi import SlotRecord
 
-from gpushare_tui.core import schedule, schedule_ext1
+from gpushare_tui.core.schedule import v1 as schedule, ext1 as schedule_ext1
 from gpushare_tui.core.registry import abi
 from testkit.paths import DATA
 

@@ -15,7 +15,7 @@ import pytest
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.control import request
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.host.errors import GpushareError

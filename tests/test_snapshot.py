@@ -9,7 +9,7 @@ import pytest
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.snapshot import GpuSnapshot, SegmentReader, build_gpu_snapshot, own_peer, runs_alone

@@ -17,7 +17,7 @@ from gpushare_tui.core.registry.membership import Membership
 from slots import NOW, model_at, slot, snap
 
 from gpushare_tui.app import DashboardApp
-from gpushare_tui.core import schedule
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import segment
 from gpushare_tui.dashboard.model import DashboardModel

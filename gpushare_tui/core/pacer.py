@@ -6,7 +6,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from . import schedule, schedule_ext1
+from .schedule import v1 as schedule, ext1 as schedule_ext1
 from .accounting import in_window_us
 from .host.clock import ClockUs, mono_us, wall_us
 from .registry import abi

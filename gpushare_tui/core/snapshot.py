@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from . import schedule, schedule_ext1
+from .schedule import v1 as schedule, ext1 as schedule_ext1
 from .host.budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
 from .registry.abi import ALIVE_US, FLAG_DEMAND, FLAG_INTERACTIVE, SlotRecord, segment_name, weight_is_valid
 from .registry.segment import (

@@ -29,7 +29,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import activity, schedule, schedule_ext1
+from . import activity
+from .schedule import v1 as schedule, ext1 as schedule_ext1
 from .accounting import BusyFromMarks
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class

@@ -35,7 +35,7 @@ from ..core.host.budgets import (
 from ..core.host.errors import GpushareError, UsageError
 from ..core.host.text import printable, printable_gpu
 from ..core.registry import abi
-from ..core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
+from ..core.schedule.v1 import PERIOD_MAX_MS, PERIOD_MIN_MS
 from ..core.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, window_pcts
 from .model import DashboardModel, GpuView, unmanaged_view
 

@@ -12,7 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..core.schedule import PERIOD_MAX_MS, PERIOD_MIN_MS
+from ..core.schedule.v1 import PERIOD_MAX_MS, PERIOD_MIN_MS
 from ..dashboard.columns import COLUMNS
 from ..dashboard.model import ACHIEVED_AVG_S
 from ..dashboard.strobe import STROBE_STEPS, Strobe

@@ -19,7 +19,7 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widget import Widget
 
-from ..core import schedule
+from ..core.schedule import v1 as schedule
 from ..core.host.clock import ClockUs, wall_us
 from ..core.snapshot import GpuSnapshot, PeerSnapshot
 from ..dashboard.strobe import Strobe

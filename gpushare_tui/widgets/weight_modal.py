@@ -15,7 +15,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Static
 
 from ..core.registry.abi import BadWeightError, parse_weight
-from ..core.schedule import window_shares
+from ..core.schedule.v1 import window_shares
 from ..core.snapshot import floor_lifted
 from ..dashboard.model import GpuView, PeerRow
 from .dialog import Dialog

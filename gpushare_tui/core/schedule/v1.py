@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .registry.abi import SlotRecord
+from ..registry.abi import SlotRecord
 
 SHARE_FLOOR = 0.10
 MIN_WINDOW_MS = 40.0
