@@ -28,8 +28,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare_tui.core import control
-from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.schedule import v1 as schedule
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PHASES = [(2.0, 1.0), (1.0, 1.0), (1.0, 2.0), (2.0, 1.0)]  # (weight a, weight b), one phase each in turn

@@ -17,10 +17,10 @@ import uuid
 from pathlib import Path
 
 import httpx
-from gpushare_tui.core.registry.segment import Segment, shm_path
 
 from bench.pacing import CLI, engine_argv, llama_server_path
 from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.tiny_gguf import write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -45,9 +45,8 @@ PEERS_N = 16
 
 
 def _peers(keys: list[str], shm_dir: str, ready, stop, active_n: int | None = None) -> None:
-    from gpushare_tui.core.registry.membership import Membership
-
     from gpushare_tui.core.registry import segment
+    from gpushare_tui.core.registry.membership import Membership
 
     segment.SHM_DIR = shm_dir  # a private tmpfs directory: no other segments on this host in view
 

@@ -26,11 +26,11 @@ import types
 import uuid
 
 import psutil
+
+from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
-
 from gpushare_tui.core.schedule import ext1 as schedule_ext1
-from gpushare_tui.core.host.clock import wall_us
 
 TARGET_PCT = 2.0
 CASES = ("share-wait", "supervisor-wait", "supervisor-idle", "supervisor-run")

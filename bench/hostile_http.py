@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from gpushare_tui.core.registry.membership import Membership
 
+from gpushare_tui.core.registry.membership import Membership
 from testkit.http import HostileHost, slowloris
 
 RESULTS = Path(__file__).resolve().parent / "results"

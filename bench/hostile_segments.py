@@ -207,9 +207,8 @@ def measure_dashboard(d: str, seconds: float = 8.0) -> dict:
 
 
 def run_scenario(kind: str, n: int, surfaces: set[str]) -> dict:
-    from gpushare_tui.core.registry.membership import Membership
-
     from gpushare_tui.core.registry import segment
+    from gpushare_tui.core.registry.membership import Membership
 
     d = os.path.join("/dev/shm", f"gpushare-bench-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.mkdir(d)

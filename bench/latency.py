@@ -39,11 +39,11 @@ from pathlib import Path
 
 import httpx
 import psutil
-from gpushare_tui.core.registry.segment import Segment, shm_path
 
 from bench import pacing
 from bench.pacing import CLI, Engine, decode_count, end, engine_argv, llama_server_path, start_plain
 from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 

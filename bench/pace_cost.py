@@ -17,11 +17,10 @@ import time
 import uuid
 from pathlib import Path
 
-from gpushare_tui.core.registry.membership import Membership
-
 from gpushare_tui import GpuShare
 from gpushare_tui.api import SCHEDULE_REREAD_US
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.membership import Membership
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 TARGET_US = 50.0

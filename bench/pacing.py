@@ -27,9 +27,9 @@ from pathlib import Path
 
 import httpx
 
-from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.engines.llama_server import free_port, parse_metrics
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.schedule import v1 as schedule
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 

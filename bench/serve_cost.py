@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+
 from gpushare_tui.core.registry.membership import Membership
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -12,10 +12,9 @@ import sys
 import threading
 import time
 
-from gpushare_tui.core.registry.membership import Membership
-
-from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.host.clock import mono_us, wall_us
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.schedule import v1 as schedule
 from testkit.wait import wait_for
 
 # The attacker: slot 1 beside the victim's slot 0 (weight 1). Its weight w sets the victim's share

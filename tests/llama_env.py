@@ -12,8 +12,8 @@ import signal
 import subprocess
 
 import pytest
-from gpushare_tui.core.registry.segment import Segment, shm_path
 
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv
 from testkit.paths import REPO
 from testkit.wait import wait_for

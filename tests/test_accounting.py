@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from gpushare_tui.core.accounting import (
+from gpushare_tui.core.observe.accounting import (
     SOURCE_BUSY_PPM,
     SOURCE_COUNTER,
     Accountant,
@@ -15,7 +15,7 @@ from gpushare_tui.core.accounting import (
     GpuAccountant,
     PeerAccount,
 )
-from gpushare_tui.core.energy import (
+from gpushare_tui.core.observe.energy import (
     EnergyCounter,
     EnergyReading,
     RaplReader,
@@ -23,7 +23,7 @@ from gpushare_tui.core.energy import (
     nvml_reading,
     split_energy,
 )
-from gpushare_tui.core.snapshot import GpuSnapshot, PeerSnapshot
+from gpushare_tui.core.observe.snapshot import GpuSnapshot, PeerSnapshot
 
 S = 1_000_000
 
@@ -240,8 +240,8 @@ def test_busy_from_marks() -> None:
 
 
 def test_in_window_us() -> None:
+    from gpushare_tui.core.observe.accounting import in_window_us
     from gpushare_tui.core.schedule import v1 as schedule
-    from gpushare_tui.core.accounting import in_window_us
 
     sched = schedule.build_schedule([(0, 2.0), (1, 1.0)])  # 120 ms: slot 0 [0, 80 ms), slot 1 [80, 120 ms)
     assert sched is not None and sched.window_of(1) == (80_000, 120_000)
@@ -255,7 +255,7 @@ def test_in_window_us() -> None:
 
 
 def test_nvml_energy_read_with_the_device_stats(monkeypatch) -> None:
-    from gpushare_tui.core import gpu
+    from gpushare_tui.core.observe import gpu
 
     class FakeNvml:
         """Only the handle and the energy counter answer; every other query raises, as NVML may."""
@@ -281,10 +281,9 @@ def test_nvml_energy_read_with_the_device_stats(monkeypatch) -> None:
 def test_live_source_attributes_the_device_energy(gpu_key: str) -> None:
     """A real segment: an Extension 1 owner's busy counter and a scripted NVML energy counter, through
     LiveSource, the model and /metrics."""
-    from gpushare_tui.core.registry.membership import Membership
-
-    from gpushare_tui.core.gpu import DeviceStats
+    from gpushare_tui.core.observe.gpu import DeviceStats
     from gpushare_tui.core.registry import abi
+    from gpushare_tui.core.registry.membership import Membership
     from gpushare_tui.dashboard.source import LiveSource
     from gpushare_tui.serve.exposition import render_metrics
 
@@ -316,7 +315,7 @@ def test_remote_report_carries_the_accounts() -> None:
 
     from slots import NOW, slot
 
-    from gpushare_tui.core.snapshot import build_gpu_snapshot
+    from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
     from gpushare_tui.dashboard.model import GpuView, PeerRow
     from gpushare_tui.dashboard.remote import host_view, parse_report
     from gpushare_tui.dashboard.report import ReportData, report_json
@@ -336,10 +335,9 @@ def test_remote_report_carries_the_accounts() -> None:
 def test_reclaim_after_eviction_keeps_counting(gpu_key: str) -> None:
     """busy_total_us belongs to the owner (pid, boot_us), not the slot: a re-claim after an eviction
     keeps both, so the counter carries on (spec §7: it never decreases while (pid, boot_us) is the same)."""
+    from gpushare_tui.core.host.clock import wall_us
     from gpushare_tui.core.registry.membership import Membership
     from gpushare_tui.core.registry.segment import Segment
-
-    from gpushare_tui.core.host.clock import wall_us
 
     intruder = 3_999_777
     with Membership(gpu_key, 1.0, "me", heartbeat_s=3600, log=lambda msg: None) as m:

@@ -15,9 +15,9 @@ import time
 
 import httpx
 import pytest
-from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import proc_state, read_join_line
 
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, run_cli
 from testkit.engines import engine_command
 from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad

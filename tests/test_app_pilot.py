@@ -20,8 +20,6 @@ from dataclasses import replace
 
 import psutil
 import pytest
-from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.registry.segment import Segment
 from slots import NOW, model_at, slot, snap
 from textual.geometry import Region
 from textual.widgets import Input, Select, Static
@@ -32,6 +30,8 @@ from gpushare_tui.core.host.errors import EngineError
 from gpushare_tui.core.kinds import KIND_BY_KEY, KINDS
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import abi, segment
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.segment import Segment
 from gpushare_tui.dashboard.control import LocalControl
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow
 from gpushare_tui.dashboard.source import FixedSource, LiveSource

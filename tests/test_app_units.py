@@ -338,7 +338,7 @@ def test_a_synthetic_launch_summary_has_no_port_or_supervisor():
 
 
 def test_accounting_cells():
-    from gpushare_tui.core.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, PeerAccount
+    from gpushare_tui.core.observe.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, PeerAccount
     from gpushare_tui.dashboard.columns import fmt_busy_time, fmt_wh
 
     assert [fmt_busy_time(s) for s in (None, 0.4, 59.9, 3723.5, 999 * 3600 + 1, 1000 * 3600, 2.0**64 / 1e6)] == [

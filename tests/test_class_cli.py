@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import end_pid
 
 from gpushare_tui.core import control
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.segment import Segment, shm_path
 
 
 @pytest.mark.parametrize("command", ["run", "launch"])

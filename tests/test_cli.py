@@ -10,11 +10,11 @@ import sys
 import pytest
 import typer
 import typer.main
-from gpushare_tui.core.registry.abi import WEIGHT_RULE
 
 from gpushare_tui.cli import main
 from gpushare_tui.cli.engines import NO_ENGINE
 from gpushare_tui.cli.once import headless_args
+from gpushare_tui.core.registry.abi import WEIGHT_RULE
 from testkit.cli import run_cli
 from testkit.shm import shm_file
 

@@ -13,13 +13,13 @@ import threading
 from pathlib import Path
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import end_pid
 from up_env import UpProc, write
 
 from gpushare_tui.core.control import socket_path
 from gpushare_tui.core.host.paths import up_log_path
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from gpushare_tui.demo import start_demo, stop_demo
 from testkit.cli import cli_argv, run_cli
 from testkit.shm import unique_key

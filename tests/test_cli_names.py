@@ -8,9 +8,9 @@ import os
 import subprocess
 
 import pytest
-from gpushare_tui.core.registry.segment import Segment, shm_path
 
 from gpushare_tui.core.control import socket_path
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, run_cli
 from testkit.wait import wait_for
 

@@ -12,14 +12,14 @@ import subprocess
 import sys
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.registry.ownership import Owner
-from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core import control
 from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.host import paths
 from gpushare_tui.core.registry import abi, ownership
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.ownership import Owner
+from gpushare_tui.core.registry.segment import Segment
 from testkit.cli import cli_argv
 from testkit.shm import shm_file
 from testkit.wait import wait_for

@@ -8,7 +8,7 @@ import pytest
 from slots import NOW, model_at
 
 from gpushare_tui.core.control import ControlError
-from gpushare_tui.core.gpu import DeviceStats
+from gpushare_tui.core.observe.gpu import DeviceStats
 from gpushare_tui.dashboard.control import LocalControl
 from gpushare_tui.dashboard.model import History, achieved_shares
 from gpushare_tui.dashboard.source import LiveSource
@@ -79,9 +79,8 @@ class FakeControl:
 
 @pytest.mark.parametrize("listing", [True, False], ids=["socket-listing", "is-managed-per-peer"])
 def test_live_source_polls_status_of_managed_peers_only_and_not_every_tick(tmp_path, monkeypatch, listing):
-    from gpushare_tui.core.registry.membership import Membership
-
     from gpushare_tui.core.registry import segment
+    from gpushare_tui.core.registry.membership import Membership
 
     monkeypatch.setattr(segment, "SHM_DIR", str(tmp_path))
     ms = [Membership("live", 1.0, f"m{i}", pid=920_000 + i, log=lambda _m: None) for i in range(3)]
@@ -126,9 +125,8 @@ def test_live_source_polls_status_of_managed_peers_only_and_not_every_tick(tmp_p
 
 
 def test_live_source_backs_off_nvml_for_keys_that_are_not_devices(tmp_path, monkeypatch):
-    from gpushare_tui.core.registry.membership import Membership
-
     from gpushare_tui.core.registry import segment
+    from gpushare_tui.core.registry.membership import Membership
 
     monkeypatch.setattr(segment, "SHM_DIR", str(tmp_path))
     m = Membership("cpu-only", 1.0, "x", pid=930_000, log=lambda _m: None)

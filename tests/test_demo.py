@@ -17,9 +17,9 @@ import time
 
 import psutil
 import pytest
-from gpushare_tui.core.registry.segment import Segment
 
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.registry.segment import Segment
 from gpushare_tui.demo import DEMO_ENGINES, start_demo, stop_demo
 from testkit.shm import shm_file, unique_key
 from testkit.wait import wait_for

@@ -42,9 +42,8 @@ class RepliesControl:
 
 @pytest.fixture
 def live_model(tmp_path, monkeypatch) -> DashboardModel:
-    from gpushare_tui.core.registry.membership import Membership
-
     from gpushare_tui.core.registry import segment
+    from gpushare_tui.core.registry.membership import Membership
 
     monkeypatch.setattr(segment, "SHM_DIR", str(tmp_path))
     ms = [Membership("kinds", 1.0, f"e{i}", pid=920_000 + i, log=lambda _m: None) for i in range(5)]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from gpushare_tui.core.registry.abi import BadKeyError, BadWeightError
-from gpushare_tui.core.registry.membership import RegistryFullError
-from gpushare_tui.core.registry.segment import SegmentError, UnknownGroupError
 
 from gpushare_tui.core.declaration import DeclarationError
 from gpushare_tui.core.engines.synthetic import StatusFileError
-from gpushare_tui.core.gpu import GpuKeyError
+from gpushare_tui.core.observe.gpu import GpuKeyError
 from gpushare_tui.core.host.errors import ControlError, EngineError, GpushareError, UsageError
+from gpushare_tui.core.registry.abi import BadKeyError, BadWeightError
+from gpushare_tui.core.registry.membership import RegistryFullError
+from gpushare_tui.core.registry.segment import SegmentError, UnknownGroupError
 from gpushare_tui.demo import DemoError
 
 USAGE = [BadKeyError, BadWeightError, DeclarationError, UnknownGroupError]

@@ -11,12 +11,12 @@ import sys
 import time
 
 import pytest
-from gpushare_tui.core.registry.segment import Segment
 from serve_env import start_writer
 
-from gpushare_tui.core.schedule import ext1 as schedule_ext1
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.segment import Segment
+from gpushare_tui.core.schedule import ext1 as schedule_ext1
 from testkit.paths import REPO
 from testkit.procs import Procs
 from testkit.shm import shm_file

@@ -17,12 +17,12 @@ import sys
 import time
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.registry.segment import Segment, SegmentError
 
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import abi
-from gpushare_tui.core.snapshot import SegmentReader
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.segment import Segment, SegmentError
+from gpushare_tui.core.observe.snapshot import SegmentReader
 from testkit.cli import cli_argv
 from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON
 from testkit.procs import Procs
@@ -115,7 +115,7 @@ VICTIM = r"""
 import json, sys
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry.segment import Segment, SegmentError
-from gpushare_tui.core.snapshot import SegmentReader
+from gpushare_tui.core.observe.snapshot import SegmentReader
 
 key, path = sys.argv[1], sys.argv[2]
 reader = SegmentReader(key)
@@ -512,7 +512,7 @@ print(json.dumps(ops), flush=True)
 STORM_READER = r"""
 import json, sys, time
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.snapshot import SegmentReader
+from gpushare_tui.core.observe.snapshot import SegmentReader
 
 key, duration = sys.argv[1], float(sys.argv[2])
 reader = SegmentReader(key)

@@ -18,14 +18,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpushare_tui.core.host import budgets
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import abi, segment
-from gpushare_tui.core.snapshot import SegmentReader, foreign_not_shown_text
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.observe.snapshot import SegmentReader, foreign_not_shown_text
 from testkit.cli import cli_argv
 
 # A stdlib flood for the attacker's interpreter: argv dir, count, kind ("live" | "torn"), first name.
@@ -207,7 +207,7 @@ def test_foreign_reads_stop_when_their_time_budget_is_spent(other_user, flood_di
 FD_VICTIM = r"""
 import json, resource, sys
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.snapshot import SegmentReader
+from gpushare_tui.core.observe.snapshot import SegmentReader
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 reader = SegmentReader(shm_dir=sys.argv[1], all_owners=True)

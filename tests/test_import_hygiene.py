@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpushare_tui.core.registry.segment import Segment
 
+from gpushare_tui.core.registry.segment import Segment
 from testkit.paths import REPO
 
 UI_MODULES = ("textual", "textual_plotext", "plotext", "gpushare_tui.app", "gpushare_tui.widgets")
@@ -51,7 +51,7 @@ def test_once_json_does_not_import_textual(script: str, gpu_key: str) -> None:
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["exit"] in (0, None)
     assert [g["gpu_key"] for g in json.loads(res["out"])["gpus"]] == [gpu_key]  # it really ran the --once path
-    assert "gpushare_tui.cli" in res["mods"] and "gpushare_tui.core.snapshot" in res["mods"]
+    assert "gpushare_tui.cli" in res["mods"] and "gpushare_tui.core.observe.snapshot" in res["mods"]
     assert "textual" not in res["mods"]
     assert _ui_loaded(res["mods"]) == []
     if script is AS_MODULE:  # the entry point serves --once without the full command line
@@ -81,7 +81,7 @@ def test_entry_point_once_json_imports_no_typer(how: str, gpu_key: str) -> None:
     assert r.returncode == 0, r.stderr
     assert [g["gpu_key"] for g in json.loads(r.stdout)["gpus"]] == [gpu_key]
     mods = _imported(r.stderr)
-    assert "gpushare_tui.cli" in mods and "gpushare_tui.core.snapshot" in mods  # the report was really made
+    assert "gpushare_tui.cli" in mods and "gpushare_tui.core.observe.snapshot" in mods  # the report was really made
     loaded = sorted(m for m in mods if m.split(".")[0] in HEADLESS_ONLY or m.startswith("gpushare_tui.cli.typer_app"))
     assert loaded == []
     assert _ui_loaded(sorted(mods)) == []

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.registry.segment import Segment
 
-from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.segment import Segment
+from gpushare_tui.core.schedule import v1 as schedule
 from testkit.shm import shm_file
 
 OTHER_PID = 3_999_500

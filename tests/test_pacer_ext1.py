@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.registry.segment import Segment
 
-from gpushare_tui.core.schedule import ext1 as schedule_ext1
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.segment import Segment
+from gpushare_tui.core.schedule import ext1 as schedule_ext1
 from testkit.shm import shm_file
 
 OTHER_PID = 3_999_600

@@ -10,7 +10,7 @@ from slots import NOW, slot, snap
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.cli.once import render_table
-from gpushare_tui.core.accounting import SOURCE_COUNTER, PeerAccount
+from gpushare_tui.core.observe.accounting import SOURCE_COUNTER, PeerAccount
 from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.columns import COLUMNS
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares

@@ -10,11 +10,11 @@ import time
 
 import httpx
 import pytest
-from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import Engines
 
 from gpushare_tui.core.engines import llama_server as ls
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from gpushare_tui.core.spawn import run_argv
 from testkit.cli import run_cli
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from gpushare_tui.core.registry.segment import Segment
 from serve_env import start_serve, start_writer
 
+from gpushare_tui.core.registry.segment import Segment
 from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.remote import RemoteSource, parse_remote_url
 from testkit.cli import cli_argv
@@ -206,7 +206,7 @@ def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
     """The headless snapshot imports neither httpx nor the exporter; --remote imports httpx, and no UI."""
     Segment.create_or_attach(gpu_key).close()  # a --gpu-key that matches nothing exits 1
     r, mods = _imports("--once", "--json", "--gpu-key", gpu_key)
-    assert r.returncode == 0 and "gpushare_tui.core.snapshot" in mods
+    assert r.returncode == 0 and "gpushare_tui.core.observe.snapshot" in mods
     assert not {m.split(".")[0] for m in mods} & {"httpx", "prometheus_client", "textual"}
     r, mods = _imports("--once", "--json", "--remote", unreachable, "--no-local")
     assert r.returncode == 1 and json.loads(r.stdout)["errors"][0]["host"] == unreachable  # only an error row
@@ -216,7 +216,7 @@ def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
 def test_peer_json_round_trip_keeps_the_achieved_share() -> None:
     """A remote host's busy-based achieved share reaches the dashboard (null stays None; older hosts omit it)."""
     from gpushare_tui.core.registry import abi
-    from gpushare_tui.core.snapshot import build_gpu_snapshot
+    from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
     from gpushare_tui.dashboard.model import PeerRow
     from gpushare_tui.dashboard.remote import peer_from_json
     from gpushare_tui.dashboard.report import peer_json
@@ -236,7 +236,7 @@ def test_window_share_round_trips_and_is_computed_for_hosts_that_omit_it() -> No
     """window_pct reaches the dashboard from a gpushare-tui host; a C peer's (or an older host's) report has
     only share_pct, and the window shares come from its members' weights, as every peer computes them."""
     from gpushare_tui.core.registry import abi
-    from gpushare_tui.core.snapshot import build_gpu_snapshot
+    from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
     from gpushare_tui.dashboard.model import GpuView, PeerRow
     from gpushare_tui.dashboard.remote import gpu_from_json
     from gpushare_tui.dashboard.report import gpu_json

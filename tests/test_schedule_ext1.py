@@ -8,10 +8,11 @@ import math
 
 import ext1_reference
 import pytest
-from gpushare_tui.core.registry.abi import SlotRecord
 
-from gpushare_tui.core.schedule import v1 as schedule, ext1 as schedule_ext1
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.abi import SlotRecord
+from gpushare_tui.core.schedule import ext1 as schedule_ext1
+from gpushare_tui.core.schedule import v1 as schedule
 from testkit.paths import DATA
 
 VECTORS = json.loads((DATA / "ext1-vectors.json").read_text())
@@ -142,7 +143,7 @@ def test_busy_meter_counts_the_last_second_idle_included() -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_snapshot_shows_the_decision(case: dict) -> None:
     """What every view reads (core.snapshot) is the schedule in force, and why."""
-    from gpushare_tui.core.snapshot import build_gpu_snapshot
+    from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
 
     now, exp = case["now_us"], case["expect"]
     snap = build_gpu_snapshot("k", "/opencoti-gpu-k", _slots(case), now)

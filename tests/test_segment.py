@@ -10,9 +10,9 @@ import threading
 import time
 
 import pytest
-from gpushare_tui.core.registry.segment import Segment, SegmentError, list_segment_paths, shm_path
 
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.segment import Segment, SegmentError, list_segment_paths, shm_path
 from testkit.shm import shm_file
 
 

@@ -12,15 +12,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.registry.segment import Segment
 
-from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.control import request
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.host.errors import GpushareError
 from gpushare_tui.core.pacer import Pacer
 from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.segment import Segment
+from gpushare_tui.core.schedule import v1 as schedule
 from testkit.paths import REPO
 from testkit.shm import shm_file
 from testkit.wait import wait_for

@@ -10,11 +10,11 @@ import textwrap
 import threading
 
 import pytest
-from gpushare_tui.core.registry.abi import to_f32
 
 from gpushare_tui.core import control, spawn
 from gpushare_tui.core.declaration import SourceOptions
 from gpushare_tui.core.host.errors import GpushareError
+from gpushare_tui.core.registry.abi import to_f32
 from testkit.wait import wait_for
 
 PY = [sys.executable, "-m", "gpushare_tui"]

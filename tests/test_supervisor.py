@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from gpushare_tui.core.registry.segment import Segment, shm_path
 from llama_env import Engines, end_pid, proc_state, read_join_line
 
 from gpushare_tui.core.engines.llama_server import port_in_use
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, cli_argv_threads_at_exit, run_cli
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS

@@ -13,13 +13,13 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from gpushare_tui.core.registry.membership import Membership
 from slots import NOW, model_at, slot, snap
 
 from gpushare_tui.app import DashboardApp
-from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry import segment
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.schedule import v1 as schedule
 from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.source import FixedSource, LiveSource
 from gpushare_tui.dashboard.strobe import MIN_FRAME_US, Strobe

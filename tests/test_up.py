@@ -428,9 +428,8 @@ def test_redeclared_while_being_removed_it_restarts_instead(make_child) -> None:
 def test_a_declared_class_reaches_the_engine(start_up) -> None:
     """`class = "interactive"` (issue 20): the engine publishes INTERACTIVE and says so in `status`;
     an engine without the key is batch."""
-    from gpushare_tui.core.registry.segment import Segment, shm_path
-
     from gpushare_tui.core.registry import abi
+    from gpushare_tui.core.registry.segment import Segment, shm_path
 
     up = start_up(TWO.replace('name = "a"\n', 'name = "a"\nclass = "interactive"\n'))
     a_pid, _ = up.slot("a")

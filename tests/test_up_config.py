@@ -9,11 +9,11 @@ import textwrap
 from collections import Counter
 
 import pytest
-from gpushare_tui.core.registry.abi import WEIGHT_RULE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpushare_tui.cli import main as cli_main
+from gpushare_tui.core.registry.abi import WEIGHT_RULE
 from gpushare_tui.up import config
 from gpushare_tui.up.backoff import Backoff
 from gpushare_tui.up.lines import key_line

@@ -43,7 +43,7 @@ def resolve_key(gpu_key: str | None, gpu: int | None) -> str:
     """--gpu-key wins; else the NVML UUID of --gpu (default 0). GpuKeyError without NVML or such a GPU."""
     if gpu_key is not None:
         return abi.validate_gpu_key(gpu_key)
-    from ..core.gpu import gpu_key_for_index
+    from ..core.observe.gpu import gpu_key_for_index
 
     return gpu_key_for_index(gpu or 0)
 

@@ -176,7 +176,7 @@ def _checked(
 
 def _check_gpu_source(sources: EngineSources, key: str) -> None:
     """`--activity gpu` reads NVML for the key's device: a UsageError (exit 2) where there is none."""
-    from ..core import gpu
+    from ..core.observe import gpu
 
     if sources.activity.source == "gpu" and gpu.device_stats(key) is None:
         raise UsageError(
@@ -186,7 +186,7 @@ def _check_gpu_source(sources: EngineSources, key: str) -> None:
 
 def _gpu_busy_for(key: str):
     """NVML utilisation of a process tree when the key is a real device, else None (CPU time is used)."""
-    from ..core import gpu
+    from ..core.observe import gpu
 
     if gpu.device_stats(key) is None:
         return None

@@ -66,7 +66,7 @@ def collect(
     import socket
 
     from ..core.host.clock import wall_us
-    from ..core.snapshot import SegmentProblem
+    from ..core.observe.snapshot import SegmentProblem
     from ..dashboard.model import unmanaged_view
     from ..dashboard.report import ReportData
 
@@ -201,7 +201,7 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
     if hidden:
         lines.append(f"{hidden} segment(s) with no live peers hidden (--all shows them)")
     if data.foreign_not_shown:
-        from ..core.snapshot import foreign_not_shown_text
+        from ..core.observe.snapshot import foreign_not_shown_text
 
         lines.append(foreign_not_shown_text(data.foreign_not_shown))
     elif not hidden and not data.views and not data.errors:

@@ -743,7 +743,7 @@ def _why_unreachable(pid: int) -> str:
 def _is_registry_peer(pid: int) -> bool:
     """Whether `pid` holds a slot in any segment on this host (alive or not)."""
     from .host.clock import wall_us
-    from .snapshot import SegmentReader
+    from .observe.snapshot import SegmentReader
 
     reader = SegmentReader()
     try:

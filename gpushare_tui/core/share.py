@@ -76,7 +76,7 @@ class GpuShare:
     ) -> None:
         """`klass`: the latency class, "interactive" or "batch" (spec §7; see set_class)."""
         if gpu_key is None:
-            from .gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
+            from .observe.gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
 
             gpu_key = gpu_key_for_index(gpu or 0)
         self.klass = check_class(klass, label="klass")
@@ -295,7 +295,7 @@ class GpuShare:
 
     def status(self) -> StatusReply:
         """What the control socket's `status` answers."""
-        from .snapshot import own_peer
+        from .observe.snapshot import own_peer
 
         m = self._membership
         me = own_peer(m.key, m.read_slots(), m.slot, wall_us()) if m.slot is not None else None

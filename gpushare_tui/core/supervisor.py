@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import activity
-from .schedule import v1 as schedule, ext1 as schedule_ext1
-from .accounting import BusyFromMarks
+from .observe.accounting import BusyFromMarks
 from .control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .engines import command, health, watchdog
@@ -46,7 +45,9 @@ from .rate import StepRate
 from .registry import abi
 from .registry.membership import Membership
 from .registry.ownership import Owner
-from .snapshot import own_peer, runs_alone
+from .schedule import ext1 as schedule_ext1
+from .schedule import v1 as schedule
+from .observe.snapshot import own_peer, runs_alone
 from .spawn import Progress
 
 RECHECK_US = 20_000  # re-read the registry at least this often

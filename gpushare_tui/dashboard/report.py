@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ..core.snapshot import SegmentProblem
+from ..core.observe.snapshot import SegmentProblem
 from .model import DashboardModel, GpuView, PeerRow
 
 SCHEMA_VERSION = 1

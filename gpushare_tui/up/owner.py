@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from ..core import control
-from ..core.gpu import GpuKeyError, gpu_key_for_index
+from ..core.observe.gpu import GpuKeyError, gpu_key_for_index
 from ..core.host import budgets, paths
 from ..core.host.errors import GpushareError
 from ..core.host.lifecycle import SignalWakeup, on_signals

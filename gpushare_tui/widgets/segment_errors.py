@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from ..core.snapshot import SegmentProblem, foreign_not_shown_text
+from ..core.observe.snapshot import SegmentProblem, foreign_not_shown_text
 
 
 class SegmentErrors(Static):

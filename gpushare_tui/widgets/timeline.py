@@ -19,9 +19,9 @@ from textual.strip import Strip
 from textual.timer import Timer
 from textual.widget import Widget
 
-from ..core.schedule import v1 as schedule
 from ..core.host.clock import ClockUs, wall_us
-from ..core.snapshot import GpuSnapshot, PeerSnapshot
+from ..core.schedule import v1 as schedule
+from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot
 from ..dashboard.strobe import Strobe
 from .palette import slot_colour, slot_fill
 

@@ -16,7 +16,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from ..core.registry.abi import BadWeightError, parse_weight
 from ..core.schedule.v1 import window_shares
-from ..core.snapshot import floor_lifted
+from ..core.observe.snapshot import floor_lifted
 from ..dashboard.model import GpuView, PeerRow
 from .dialog import Dialog
 

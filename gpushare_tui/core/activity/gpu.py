@@ -1,4 +1,4 @@
-"""`gpu`: NVML per-process SM utilisation summed over the engine's process tree (core/gpu.py)."""
+"""`gpu`: NVML per-process SM utilisation summed over the engine's process tree (core/observe/gpu.py)."""
 
 from __future__ import annotations
 

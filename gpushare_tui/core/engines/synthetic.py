@@ -23,7 +23,7 @@ from ..rate import StepRate
 from ..registry import abi
 from ..registry.ownership import Owner
 from ..share import GpuShare
-from ..snapshot import runs_alone
+from ..observe.snapshot import runs_alone
 
 _BLOCK = b"\x5a" * 4096
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..snapshot import GpuSnapshot, SegmentProblem
+from ..observe.snapshot import GpuSnapshot, SegmentProblem
 
 # C0, DEL and C1 (ESC included): anything a terminal may act on instead of print.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from . import v1 as schedule
 from ..registry import abi
 from ..registry.abi import SlotRecord
+from . import v1 as schedule
 
 MODE_V1 = "v1"  # §5 unchanged (a v1 member forces it: `v1_peer`)
 MODE_EXT1 = "ext1"  # Extension 1, no member holds priority: §5 over every DEMAND member

@@ -10,8 +10,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .host.errors import GpushareError
-from .registry.abi import derive_gpu_key
+from ..host.errors import GpushareError
+from ..registry.abi import derive_gpu_key
 
 
 class GpuKeyError(GpushareError, RuntimeError):

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .energy import EnergyReading, energy_delta_j, split_energy
-from .host.clock import ClockUs, mono_us
-from .schedule.v1 import Schedule
+from ..host.clock import ClockUs, mono_us
+from ..schedule.v1 import Schedule
 from .snapshot import GpuSnapshot, PeerSnapshot
 
 SOURCE_COUNTER = "counter"

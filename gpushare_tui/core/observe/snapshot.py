@@ -8,10 +8,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .schedule import v1 as schedule, ext1 as schedule_ext1
-from .host.budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
-from .registry.abi import ALIVE_US, FLAG_DEMAND, FLAG_INTERACTIVE, SlotRecord, segment_name, weight_is_valid
-from .registry.segment import (
+from ..host.budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
+from ..registry.abi import ALIVE_US, FLAG_DEMAND, FLAG_INTERACTIVE, SlotRecord, segment_name, weight_is_valid
+from ..registry.segment import (
     Segment,
     SegmentError,
     UnknownGroupError,
@@ -20,6 +19,8 @@ from .registry.segment import (
     resolve_group,
     user_name,
 )
+from ..schedule import ext1 as schedule_ext1
+from ..schedule import v1 as schedule
 
 
 @dataclass(frozen=True)
