@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare_tui.core import control
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.schedule import v1 as schedule
 

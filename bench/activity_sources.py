@@ -34,8 +34,8 @@ from pathlib import Path
 import psutil
 
 from bench.pacing import CLI, engine_argv, llama_server_path
-from gpushare_tui.core.observe import gpu
 from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.observe import gpu
 from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.engines import engine_command
 from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad

@@ -38,7 +38,7 @@ CASES = ("share-wait", "supervisor-wait", "supervisor-idle", "supervisor-run")
 
 def child(case: str, key: str, seconds: float) -> None:
     if case == "share-wait":
-        from gpushare_tui.core.share import GpuShare
+        from gpushare_tui.core.pacing.share import GpuShare
 
         share = GpuShare(1.0, "batch", gpu_key=key, control=False).open()
         print("ready", flush=True)

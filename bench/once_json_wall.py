@@ -23,8 +23,8 @@ from pathlib import Path
 
 from gpushare_tui.cli import once_report
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.observe.snapshot import SegmentReader
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.dashboard.model import unmanaged_view
 from gpushare_tui.dashboard.report import ReportData, report_json
 

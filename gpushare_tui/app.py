@@ -24,7 +24,7 @@ from textual.reactive import var
 from textual.widgets import Footer, Static
 from textual.worker import Worker, get_current_worker
 
-from .core.control import ControlError, Target
+from .core.pacing.control import ControlError, Target
 from .core.host.clock import ClockUs, wall_us
 from .core.host.errors import GpushareError
 from .core.host.text import counted

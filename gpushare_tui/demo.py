@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .core.control import is_managed
+from .core.pacing.control import is_managed
 from .core.engines.synthetic import calibrate_units
 from .core.host.clock import wall_us
 from .core.host.errors import GpushareError

@@ -13,7 +13,7 @@ import sys
 import time
 
 from gpushare_tui.core.engines.synthetic import calibrate_units, work
-from gpushare_tui.core.share import GpuShare
+from gpushare_tui.core.pacing.share import GpuShare
 
 
 def main(argv: list[str]) -> None:

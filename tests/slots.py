@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpushare_tui.core.registry import abi
 from gpushare_tui.core.observe.snapshot import GpuSnapshot, build_gpu_snapshot
+from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 
 NOW = 1_800_000_000_000_000

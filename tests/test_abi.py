@@ -12,10 +12,10 @@ import time
 
 import pytest
 
+from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
-from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
 from testkit.shm import shm_file
 
 # -- constants and pure pack/unpack -----------------------------------------

@@ -11,7 +11,7 @@ from test_app_pilot import _row_ready, notes, start_synth, until
 from textual.widgets import Log
 
 from gpushare_tui.app import DashboardApp
-from gpushare_tui.core.control import socket_path
+from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.widgets.log_pane import FIRST_LINES, LogPane
 from gpushare_tui.widgets.peers_table import PeersTable

@@ -25,7 +25,7 @@ from textual.geometry import Region
 from textual.widgets import Input, Select, Static
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
-from gpushare_tui.core.control import socket_path
+from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.host.errors import EngineError
 from gpushare_tui.core.kinds import KIND_BY_KEY, KINDS
 from gpushare_tui.core.launcher import LaunchReply, LaunchSpec

@@ -17,8 +17,8 @@ from textual.widgets import Input
 
 from gpushare_tui.app import DashboardApp
 from gpushare_tui.core.observe.gpu import DeviceStats
-from gpushare_tui.core.registry import abi
 from gpushare_tui.core.observe.snapshot import SegmentProblem, build_gpu_snapshot
+from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 from gpushare_tui.dashboard.source import FixedSource
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from llama_env import end_pid
 
-from gpushare_tui.core import control
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.segment import Segment, shm_path
 

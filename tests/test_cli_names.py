@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpushare_tui.core.control import socket_path
+from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, run_cli
 from testkit.wait import wait_for
@@ -152,7 +152,7 @@ def test_a_name_in_an_unusable_runtime_dir_says_why(runtime_dir: str) -> None:
 
 
 def test_the_candidates_listed_are_bounded() -> None:
-    from gpushare_tui.core.control import NAMED_SHOWN_MAX, EngineRef, ManagedEntry, StatusReply, _named
+    from gpushare_tui.core.pacing.control import NAMED_SHOWN_MAX, EngineRef, ManagedEntry, StatusReply, _named
 
     entries = [ManagedEntry(EngineRef(100 + i), StatusReply(name=f"e{i}")) for i in range(NAMED_SHOWN_MAX + 5)]
     text = _named(entries)

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.observe.snapshot import SegmentReader
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.segment import Segment
-from gpushare_tui.core.observe.snapshot import SegmentReader
 from gpushare_tui.dashboard.columns import COLUMNS, legend
 from testkit.cli import cli_argv
 from testkit.shm import shm_file

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from gpushare_tui.core import control
-from gpushare_tui.core.control import ControlError, ControlServer, SignalLateness, StatusReply
+from gpushare_tui.core.pacing import control
+from gpushare_tui.core.pacing.control import ControlError, ControlServer, SignalLateness, StatusReply
 from gpushare_tui.core.host import paths
 from gpushare_tui.core.registry import abi, ownership
 from gpushare_tui.core.registry.membership import Membership
@@ -256,7 +256,7 @@ IDLE_ENGINE = os.path.join(os.path.dirname(__file__), "data", "idle_engine.py")
 def test_every_engine_kind_is_a_managed_engine(gpu_key: str, tmp_path) -> None:
     from gpushare_tui.core.engines import llama_server as ls
     from gpushare_tui.core.engines.synthetic import SynthStats, _SynthShare
-    from gpushare_tui.core.share import GpuShare
+    from gpushare_tui.core.pacing.share import GpuShare
     from gpushare_tui.core.supervisor import Supervisor
 
     args = ls.EngineArgs(("llama-server",), ls.HOST_DEFAULT, 8080, None, False)
@@ -293,7 +293,7 @@ def _check_owned(pid: int, owner: Owner, owner_r: int, kind: str, stop_state: st
 
 
 def test_owner_hooks_apply_to_a_python_engine_through_the_one_builder(gpu_key: str, runtime_dir: str) -> None:
-    from gpushare_tui.core.share import GpuShare
+    from gpushare_tui.core.pacing.share import GpuShare
 
     r, w = os.pipe()
     owner = Owner("/x/up.toml", 4242, 2.0, 1, w)

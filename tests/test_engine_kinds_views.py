@@ -10,7 +10,7 @@ from slots import NOW, slot, snap
 
 from gpushare_tui.cli import control_cmds
 from gpushare_tui.cli import main as cli_main
-from gpushare_tui.core.control import StatusReply
+from gpushare_tui.core.pacing.control import StatusReply
 from gpushare_tui.dashboard.columns import engine_text
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 from gpushare_tui.dashboard.report import ReportData, report_json

@@ -6,8 +6,8 @@ import pytest
 
 from gpushare_tui.core.declaration import DeclarationError
 from gpushare_tui.core.engines.synthetic import StatusFileError
-from gpushare_tui.core.observe.gpu import GpuKeyError
 from gpushare_tui.core.host.errors import ControlError, EngineError, GpushareError, UsageError
+from gpushare_tui.core.observe.gpu import GpuKeyError
 from gpushare_tui.core.registry.abi import BadKeyError, BadWeightError
 from gpushare_tui.core.registry.membership import RegistryFullError
 from gpushare_tui.core.registry.segment import SegmentError, UnknownGroupError

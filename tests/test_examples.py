@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare_tui.core.control import request
+from gpushare_tui.core.pacing.control import request
 from testkit.paths import REPO
 from testkit.wait import wait_for
 

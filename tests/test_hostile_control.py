@@ -21,8 +21,8 @@ import time
 import psutil
 import pytest
 
-from gpushare_tui.core import control
-from gpushare_tui.core.control import ControlError
+from gpushare_tui.core.pacing import control
+from gpushare_tui.core.pacing.control import ControlError
 from gpushare_tui.core.host import budgets
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.registry.segment import Segment

@@ -16,7 +16,7 @@ import time
 import pytest
 from up_env import UpProc, write
 
-from gpushare_tui.core import control
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.host import budgets, paths
 from gpushare_tui.core.host.errors import ControlError
 from gpushare_tui.core.spawn import spawn

@@ -13,11 +13,11 @@ import pytest
 
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.host.text import printable
-from gpushare_tui.core.pacer import Pacer
+from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
+from gpushare_tui.core.pacing.pacer import Pacer
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
-from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
 from testkit.cli import cli_argv
 from testkit.wait import read_json_file, wait_for
 

@@ -19,10 +19,10 @@ import time
 import pytest
 
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.observe.snapshot import SegmentReader
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment, SegmentError
-from gpushare_tui.core.observe.snapshot import SegmentReader
 from testkit.cli import cli_argv
 from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON
 from testkit.procs import Procs

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from gpushare_tui.core.host import budgets
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.observe.snapshot import SegmentReader, foreign_not_shown_text
 from gpushare_tui.core.registry import abi, segment
 from gpushare_tui.core.registry.membership import Membership
-from gpushare_tui.core.observe.snapshot import SegmentReader, foreign_not_shown_text
 from testkit.cli import cli_argv
 
 # A stdlib flood for the attacker's interpreter: argv dir, count, kind ("live" | "torn"), first name.

@@ -139,7 +139,7 @@ def _engine_of(launch_pid: int) -> psutil.Process | None:
 def test_a_synthetic_engine_is_launched_detached_and_ready_once_it_serves(gpu_key, runtime_dir, tmp_path, monkeypatch):
     """The synth path: a real `gpushare-tui synth` in a session of its own, `started` told at once,
     the reply once it has joined; one that exits first is an EngineError with its log's tail."""
-    from gpushare_tui.core import control
+    from gpushare_tui.core.pacing import control
     from gpushare_tui.core.declaration import SynthDecl
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpushare_tui.core.host.clock import wall_us
-from gpushare_tui.core.pacer import Pacer
+from gpushare_tui.core.pacing.pacer import Pacer
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare_tui.core.rate import StepRate
+from gpushare_tui.core.pacing.rate import StepRate
 
 
 def test_rate_is_unknown_until_a_window_completes() -> None:

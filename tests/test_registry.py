@@ -11,10 +11,10 @@ import time
 import pytest
 
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.observe.snapshot import SegmentReader
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership, RegistryFullError
 from gpushare_tui.core.registry.segment import Segment
-from gpushare_tui.core.observe.snapshot import SegmentReader
 from testkit.cli import cli_argv
 from testkit.shm import shm_file
 from testkit.wait import wait_for

@@ -215,8 +215,8 @@ def test_httpx_only_with_remote(gpu_key, unreachable) -> None:
 
 def test_peer_json_round_trip_keeps_the_achieved_share() -> None:
     """A remote host's busy-based achieved share reaches the dashboard (null stays None; older hosts omit it)."""
-    from gpushare_tui.core.registry import abi
     from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
+    from gpushare_tui.core.registry import abi
     from gpushare_tui.dashboard.model import PeerRow
     from gpushare_tui.dashboard.remote import peer_from_json
     from gpushare_tui.dashboard.report import peer_json
@@ -235,8 +235,8 @@ def test_peer_json_round_trip_keeps_the_achieved_share() -> None:
 def test_window_share_round_trips_and_is_computed_for_hosts_that_omit_it() -> None:
     """window_pct reaches the dashboard from a gpushare-tui host; a C peer's (or an older host's) report has
     only share_pct, and the window shares come from its members' weights, as every peer computes them."""
-    from gpushare_tui.core.registry import abi
     from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
+    from gpushare_tui.core.registry import abi
     from gpushare_tui.dashboard.model import GpuView, PeerRow
     from gpushare_tui.dashboard.remote import gpu_from_json
     from gpushare_tui.dashboard.report import gpu_json

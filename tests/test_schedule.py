@@ -7,10 +7,10 @@ import math
 
 import pytest
 
+from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.abi import SlotRecord
 from gpushare_tui.core.schedule import v1 as schedule
-from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
 from testkit.paths import DATA
 
 VECTORS = json.loads((DATA / "tdm-vectors.json").read_text())

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpushare_tui.core.control import request
+from gpushare_tui.core.pacing.control import request
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.host.errors import GpushareError
-from gpushare_tui.core.pacer import Pacer
+from gpushare_tui.core.pacing.pacer import Pacer
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
@@ -64,7 +64,7 @@ def test_public_import_is_lazy_and_cheap() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     before, module = json.loads(r.stdout)
-    assert module == "gpushare_tui.core.share"
+    assert module == "gpushare_tui.core.pacing.share"
     heavy = ("gpushare_tui.core", "psutil", "typer", "textual", "click")
     assert [m for m in before if m.split(".")[0] in heavy or m.startswith("gpushare_tui.core")] == []
 
@@ -297,7 +297,7 @@ def test_two_shares_in_one_process_each_have_a_socket(new_gpu_key, runtime_dir: 
     """Each is reachable (by the gpu key and slot its rows show), each closes alone; a pid with two
     engines asked without a target says which there are."""
     from gpushare_tui import GpuShare
-    from gpushare_tui.core.control import Target, socket_paths
+    from gpushare_tui.core.pacing.control import Target, socket_paths
 
     key_a, key_b = new_gpu_key("a"), new_gpu_key("b")
     pid = os.getpid()
@@ -338,7 +338,7 @@ def test_two_shares_in_one_process_each_have_a_socket(new_gpu_key, runtime_dir: 
 def test_shares_opened_at_once_in_threads_all_serve(new_gpu_key, runtime_dir: str) -> None:
     """Racing opens: no "Address already in use", no socket stolen; every one answers, and closes alone."""
     from gpushare_tui import GpuShare
-    from gpushare_tui.core.control import Target, socket_paths
+    from gpushare_tui.core.pacing.control import Target, socket_paths
 
     keys = [new_gpu_key(f"r{i}") for i in range(6)]
     shares = [GpuShare(name=f"r{i}", gpu_key=k) for i, k in enumerate(keys)]

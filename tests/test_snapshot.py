@@ -8,11 +8,11 @@ import os
 import pytest
 
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.observe.snapshot import GpuSnapshot, SegmentReader, build_gpu_snapshot, own_peer, runs_alone
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 from gpushare_tui.core.schedule import v1 as schedule
-from gpushare_tui.core.observe.snapshot import GpuSnapshot, SegmentReader, build_gpu_snapshot, own_peer, runs_alone
 from testkit.shm import shm_file
 
 NOW = 1_764_000_000_123_456

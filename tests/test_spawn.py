@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from gpushare_tui.core import control, spawn
+from gpushare_tui.core.pacing import control
+from gpushare_tui.core import spawn
 from gpushare_tui.core.declaration import SourceOptions
 from gpushare_tui.core.host.errors import GpushareError
 from gpushare_tui.core.registry.abi import to_f32

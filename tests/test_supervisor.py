@@ -208,7 +208,7 @@ def test_control_weight_and_stop(engines):
     r = run_cli("weight", str(pid), "-1")  # looks like an option: still one line, exit 2
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert engines.slot_of(pid).weight == 2.5
-    from gpushare_tui.core.control import ControlError, request
+    from gpushare_tui.core.pacing.control import ControlError, request
 
     with pytest.raises(ControlError, match="invalid weight"):
         request(pid, "set_weight", weight=float("nan"))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from gpushare_tui.cli import main as cli_main
-from gpushare_tui.core import control
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.engines import synthetic
 from gpushare_tui.core.engines.synthetic import DutyPattern
 from gpushare_tui.core.registry.abi import WEIGHT_RULE
@@ -138,7 +138,7 @@ def test_idle_spell_is_said_at_once_and_resuming_reads_unmeasured(gpu_key: str) 
     """A duty-cycled synth entering an idle spell drops `active` and busy at once (not 2 s later, while
     its tok/s already reads 0: the demo's "active, BUSY 1, TOK/S 0.0"), and on resuming its tok/s is
     unknown (None, shown "-") until a window of work completes, not the idle spell's 0."""
-    from gpushare_tui.core.share import GpuShare
+    from gpushare_tui.core.pacing.share import GpuShare
 
     share = GpuShare(1.0, "duty", gpu_key=gpu_key, control=False).open()
     stats = synthetic.SynthStats()

@@ -14,7 +14,7 @@ import pytest
 from llama_env import proc_state
 from up_env import UpProc, alive_slots, used_slots, write
 
-from gpushare_tui.core import control
+from gpushare_tui.core.pacing import control
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
 from testkit.wait import wait_for

@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from gpushare_tui.core import control
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.registry.segment import Segment, SegmentError, shm_path
 from testkit.cli import cli_argv
 from testkit.wait import wait_for

@@ -12,7 +12,7 @@ from ..core.host.errors import GpushareError, UsageError
 from ..core.registry import abi
 
 if TYPE_CHECKING:
-    from ..core.control import EngineRef
+    from ..core.pacing.control import EngineRef
 from ..dashboard import MIN_INTERVAL_S
 
 
@@ -67,7 +67,7 @@ def checked_interval(seconds: float) -> float:
 def engine_ref(engine: str, slot: int | None = None, gpu_key: str | None = None) -> EngineRef:
     """The engine an ENGINE argument names (a pid, or a managed engine's unique name:
     core/control.resolve_engine), with --slot/--gpu-key picking one of a pid's several engines."""
-    from ..core.control import Target, resolve_engine
+    from ..core.pacing.control import Target, resolve_engine
 
     given = Target(slot=slot, gpu_key=gpu_key) if slot is not None or gpu_key is not None else None
     return resolve_engine(engine, given)

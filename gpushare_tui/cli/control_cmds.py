@@ -1,4 +1,4 @@
-"""`status`, `weight`, `class`, `stop`: requests to a managed engine's control socket (core/control.py).
+"""`status`, `weight`, `class`, `stop`: requests to a managed engine's control socket (core/pacing/control.py).
 
 The engine is named by its pid or by its name (cli/common.engine_ref: one resolver for every
 command). A busy reply (every worker of the engine's socket held, e.g. by a flood of idle
@@ -24,7 +24,7 @@ VALUE_CONTEXT = {"ignore_unknown_options": True}
 
 def _ask(engine: str, cmd: str, slot: int | None, gpu_key: str | None, **args: object) -> tuple[int, dict]:
     """(the engine's pid, its reply to `cmd`)."""
-    from ..core.control import request
+    from ..core.pacing.control import request
 
     ref = engine_ref(engine, slot, gpu_key)
     reply = request(ref.pid, cmd, 3.0, target=ref.target, busy_retry_s=budgets.CONTROL_BUSY_RETRY_S, **args)
@@ -38,7 +38,7 @@ def status(
     gpu_key: str | None = EngineKeyOpt,
 ) -> None:
     """Show a managed engine's status (fields it does not know are left out)."""
-    from ..core.control import StatusReply
+    from ..core.pacing.control import StatusReply
 
     try:
         reply = StatusReply.from_json(_ask(engine, "status", slot, gpu_key)[1]).to_json()

@@ -121,7 +121,7 @@ def _start_supervisor(
     proxy: bool = True,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
-    from ..core.control import check_socket_dir
+    from ..core.pacing.control import check_socket_dir
     from ..core.engines import command
     from ..core.engines import llama_server as ls
     from ..core.host.paths import file_name_part, state_dir

@@ -19,7 +19,7 @@ from .common import engine_ref
 from .options import ENGINE_HELP, EngineKeyOpt, EngineSlotOpt, complete_engine
 
 if TYPE_CHECKING:
-    from ..core.control import Target
+    from ..core.pacing.control import Target
 
 FOLLOW_POLL_S = 0.25
 DEFAULT_LINES = 10
@@ -90,7 +90,7 @@ def parse_lines(text: str) -> int:
 def engine_log(pid: int, target: Target | None = None) -> str:
     """The log file engine `pid` (the one `target` picks, when it serves several) reports;
     ControlError if it is not managed (or not there), GpushareError if it reports none."""
-    from ..core.control import request
+    from ..core.pacing.control import request
     from ..core.host.logtail import reported_log
 
     return reported_log(pid, request(pid, "status", target=target))

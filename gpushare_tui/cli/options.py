@@ -62,7 +62,7 @@ ENGINE_HELP = (
 
 def complete_engine(incomplete: str) -> list[str]:
     """Shell completion of ENGINE: the names (and pids) of the managed engines that start so."""
-    from ..core.control import managed_engines
+    from ..core.pacing.control import managed_engines
 
     engines = managed_engines(timeout_s=0.3)
     words = [e.status.name for e in engines if e.status.name] + [str(e.ref.pid) for e in engines]

@@ -161,7 +161,7 @@ def _launch_synth(
     """`gpushare-tui synth` detached (its own session, its output to a log in the state directory),
     ready once it serves its control socket (it has joined then); EngineError with its log's tail
     if it exits first or is not ready within SYNTH_READY_TIMEOUT_S (it is stopped then)."""
-    from . import control
+    from .pacing import control
     from .host.logtail import tail_text
 
     name = spec.name or SYNTH_NAME

@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import activity
-from .observe.accounting import BusyFromMarks
-from .control import ControlServer, SignalLateness, StatusReply, control_handlers
+from .pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .engines import command, health, watchdog
 from .engines import llama_server as ls
@@ -40,14 +39,15 @@ from .host import paths
 from .host.clock import mono_us, wall_us
 from .host.errors import EngineError
 from .host.text import counted
-from .pacer import BUSY_WINDOW_US, RegistryReader
-from .rate import StepRate
+from .observe.accounting import BusyFromMarks
+from .observe.snapshot import own_peer, runs_alone
+from .pacing.pacer import BUSY_WINDOW_US, RegistryReader
+from .pacing.rate import StepRate
 from .registry import abi
 from .registry.membership import Membership
 from .registry.ownership import Owner
 from .schedule import ext1 as schedule_ext1
 from .schedule import v1 as schedule
-from .observe.snapshot import own_peer, runs_alone
 from .spawn import Progress
 
 RECHECK_US = 20_000  # re-read the registry at least this often

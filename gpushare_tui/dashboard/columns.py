@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.observe.accounting import SOURCE_BUSY_PPM
-from ..core.pacer import BUSY_WINDOW_US
-from ..core.rate import RATE_WINDOW_S
+from ..core.observe.snapshot import GpuSnapshot
+from ..core.pacing.pacer import BUSY_WINDOW_US
+from ..core.pacing.rate import RATE_WINDOW_S
 from ..core.registry.abi import ACTIVITY_WINDOW_US, ALIVE_US
 from ..core.schedule.v1 import SHARE_FLOOR
-from ..core.observe.snapshot import GpuSnapshot
 from .model import EngineInfo, PeerRow
 
 if TYPE_CHECKING:

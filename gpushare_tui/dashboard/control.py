@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..core import control
+from ..core.pacing import control
 
 
 class ControlClient(Protocol):

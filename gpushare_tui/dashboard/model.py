@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from ..core.pacing.control import SignalLateness
 from ..core.observe.accounting import GpuAccount, PeerAccount
-from ..core.control import SignalLateness
 from ..core.observe.gpu import DeviceStats
-from ..core.registry.abi import to_f32
 from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
+from ..core.registry.abi import to_f32
 
 
 @dataclass(frozen=True)

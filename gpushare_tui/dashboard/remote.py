@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ..core.observe.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, GpuAccount, PeerAccount, owner_key
 from ..core.host.budgets import (
     REMOTE_DEADLINE_S,
     REMOTE_MAX_ERRORS,
@@ -34,9 +33,10 @@ from ..core.host.budgets import (
 )
 from ..core.host.errors import GpushareError, UsageError
 from ..core.host.text import printable, printable_gpu
+from ..core.observe.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, GpuAccount, PeerAccount, owner_key
+from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, window_pcts
 from ..core.registry import abi
 from ..core.schedule.v1 import PERIOD_MAX_MS, PERIOD_MIN_MS
-from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, window_pcts
 from .model import DashboardModel, GpuView, unmanaged_view
 
 TIMEOUT_S = REMOTE_DEADLINE_S  # the name callers know

@@ -14,7 +14,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core import control, spawn
+from ..core.pacing import control
+from ..core import spawn
 from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
 from ..core.registry.ownership import ENV, STOP_EVENT, Owner

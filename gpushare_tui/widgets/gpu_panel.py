@@ -6,9 +6,9 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
-from ..core.observe.gpu import DeviceStats
 from ..core.host.clock import ClockUs, wall_us
 from ..core.host.text import counted
+from ..core.observe.gpu import DeviceStats
 from ..core.observe.snapshot import GpuSnapshot
 from ..dashboard.columns import schedule_note
 from ..dashboard.model import GpuView

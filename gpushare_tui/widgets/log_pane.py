@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import Label, Log, Static
 
-from ..core.control import Target
+from ..core.pacing.control import Target
 from ..core.host.errors import GpushareError
 from ..core.host.logtail import LogFollower, display_line, reported_log
 from ..core.host.text import printable

@@ -20,8 +20,8 @@ from textual.timer import Timer
 from textual.widget import Widget
 
 from ..core.host.clock import ClockUs, wall_us
-from ..core.schedule import v1 as schedule
 from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot
+from ..core.schedule import v1 as schedule
 from ..dashboard.strobe import Strobe
 from .palette import slot_colour, slot_fill
 

@@ -14,9 +14,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Static
 
+from ..core.observe.snapshot import floor_lifted
 from ..core.registry.abi import BadWeightError, parse_weight
 from ..core.schedule.v1 import window_shares
-from ..core.observe.snapshot import floor_lifted
 from ..dashboard.model import GpuView, PeerRow
 from .dialog import Dialog
 

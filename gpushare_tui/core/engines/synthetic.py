@@ -13,17 +13,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..control import StatusReply
+from ..pacing.control import StatusReply
 from ..host import paths
 from ..host.clock import mono_us
 from ..host.errors import GpushareError
 from ..host.lifecycle import exit_on_termination, termination_deferred
 from ..host.text import counted
-from ..rate import StepRate
+from ..observe.snapshot import runs_alone
+from ..pacing.rate import StepRate
 from ..registry import abi
 from ..registry.ownership import Owner
-from ..share import GpuShare
-from ..observe.snapshot import runs_alone
+from ..pacing.share import GpuShare
 
 _BLOCK = b"\x5a" * 4096
 

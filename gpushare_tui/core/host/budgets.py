@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..registry.abi import SLOT_COUNT
 
-# -- control sockets (core/control.py) --------------------------------------------------------
+# -- control sockets (core/pacing/control.py) --------------------------------------------------------
 
 # A client of the control socket writes its one request line right after connecting; even a
 # loaded 2-core box delivers it within milliseconds. A connection that sends nothing holds one of

@@ -35,7 +35,7 @@ class LogError(GpushareError):
 def reported_log(pid: int, status: dict) -> str:
     """The log file named in engine `pid`'s `status` reply; GpushareError if it names none
     (a synthetic engine whose output goes to a terminal or a pipe)."""
-    from ..control import StatusReply
+    from ..pacing.control import StatusReply
 
     log = StatusReply.from_json(status).log
     if not log:

@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .energy import EnergyReading, energy_delta_j, split_energy
 from ..host.clock import ClockUs, mono_us
 from ..schedule.v1 import Schedule
+from .energy import EnergyReading, energy_delta_j, split_energy
 from .snapshot import GpuSnapshot, PeerSnapshot
 
 SOURCE_COUNTER = "counter"

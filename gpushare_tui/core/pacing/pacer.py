@@ -6,14 +6,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .observe.accounting import in_window_us
-from .host.clock import ClockUs, mono_us, wall_us
-from .registry import abi
-from .registry.abi import SlotRecord
-from .registry.membership import Membership
-from .registry.segment import Segment
-from .schedule import ext1 as schedule_ext1
-from .schedule import v1 as schedule
+from ..host.clock import ClockUs, mono_us, wall_us
+from ..observe.accounting import in_window_us
+from ..registry import abi
+from ..registry.abi import SlotRecord
+from ..registry.membership import Membership
+from ..registry.segment import Segment
+from ..schedule import ext1 as schedule_ext1
+from ..schedule import v1 as schedule
 
 BUSY_WINDOW_US = 1_000_000  # busy_ppm is the busy fraction over consecutive windows this long (pacer and supervisor)
 BUSY_EARLY_US = 200_000  # after resuming from idle, the first this-long part of the window is published at once

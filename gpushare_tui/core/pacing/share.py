@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from .control import ControlServer, StatusReply, control_handlers, socket_path
-from .declaration import check_class
-from .host.clock import mono_us, wall_us
-from .host.lifecycle import termination_deferred
+from ..declaration import check_class
+from ..host.clock import mono_us, wall_us
+from ..host.lifecycle import termination_deferred
 from .pacer import Pacer
-from .registry.membership import Membership
-from .registry.ownership import Owner
+from ..registry.membership import Membership
+from ..registry.ownership import Owner
 
 RATE_WINDOW_S = 1.0  # pace() calls are counted over windows this long for `steps_per_s`
 SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms;
@@ -76,7 +76,7 @@ class GpuShare:
     ) -> None:
         """`klass`: the latency class, "interactive" or "batch" (spec §7; see set_class)."""
         if gpu_key is None:
-            from .observe.gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
+            from ..observe.gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
 
             gpu_key = gpu_key_for_index(gpu or 0)
         self.klass = check_class(klass, label="klass")
@@ -295,7 +295,7 @@ class GpuShare:
 
     def status(self) -> StatusReply:
         """What the control socket's `status` answers."""
-        from .observe.snapshot import own_peer
+        from ..observe.snapshot import own_peer
 
         m = self._membership
         me = own_peer(m.key, m.read_slots(), m.slot, wall_us()) if m.slot is not None else None

@@ -34,12 +34,12 @@ from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
-from .declaration import check_class
-from .host import budgets
-from .host.errors import ControlError, GpushareError, UsageError
-from .host.paths import runtime_dir, runtime_dir_path, unlink_in
-from .registry.abi import parse_weight
-from .registry.ownership import Owner
+from ..declaration import check_class
+from ..host import budgets
+from ..host.errors import ControlError, GpushareError, UsageError
+from ..host.paths import runtime_dir, runtime_dir_path, unlink_in
+from ..registry.abi import parse_weight
+from ..registry.ownership import Owner
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = budgets.CONTROL_REQUEST_READ_S
@@ -233,7 +233,7 @@ Handler = Callable[[dict], dict]
 @runtime_checkable
 class ManagedEngine(Protocol):
     """What a control socket serves: a supervised llama-server (core/supervisor.py), a Python
-    engine (core/share.py's GpuShare) or a synthetic one (core/engines/synthetic.py)."""
+    engine (core/pacing/share.py's GpuShare) or a synthetic one (core/engines/synthetic.py)."""
 
     klass: str  # its latency class, "interactive" | "batch" (the status reply's `class`)
 
@@ -651,7 +651,7 @@ def resolve_engine(text: str, target: Target | None = None, *, timeout_s: float 
     several are, listing them. The names compared and listed are untrusted text (printable)."""
     if text.isascii() and text.isdigit():
         return EngineRef(int(text), target)
-    from .host.text import printable
+    from ..host.text import printable
 
     runtime_dir()  # an unusable runtime directory: its own one line, not "no engine named ..."
     engines = managed_engines(timeout_s)
@@ -713,7 +713,7 @@ NAMED_SHOWN_MAX = 20  # engines listed in one error line; the rest are counted
 def _named(entries: list[ManagedEntry]) -> str:
     """`chat=123, batch=456` (a name printable; `?` for an engine that reports none), at most
     NAMED_SHOWN_MAX of them, then `and N more`."""
-    from .host.text import printable
+    from ..host.text import printable
 
     shown = [f"{printable(e.status.name) if e.status.name else '?'}={e.ref.pid}" for e in entries[:NAMED_SHOWN_MAX]]
     more = len(entries) - NAMED_SHOWN_MAX
@@ -742,8 +742,8 @@ def _why_unreachable(pid: int) -> str:
 
 def _is_registry_peer(pid: int) -> bool:
     """Whether `pid` holds a slot in any segment on this host (alive or not)."""
-    from .host.clock import wall_us
-    from .observe.snapshot import SegmentReader
+    from ..host.clock import wall_us
+    from ..observe.snapshot import SegmentReader
 
     reader = SegmentReader()
     try:
