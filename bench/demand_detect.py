@@ -1,6 +1,6 @@
 """How to know a llama-server's work in flight (spec §7 DEMAND) within a few ms of a request's arrival and end:
 probing its /metrics fast (requests_processing > 0), or a front proxy on its public port that sees each
-request start and finish (gpushare_tui/core/front_proxy.py). Both against one real llama-server.
+request start and finish (gpushare_tui/core/engines/front_proxy.py). Both against one real llama-server.
 
     python -m bench.demand_detect [--trials 8] [--cadences 5,10,20,50] [--idle-s 3] [--n-predict 64]
 
@@ -23,7 +23,7 @@ Measured here, 2026-12-02 (2 cores shared with 7 other engineers' jobs: load ave
 Probing is answered by the engine's inference loop between batches, so a busy engine answers late (start
 tails of 0.3-1 s) and every probe costs decode throughput; a stopped (SIGSTOP) engine answers nothing at
 all. The proxy sees a request the moment its head arrives, even while the engine is stopped, costs nothing
-while idle, and gives exact per-request timings: it is the choice (core/front_proxy.py).
+while idle, and gives exact per-request timings: it is the choice (core/engines/front_proxy.py).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import httpx
 import psutil
 
 from bench.pacing import end, llama_server_path, start_plain
+from gpushare_tui.core.engines.front_proxy import FrontProxy
 from gpushare_tui.core.engines.llama_server import parse_metrics
-from gpushare_tui.core.front_proxy import FrontProxy
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent

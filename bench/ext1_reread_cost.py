@@ -47,7 +47,7 @@ def child(case: str, key: str, seconds: float) -> None:
             share.pace(1000)  # waits while the priority member holds the device
         share.close()
         return
-    from gpushare_tui.core.supervisor import Supervisor
+    from gpushare_tui.core.engines.supervisor import Supervisor
 
     engine = subprocess.Popen(["sleep", str(seconds + 30)], start_new_session=True)
     sup = Supervisor(

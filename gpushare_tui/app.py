@@ -24,10 +24,10 @@ from textual.reactive import var
 from textual.widgets import Footer, Static
 from textual.worker import Worker, get_current_worker
 
-from .core.pacing.control import ControlError, Target
 from .core.host.clock import ClockUs, wall_us
 from .core.host.errors import GpushareError
 from .core.host.text import counted
+from .core.pacing.control import ControlError, Target
 from .core.registry.abi import to_f32
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.columns import fmt_age

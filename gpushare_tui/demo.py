@@ -26,14 +26,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .core.pacing.control import is_managed
+from .core.engines.spawn import spawn, synth_argv
 from .core.engines.synthetic import calibrate_units
 from .core.host.clock import wall_us
 from .core.host.errors import GpushareError
 from .core.host.lifecycle import on_signals
 from .core.host.logtail import tail_text
+from .core.pacing.control import is_managed
 from .core.registry.segment import Segment, SegmentError, shm_path
-from .core.spawn import spawn, synth_argv
 
 # (name, weight, --busy-idle): a little idle/busy variation so the plots move.
 DEMO_ENGINES: tuple[tuple[str, float, str | None], ...] = (

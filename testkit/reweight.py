@@ -108,11 +108,11 @@ def pacer_share(key: str, seconds: float, step_s: float = 0.002, attacker: bool 
 
 
 class _TimedSupervisor:
-    """A Supervisor (core/supervisor.py) pacing a spinning child, counting the time it is continued."""
+    """A Supervisor (core/engines/supervisor.py) pacing a spinning child, counting the time it is continued."""
 
     def __init__(self, key: str) -> None:
         from gpushare_tui.core.engines import llama_server as ls
-        from gpushare_tui.core.supervisor import Supervisor
+        from gpushare_tui.core.engines.supervisor import Supervisor
 
         outer = self
 

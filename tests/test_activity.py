@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpushare_tui.core.activity import EngineActivity
+from gpushare_tui.core.engines.activity import EngineActivity
 from gpushare_tui.core.registry import abi
 
 S = 1_000_000  # µs

@@ -1,4 +1,4 @@
-"""Activity and health sources (core/activity/, core/engines/health.py) one unit at a time, and the one
+"""Activity and health sources (core/engines/activity/, core/engines/health.py) one unit at a time, and the one
 resolution of an engine's options (declaration.resolve_sources)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psutil
 import pytest
 
-from gpushare_tui.core.activity import CpuMeter, ProcessTree, Tick, make_source
-from gpushare_tui.core.activity.cpu import CpuActivity
-from gpushare_tui.core.activity.metrics import GaugeActivity, gauge_value
-from gpushare_tui.core.declaration import (
+from gpushare_tui.core.engines.activity import CpuMeter, ProcessTree, Tick, make_source
+from gpushare_tui.core.engines.activity.cpu import CpuActivity
+from gpushare_tui.core.engines.activity.metrics import GaugeActivity, gauge_value
+from gpushare_tui.core.engines.declaration import (
     ActivitySpec,
     DeclarationError,
     HealthSpec,

@@ -25,10 +25,10 @@ from textual.geometry import Region
 from textual.widgets import Input, Select, Static
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
-from gpushare_tui.core.pacing.control import socket_path
+from gpushare_tui.core.engines.kinds import KIND_BY_KEY, KINDS
+from gpushare_tui.core.engines.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.host.errors import EngineError
-from gpushare_tui.core.kinds import KIND_BY_KEY, KINDS
-from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
+from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.registry import abi, segment
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
@@ -842,7 +842,7 @@ BAD_KIND_VALUES = {
 
 
 def test_the_form_renders_every_kind_of_core_kinds_and_shows_its_errors_inline(gpu_key, tmp_path):
-    """Each kind of core/kinds.py is offered; selecting it shows its fields (a closed set as a
+    """Each kind of core/engines/kinds.py is offered; selecting it shows its fields (a closed set as a
     selector) and the common ones (the class: a selector, batch); a bad value is shown at its field
     and nothing is started."""
     calls: list[LaunchSpec] = []

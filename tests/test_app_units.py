@@ -8,9 +8,9 @@ import pytest
 from slots import NOW, slot, snap
 
 from gpushare_tui.app import nudged_weight
-from gpushare_tui.core.declaration import SourceOptions, SynthDecl
-from gpushare_tui.core.kinds import KINDS
-from gpushare_tui.core.launcher import LaunchReply, LaunchSpec
+from gpushare_tui.core.engines.declaration import SourceOptions, SynthDecl
+from gpushare_tui.core.engines.kinds import KINDS
+from gpushare_tui.core.engines.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.columns import COLUMNS, FLOOR_MARK, GAP, NAME_KEEP, NAME_WIDTH, fit_columns, legend
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
@@ -266,7 +266,7 @@ def test_validate_launch_of_a_synthetic_engine_checks_its_fields_in_core_declara
 
 
 def test_the_form_renders_core_kinds_table():
-    """The form composes every core/kinds.py kind's fields once by key (vllm/sglang/tgi/command share
+    """The form composes every core/engines/kinds.py kind's fields once by key (vllm/sglang/tgi/command share
     `command`), then the common ones; it keeps no table of its own."""
     keys = [f.key for f in FIELDS]
     assert len(keys) == len(set(keys)) and keys[-4:] == ["weight", "class", "name", "gpu_key"]

@@ -224,7 +224,7 @@ def test_engine_port_out_of_range_is_one_line_exit_2(
 def test_engine_declaration_errors_are_one_line_exit_2(
     command: str, args: list[str], line: str, engine_declared, gpu_key: str, runtime_dir: str, tmp_path, cli
 ) -> None:
-    """run and launch check the whole declaration (core/declaration.py) before anything is started."""
+    """run and launch check the whole declaration (core/engines/declaration.py) before anything is started."""
     marker, model = engine_declared
     r = cli(command, "--gpu-key", gpu_key, *(a.replace("{model}", model) for a in args), cwd=tmp_path, timeout=60)
     assert (r.returncode, r.stdout) == (2, ""), r.stderr

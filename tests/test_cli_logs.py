@@ -16,8 +16,8 @@ import pytest
 from llama_env import end_pid
 from up_env import UpProc, write
 
-from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.host.paths import up_log_path
+from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment, shm_path
 from gpushare_tui.demo import start_demo, stop_demo

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
+from gpushare_tui.core.host import paths
 from gpushare_tui.core.pacing import control
 from gpushare_tui.core.pacing.control import ControlError, ControlServer, SignalLateness, StatusReply
-from gpushare_tui.core.host import paths
 from gpushare_tui.core.registry import abi, ownership
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.ownership import Owner
@@ -255,9 +255,9 @@ IDLE_ENGINE = os.path.join(os.path.dirname(__file__), "data", "idle_engine.py")
 
 def test_every_engine_kind_is_a_managed_engine(gpu_key: str, tmp_path) -> None:
     from gpushare_tui.core.engines import llama_server as ls
+    from gpushare_tui.core.engines.supervisor import Supervisor
     from gpushare_tui.core.engines.synthetic import SynthStats, _SynthShare
     from gpushare_tui.core.pacing.share import GpuShare
-    from gpushare_tui.core.supervisor import Supervisor
 
     args = ls.EngineArgs(("llama-server",), ls.HOST_DEFAULT, 8080, None, False)
     engines = [

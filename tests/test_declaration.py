@@ -1,4 +1,4 @@
-"""core/declaration.py: the one validator of engine declarations, and its callers agreeing with it."""
+"""core/engines/declaration.py: the one validator of engine declarations, and its callers agreeing with it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import unicodedata
 
 import pytest
 
-from gpushare_tui.core import declaration
-from gpushare_tui.core.declaration import DeclarationError, EngineDecl, SynthDecl
+from gpushare_tui.core.engines import declaration
+from gpushare_tui.core.engines.declaration import DeclarationError, EngineDecl, SynthDecl
 from gpushare_tui.core.host.errors import UsageError
 from gpushare_tui.core.registry import abi
 from gpushare_tui.up import config

@@ -205,8 +205,8 @@ def test_demo_engines_die_with_a_killed_demo(runtime_dir):
 def test_engines_launched_in_the_demo_end_with_it_even_through_the_janitor(runtime_dir, tmp_path, monkeypatch, how):
     """What the dashboard's form starts in the demo (Demo.adopt) ends with the demo: by stop_demo, and
     by the janitor once the demo is gone (EOF on its pipe), with its log and the segment removed."""
-    from gpushare_tui.core.declaration import SynthDecl
-    from gpushare_tui.core.launcher import LaunchSpec, launch_detached
+    from gpushare_tui.core.engines.declaration import SynthDecl
+    from gpushare_tui.core.engines.launcher import LaunchSpec, launch_detached
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     key = unique_key("demo")

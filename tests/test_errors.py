@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare_tui.core.declaration import DeclarationError
+from gpushare_tui.core.engines.declaration import DeclarationError
 from gpushare_tui.core.engines.synthetic import StatusFileError
 from gpushare_tui.core.host.errors import ControlError, EngineError, GpushareError, UsageError
 from gpushare_tui.core.observe.gpu import GpuKeyError

@@ -1,4 +1,4 @@
-"""core/front_proxy.py: requests pass through unchanged, and DEMAND rises when the first request in flight
+"""core/engines/front_proxy.py: requests pass through unchanged, and DEMAND rises when the first request in flight
 arrives and falls when the last response ends (Content-Length, chunked streaming, close-delimited); bad
 framing closes the connection; a real llama-server streams through it."""
 
@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from gpushare_tui.core.front_proxy import MAX_HEAD_BYTES, FrontProxy, ProxyError, _ChunkedEnd, _Framing
+from gpushare_tui.core.engines.front_proxy import MAX_HEAD_BYTES, FrontProxy, ProxyError, _ChunkedEnd, _Framing
 from testkit.wait import wait_for
 
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.gc import NEW_GRACE_S, judge, remove_if_garbage
 from testkit.cli import cli_argv, run_cli

@@ -15,11 +15,11 @@ from slots import NOW, slot
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 from gpushare_tui.cli.once import render_table
-from gpushare_tui.core.pacing.control import SignalLateness
 from gpushare_tui.core.observe.accounting import GpuAccount, GpuAccountant
 from gpushare_tui.core.observe.energy import nvml_reading
 from gpushare_tui.core.observe.gpu import DeviceStats
 from gpushare_tui.core.observe.snapshot import GpuSnapshot, SegmentProblem, build_gpu_snapshot
+from gpushare_tui.core.pacing.control import SignalLateness
 from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares, unmanaged_view
 from gpushare_tui.dashboard.remote import gpu_from_json

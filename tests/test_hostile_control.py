@@ -21,10 +21,10 @@ import time
 import psutil
 import pytest
 
-from gpushare_tui.core.pacing import control
-from gpushare_tui.core.pacing.control import ControlError
 from gpushare_tui.core.host import budgets
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.pacing import control
+from gpushare_tui.core.pacing.control import ControlError
 from gpushare_tui.core.registry.segment import Segment
 from gpushare_tui.demo import start_demo, stop_demo
 from testkit.cli import cli_argv

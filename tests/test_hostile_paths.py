@@ -16,10 +16,10 @@ import time
 import pytest
 from up_env import UpProc, write
 
-from gpushare_tui.core.pacing import control
+from gpushare_tui.core.engines.spawn import spawn
 from gpushare_tui.core.host import budgets, paths
 from gpushare_tui.core.host.errors import ControlError
-from gpushare_tui.core.spawn import spawn
+from gpushare_tui.core.pacing import control
 from gpushare_tui.up import config
 from testkit.cli import run_cli
 from testkit.other_user import OTHER_UID

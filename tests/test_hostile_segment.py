@@ -372,7 +372,7 @@ def test_unknown_share_group_is_a_usage_error(cli, gpu_key: str, cmd: str) -> No
 @pytest.mark.slow
 def test_launch_passes_the_share_group_on_to_run(monkeypatch, tmp_path) -> None:
     from gpushare_tui.cli import main
-    from gpushare_tui.core import launcher
+    from gpushare_tui.core.engines import launcher
 
     spawned: list[list[str]] = []
 

@@ -1,4 +1,4 @@
-"""core/kinds.py: the launch form's table of engine kinds, and the declaration its values make."""
+"""core/engines/kinds.py: the launch form's table of engine kinds, and the declaration its values make."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from gpushare_tui.core import declaration
-from gpushare_tui.core.declaration import DeclarationError
-from gpushare_tui.core.kinds import KIND_BY_KEY, KINDS, kind_engine
+from gpushare_tui.core.engines import declaration
+from gpushare_tui.core.engines.declaration import DeclarationError
+from gpushare_tui.core.engines.kinds import KIND_BY_KEY, KINDS, kind_engine
 
 
 def test_the_table_offers_every_declarable_kind_once() -> None:
@@ -69,10 +69,13 @@ def test_bad_values_name_their_field(kind, values, field, needle) -> None:
 
 
 def test_the_table_is_ui_free_and_the_forms_only_one() -> None:
-    """core/kinds.py imports no UI; the launch form renders it and keeps no table of its own."""
+    """core/engines/kinds.py imports no UI; the launch form renders it and keeps no table of its own."""
     import subprocess
 
-    code = "import sys, gpushare_tui.core.kinds; sys.exit(any(m.split('.')[0] == 'textual' for m in sys.modules))"
+    code = (
+        "import sys, gpushare_tui.core.engines.kinds; "
+        "sys.exit(any(m.split('.')[0] == 'textual' for m in sys.modules))"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
     from gpushare_tui.widgets import launch_form
 

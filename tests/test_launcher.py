@@ -1,4 +1,4 @@
-"""core/launcher.py: the detached supervisor's command line and the notice it answers on."""
+"""core/engines/launcher.py: the detached supervisor's command line and the notice it answers on."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpushare_tui.core import launcher
+from gpushare_tui.core.engines import launcher
+from gpushare_tui.core.engines.launcher import LaunchReply, LaunchSpec, launch_detached
 from gpushare_tui.core.host.errors import EngineError, GpushareError, UsageError
-from gpushare_tui.core.launcher import LaunchReply, LaunchSpec, launch_detached
 from testkit.cli import cli_argv
 from testkit.wait import wait_for
 
@@ -139,8 +139,8 @@ def _engine_of(launch_pid: int) -> psutil.Process | None:
 def test_a_synthetic_engine_is_launched_detached_and_ready_once_it_serves(gpu_key, runtime_dir, tmp_path, monkeypatch):
     """The synth path: a real `gpushare-tui synth` in a session of its own, `started` told at once,
     the reply once it has joined; one that exits first is an EngineError with its log's tail."""
+    from gpushare_tui.core.engines.declaration import SynthDecl
     from gpushare_tui.core.pacing import control
-    from gpushare_tui.core.declaration import SynthDecl
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     told: list[tuple[int, str]] = []

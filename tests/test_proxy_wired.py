@@ -1,4 +1,5 @@
-"""A supervised llama-server behind the front proxy (core/front_proxy.py, wired in core/supervisor.py): the
+"""A supervised llama-server behind the front proxy (core/engines/front_proxy.py, wired in
+core/engines/supervisor.py): the
 engine listens on an internal port, the proxy on the public one, and DEMAND (spec §7) follows each request's
 start and end within ms; `--no-proxy` serves the engine's port directly, DEMAND then from /metrics probes."""
 
@@ -13,9 +14,9 @@ import pytest
 from llama_env import Engines
 
 from gpushare_tui.core.engines import llama_server as ls
+from gpushare_tui.core.engines.spawn import run_argv
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.segment import Segment, shm_path
-from gpushare_tui.core.spawn import run_argv
 from testkit.cli import run_cli
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
 

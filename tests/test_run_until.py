@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpushare_tui.core.engines.supervisor import STOP_LEAD_US, run_until
 from gpushare_tui.core.schedule import v1 as schedule
-from gpushare_tui.core.supervisor import STOP_LEAD_US, run_until
 
 BASE_US = 1_800_000_000_000_000 - 1_800_000_000_000_000 % 120_000  # a period boundary
 SCHED = schedule.build_schedule([(0, 2.0), (1, 1.0)])  # period 120 ms: slot 0 [0, 80) ms, slot 1 [80, 120) ms

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpushare_tui.core.pacing.control import request
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.host.errors import GpushareError
+from gpushare_tui.core.pacing.control import request
 from gpushare_tui.core.pacing.pacer import Pacer
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership

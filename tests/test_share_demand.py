@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
+from gpushare_tui.core.pacing.share import DEMAND_TIMEOUT_S, GpuShare
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
-from gpushare_tui.core.pacing.share import DEMAND_TIMEOUT_S, GpuShare
 from testkit.shm import shm_file
 
 

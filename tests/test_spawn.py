@@ -1,4 +1,4 @@
-"""core/spawn.py: the one way gpushare-tui starts its own processes: command lines (numbers
+"""core/engines/spawn.py: the one way gpushare-tui starts its own processes: command lines (numbers
 written losslessly), the child's session and log, death with the parent, the --notify-fd notice."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from gpushare_tui.core.pacing import control
-from gpushare_tui.core import spawn
-from gpushare_tui.core.declaration import SourceOptions
+from gpushare_tui.core.engines import spawn
+from gpushare_tui.core.engines.declaration import SourceOptions
 from gpushare_tui.core.host.errors import GpushareError
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.registry.abi import to_f32
 from testkit.wait import wait_for
 
@@ -90,7 +90,7 @@ def test_the_child_dies_with_its_parent(procs, tmp_path) -> None:
     """)
     middle = textwrap.dedent(f"""
         import signal, sys, time
-        from gpushare_tui.core.spawn import spawn
+        from gpushare_tui.core.engines.spawn import spawn
         p = spawn([sys.executable, "-c", {child!r}], {str(tmp_path / "child.log")!r}, parent_death=signal.SIGTERM)
         print(p.pid, flush=True)
         time.sleep(60)

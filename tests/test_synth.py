@@ -12,9 +12,9 @@ import time
 import pytest
 
 from gpushare_tui.cli import main as cli_main
-from gpushare_tui.core.pacing import control
 from gpushare_tui.core.engines import synthetic
 from gpushare_tui.core.engines.synthetic import DutyPattern
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.registry.abi import WEIGHT_RULE
 from gpushare_tui.core.registry.segment import Segment
 from testkit.cli import cli_argv, cli_argv_threads_at_exit

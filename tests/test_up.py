@@ -15,8 +15,8 @@ import time
 import pytest
 from up_env import UpProc, alive_slots, used_slots, write
 
-from gpushare_tui.core.pacing import control
 from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.pacing import control
 from gpushare_tui.up import config as up_config
 from gpushare_tui.up.child import GIVE_UP_AT, PREDECESSORS, Child, IllegalTransition, State
 from testkit.cli import run_cli

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare_tui.core import declaration, spawn
-from gpushare_tui.core.declaration import ActivitySpec, DeclarationError, HealthSpec, SourceOptions, parse_engine
+from gpushare_tui.core.engines import declaration, spawn
+from gpushare_tui.core.engines.declaration import (
+    ActivitySpec,
+    DeclarationError,
+    HealthSpec,
+    SourceOptions,
+    parse_engine,
+)
 from testkit.cli import run_cli
 from testkit.engines import engine_command
 

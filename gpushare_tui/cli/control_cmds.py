@@ -11,7 +11,7 @@ import json
 
 import typer
 
-from ..core.declaration import LATENCY_CLASSES, check_class
+from ..core.engines.declaration import LATENCY_CLASSES, check_class
 from ..core.host import budgets
 from ..core.host.errors import GpushareError
 from ..core.registry.abi import WEIGHT_RULE, parse_weight

@@ -1,4 +1,4 @@
-"""Supervised engines: `run` (in the foreground) and `launch` (detached, core/launcher.py)."""
+"""Supervised engines: `run` (in the foreground) and `launch` (detached, core/engines/launcher.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import typer
 
-from ..core.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
+from ..core.engines.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
 from ..core.host.errors import GpushareError, UsageError
 from .common import ExitCode, WaitProgress, checked_group, error_line, resolve_key
 from .options import (
@@ -78,8 +78,8 @@ def run(
 
     While the engine loads it says what it waits for every few seconds (on a terminal), and once
     when the engine is ready."""
+    from ..core.engines.spawn import notify_failed, notify_ready
     from ..core.host.lifecycle import on_signals
-    from ..core.spawn import notify_failed, notify_ready
 
     # First of all: from here on a SIGTERM/SIGINT/SIGHUP stops us in order (nothing started, or the
     # engine ended and the slot left), never kills us half-way.
@@ -121,12 +121,12 @@ def _start_supervisor(
     proxy: bool = True,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
-    from ..core.pacing.control import check_socket_dir
     from ..core.engines import command
     from ..core.engines import llama_server as ls
+    from ..core.engines.supervisor import Supervisor
     from ..core.host.paths import file_name_part, state_dir
+    from ..core.pacing.control import check_socket_dir
     from ..core.registry.ownership import Owner
-    from ..core.supervisor import Supervisor
 
     share_group = checked_group(share_group)
     klass = check_class(klass, label="--class")
@@ -166,7 +166,7 @@ def _start_supervisor(
 def _checked(
     engine_argv: list[str], weight: str, name: str | None, load_timeout: float, opts: SourceOptions
 ) -> tuple[float, EngineSources]:
-    """The weight and sources of the engine to start, once its declaration is valid (core/declaration.py);
+    """The weight and sources of the engine to start, once its declaration is valid (core/engines/declaration.py);
     else its first problem, a UsageError (one line, exit 2), before anything is started."""
     if not engine_argv:
         raise UsageError(NO_ENGINE)
@@ -219,7 +219,7 @@ def launch(
 
     While the model loads it says what it waits for every few seconds (on a terminal), and once
     when the engine is ready (on stderr: --json's stdout stays one object)."""
-    from ..core.launcher import LaunchInterrupted, LaunchSpec, launch_detached
+    from ..core.engines.launcher import LaunchInterrupted, LaunchSpec, launch_detached
 
     try:
         share_group = checked_group(share_group)

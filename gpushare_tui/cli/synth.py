@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from ..core.declaration import check_class, check_name, check_step_ms, check_work_units
+from ..core.engines.declaration import check_class, check_name, check_step_ms, check_work_units
 from ..core.host.errors import UsageError
 from ..core.registry.abi import parse_weight
 from .common import checked_group, resolve_key

@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..core.pacing.control import ControlError, StatusReply, Target
 from ..core.host.clock import ClockUs, mono_us, wall_us
 from ..core.host.text import printable, printable_gpu, printable_problem
 from ..core.observe.accounting import Accountant
 from ..core.observe.energy import EnergyReading, EnergySources
 from ..core.observe.gpu import DeviceStats, device_stats
 from ..core.observe.snapshot import GpuSnapshot, SegmentReader
+from ..core.pacing.control import ControlError, StatusReply, Target
 from .control import ControlClient, LocalControl
 from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 
-from ..core.declaration import DeclarationError, check_port
+from ..core.engines.declaration import DeclarationError, check_port
 from ..core.host.errors import GpushareError, UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9464"

@@ -14,10 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core.pacing import control
-from ..core import spawn
+from ..core.engines import spawn
 from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
+from ..core.pacing import control
 from ..core.registry.ownership import ENV, STOP_EVENT, Owner
 from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TypeVar
 
-from ..core import declaration
-from ..core.declaration import DeclarationError, EngineDecl, SynthDecl
+from ..core.engines import declaration
+from ..core.engines.declaration import DeclarationError, EngineDecl, SynthDecl
 from ..core.host import budgets
 from ..core.host.errors import UsageError
 from ..serve.listen import DEFAULT_LISTEN, parse_listen

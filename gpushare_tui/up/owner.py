@@ -14,11 +14,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core.pacing import control
 from ..core.host import budgets, paths
 from ..core.host.errors import GpushareError
 from ..core.host.lifecycle import SignalWakeup, on_signals
 from ..core.observe.gpu import GpuKeyError, gpu_key_for_index
+from ..core.pacing import control
 from . import config as cfgmod
 from .backoff import Backoff
 from .child import Child, State

@@ -1,14 +1,14 @@
 """`l`: start an engine detached (like `gpushare-tui launch`), and report how it went.
 
-The form renders core/kinds.py's KINDS: its first field picks the engine kind, and the fields shown
+The form renders core/engines/kinds.py's KINDS: its first field picks the engine kind, and the fields shown
 are that kind's own, then COMMON (weight, latency class, name, GPU key). It validates every field
-first (core/declaration.py; inline errors, nothing started); then it calls
+first (core/engines/declaration.py; inline errors, nothing started); then it calls
 `core.launcher.launch_detached` in a thread worker for the kind's LaunchSpec (llama-server:
 `BINARY -m MODEL [--port P] EXTRA...` under a supervisor; vLLM/SGLang/TGI/any command: the command
 as given under a supervisor, with its declaration's activity and health options; synthetic:
 `gpushare-tui synth`), which returns once the engine is healthy or with its error.
 
-Another kind is one more entry in core/kinds.py (a `command`-like one needs nothing here).
+Another kind is one more entry in core/engines/kinds.py (a `command`-like one needs nothing here).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Input, Label, Select, Static
 from textual.worker import get_current_worker
 
-from ..core.declaration import (
+from ..core.engines.declaration import (
     LATENCY_CLASSES,
     LLAMA_SERVER,
     MODEL_FLAGS,
@@ -45,9 +45,9 @@ from ..core.declaration import (
     launch_problems,
     synth_problems,
 )
+from ..core.engines.kinds import KIND_BY_KEY, KINDS, EngineKindInfo, KindField, kind_engine
+from ..core.engines.launcher import SYNTH_NAME, LaunchReply, LaunchSpec, Started, launch_detached
 from ..core.host.errors import GpushareError
-from ..core.kinds import KIND_BY_KEY, KINDS, EngineKindInfo, KindField, kind_engine
-from ..core.launcher import SYNTH_NAME, LaunchReply, LaunchSpec, Started, launch_detached
 from .dialog import Dialog
 
 Errors = dict[str, str]  # field key -> the problem shown at it

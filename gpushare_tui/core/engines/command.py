@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..host import paths
 from ..host.errors import EngineError
-from ..spawn import die_with_parent
+from .spawn import die_with_parent
 
 HOST_DEFAULT = "127.0.0.1"
 
@@ -29,7 +29,7 @@ class EngineArgs:
     port: int | None
     model: str | None
     port_chosen: bool  # we picked the port (llama-server only)
-    # where the engine itself listens when a front proxy (core/front_proxy.py) serves (host, port): llama-server
+    # where the engine itself listens when a front proxy (core/engines/front_proxy.py) serves (host, port): llama-server
     # only; None: the engine serves (host, port) itself
     upstream: tuple[str, int] | None = None
 

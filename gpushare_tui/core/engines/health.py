@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from ..declaration import HealthSpec
 from ..host.budgets import HEALTH_LOG_READ_MAX_BYTES, HEALTH_PROBE_DEADLINE_S, HEALTH_PROBE_MAX_BYTES
 from ..host.errors import EngineError
 from ..host.logtail import LogError, LogFollower, tail_text
-from ..spawn import Progress
+from .declaration import HealthSpec
+from .spawn import Progress
 
 POLL_S = 0.1
 TCP_CONNECT_S = 0.5

@@ -1,6 +1,6 @@
 """llama-server as a supervised engine: its arguments (--port/--host/--metrics/--slots added), launch, metrics.
 
-With the front proxy (the default: core/front_proxy.py, started by the supervisor), the --host/--port the
+With the front proxy (the default: core/engines/front_proxy.py, started by the supervisor), the --host/--port the
 user gave (or the free port picked) are the PUBLIC address the proxy listens on, and llama-server itself is
 started on ENGINE_HOST and a free internal port (`EngineArgs.upstream`)."""
 
@@ -11,10 +11,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
 from ..host.errors import EngineError
 from . import command
 from .command import HOST_DEFAULT, EngineArgs, resolve_binary
+from .declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
 
 __all__ = ["HOST_DEFAULT", "EngineArgs", "resolve_binary"]
 
@@ -39,7 +39,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 def prepare_args(argv: list[str], proxy: bool = True) -> EngineArgs:
     """Add --metrics/--slots when absent, and --host/--port (a free port when absent). A --port
-    given is checked first (core/declaration.py): a DeclarationError (a UsageError) if not 1..65535.
+    given is checked first (core/engines/declaration.py): a DeclarationError (a UsageError) if not 1..65535.
     With `proxy`, that host and port are the public address (the front proxy's) and the engine is
     started on ENGINE_HOST and a free port instead (`upstream`: the user's --host/--port are replaced)."""
     if not argv:

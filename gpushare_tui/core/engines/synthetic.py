@@ -13,17 +13,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from ..pacing.control import StatusReply
 from ..host import paths
 from ..host.clock import mono_us
 from ..host.errors import GpushareError
 from ..host.lifecycle import exit_on_termination, termination_deferred
 from ..host.text import counted
 from ..observe.snapshot import runs_alone
+from ..pacing.control import StatusReply
 from ..pacing.rate import StepRate
+from ..pacing.share import GpuShare
 from ..registry import abi
 from ..registry.ownership import Owner
-from ..pacing.share import GpuShare
 
 _BLOCK = b"\x5a" * 4096
 

@@ -81,7 +81,7 @@ FOREIGN_READ_BUDGET_S = 0.25
 # With --all-owners (no count cap) one refresh still stops reading foreign segments after this long.
 FOREIGN_READ_BUDGET_ALL_OWNERS_S = 5.0
 
-# -- supervised engines' own endpoints and logs (issue 19: any engine; core/activity/, core/engines/health.py) --
+# -- supervised engines' own endpoints and logs (core/engines/activity/, core/engines/health.py) --
 
 # One activity probe of an engine's /metrics (llama-server, or a gauge at --metrics-url): a probe goes out
 # only inside the engine's window (PROBE_MARGIN_US before its end), and the monitor's other duties wait

@@ -34,7 +34,7 @@ from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
-from ..declaration import check_class
+from ..engines.declaration import check_class
 from ..host import budgets
 from ..host.errors import ControlError, GpushareError, UsageError
 from ..host.paths import runtime_dir, runtime_dir_path, unlink_in
@@ -232,7 +232,7 @@ Handler = Callable[[dict], dict]
 
 @runtime_checkable
 class ManagedEngine(Protocol):
-    """What a control socket serves: a supervised llama-server (core/supervisor.py), a Python
+    """What a control socket serves: a supervised llama-server (core/engines/supervisor.py), a Python
     engine (core/pacing/share.py's GpuShare) or a synthetic one (core/engines/synthetic.py)."""
 
     klass: str  # its latency class, "interactive" | "batch" (the status reply's `class`)

@@ -26,13 +26,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from .control import ControlServer, StatusReply, control_handlers, socket_path
-from ..declaration import check_class
+from ..engines.declaration import check_class
 from ..host.clock import mono_us, wall_us
 from ..host.lifecycle import termination_deferred
-from .pacer import Pacer
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
+from .control import ControlServer, StatusReply, control_handlers, socket_path
+from .pacer import Pacer
 
 RATE_WINDOW_S = 1.0  # pace() calls are counted over windows this long for `steps_per_s`
 SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms;

@@ -4,10 +4,10 @@ between probes."""
 
 from __future__ import annotations
 
-from ..engines import llama_server as ls
-from ..host import probe
-from ..host.clock import mono_us
-from ..registry import abi
+from ...host import probe
+from ...host.clock import mono_us
+from ...registry import abi
+from .. import llama_server as ls
 from .base import ActivitySource, Tick
 from .tree import CpuMeter, ProcessTree
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..host.clock import wall_us
+from ...host.clock import wall_us
 from .base import ActivitySource, Tick
 from .tree import ProcessTree
 

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .host.errors import GpushareError
+from ..host.errors import GpushareError
 
 MAX_HEAD_BYTES = 64 * 2**10
 MAX_LINE_BYTES = 1024  # a chunk-size line (hex size, optional extensions)

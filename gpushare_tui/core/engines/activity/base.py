@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..registry import abi
+from ...registry import abi
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from ..host import paths
+from ..host.errors import GpushareError
 from .declaration import SourceOptions
-from .host import paths
-from .host.errors import GpushareError
 
 PR_SET_PDEATHSIG = 1
 # A wait's progress callback (engines.health.wait_ready, launcher.launch_detached): called every poll

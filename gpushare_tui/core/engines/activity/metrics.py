@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..host import probe
-from ..host.clock import mono_us
+from ...host import probe
+from ...host.clock import mono_us
 from .base import ActivitySource, Tick
 
 IDLE_PROBE_US = 50_000  # raise `active` within ~100 ms of the first request

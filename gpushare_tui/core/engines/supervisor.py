@@ -5,14 +5,14 @@ enforces the schedule with SIGCONT at the window start and SIGSTOP at its end,
 sent to the engine's whole process group (it is the group's leader: workers it
 starts are paced with it). An idle engine, a lone engine, or one whose peers are
 all idle is never stopped. Whether it is working comes from its activity source
-(core/activity/), when it is ready from its health source (engines/health.py):
+(core/engines/activity/), when it is ready from its health source (engines/health.py):
 the supervisor never knows which engine it paces. Every exit path continues the
 group; if the supervisor is SIGKILLed, the kernel sends the engine SIGCONT
 (PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) the rest of its group,
 so nothing of it is left stopped — it then runs on unpaced until someone stops it.
 
 A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
-(core/front_proxy.py) on the public --host/--port forwards to it and publishes DEMAND (spec §7)
+(core/engines/front_proxy.py) on the public --host/--port forwards to it and publishes DEMAND (spec §7)
 the moment a request arrives and when the last one ends. The proxy starts once the engine is
 healthy and joined (clients see the port refuse connections while the model loads: no request
 is accepted that could only fail, and DEMAND has a slot to go to) and is closed first at shutdown.
@@ -29,25 +29,24 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import activity
-from .pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
+from ..host import paths
+from ..host.clock import mono_us, wall_us
+from ..host.errors import EngineError
+from ..host.text import counted
+from ..observe.accounting import BusyFromMarks
+from ..observe.snapshot import own_peer, runs_alone
+from ..pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
+from ..pacing.pacer import BUSY_WINDOW_US, RegistryReader
+from ..pacing.rate import StepRate
+from ..registry import abi
+from ..registry.membership import Membership
+from ..registry.ownership import Owner
+from ..schedule import ext1 as schedule_ext1
+from ..schedule import v1 as schedule
+from . import activity, command, health, watchdog
+from . import llama_server as ls
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
-from .engines import command, health, watchdog
-from .engines import llama_server as ls
 from .front_proxy import FrontProxy
-from .host import paths
-from .host.clock import mono_us, wall_us
-from .host.errors import EngineError
-from .host.text import counted
-from .observe.accounting import BusyFromMarks
-from .observe.snapshot import own_peer, runs_alone
-from .pacing.pacer import BUSY_WINDOW_US, RegistryReader
-from .pacing.rate import StepRate
-from .registry import abi
-from .registry.membership import Membership
-from .registry.ownership import Owner
-from .schedule import ext1 as schedule_ext1
-from .schedule import v1 as schedule
 from .spawn import Progress
 
 RECHECK_US = 20_000  # re-read the registry at least this often
@@ -457,7 +456,7 @@ class Supervisor:
         """Activity (the source: is there work now), DEMAND, busy and tok/s. The llama source probes
         /metrics every 50 ms while idle, so `active` rises within ~100 ms of the first decode, and
         once a second while active (each probe costs the engine throughput; its CPU time carries
-        "still decoding" between); other sources: core/activity/. Stopped spells (at most
+        "still decoding" between); other sources: core/engines/activity/. Stopped spells (at most
         (1 - share) * 400 ms) are bridged by the 2 s activity window."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None

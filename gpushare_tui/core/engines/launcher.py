@@ -2,7 +2,7 @@
 
 `launch_detached` starts `gpushare-tui run --notify-fd FD ... -- ENGINE ARGS` in a session
 of its own (it outlives the caller) and waits on a pipe for the supervisor's one-line notice
-(core/spawn.py: `notify_ready` once the engine is healthy and joined, `notify_failed` when it
+(core/engines/spawn.py: `notify_ready` once the engine is healthy and joined, `notify_failed` when it
 could not be started). The pipe closing without a notice means the supervisor died first.
 A synthetic engine (`spec.synth`) is started as `gpushare-tui synth` instead, detached the same way;
 it is ready once it has joined and serves its control socket.
@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from ..host.errors import EngineError, GpushareError, UsageError
+from ..host.paths import file_name_part, state_dir
 from . import spawn
 from .declaration import SourceOptions, SynthDecl
-from .host.errors import EngineError, GpushareError, UsageError
-from .host.paths import file_name_part, state_dir
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
@@ -161,8 +161,8 @@ def _launch_synth(
     """`gpushare-tui synth` detached (its own session, its output to a log in the state directory),
     ready once it serves its control socket (it has joined then); EngineError with its log's tail
     if it exits first or is not ready within SYNTH_READY_TIMEOUT_S (it is stopped then)."""
-    from .pacing import control
-    from .host.logtail import tail_text
+    from ..host.logtail import tail_text
+    from ..pacing import control
 
     name = spec.name or SYNTH_NAME
     log = os.path.join(state_dir(), f"synth-{file_name_part(name)}-{int(time.time())}-{os.getpid()}.log")

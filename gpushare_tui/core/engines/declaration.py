@@ -15,8 +15,8 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from .host.errors import UsageError
-from .registry import abi
+from ..host.errors import UsageError
+from ..registry import abi
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 LATENCY_CLASSES = ("interactive", "batch")  # spec §7 INTERACTIVE set / clear; batch is the default
@@ -290,7 +290,7 @@ HEALTH_KINDS = ("http", "tcp", "log", "none")
 
 @dataclass(frozen=True)
 class ActivitySpec:
-    """What "this engine is working now" means for the supervisor (core/activity/ implements each
+    """What "this engine is working now" means for the supervisor (core/engines/activity/ implements each
     `source`): `llama` (its /metrics and /slots), `metrics` (the Prometheus gauge `gauge` at
     `metrics_url` counts work in flight), `cpu` (the process tree uses >= `cpu_cores` cores; None:
     the source's default), `gpu` (NVML per-process utilisation of the tree), `always` (working while it runs)."""
