@@ -16,10 +16,10 @@ from gpushare_tui.core.host.logtail import (
     LogFollower,
     display_line,
     open_log,
-    reported_log,
     tail_lines,
     tail_text,
 )
+from gpushare_tui.core.pacing.control import reported_log
 
 
 def _last_lines(path: str, n: int, max_bytes: int | None = None) -> list[str]:

@@ -90,8 +90,7 @@ def parse_lines(text: str) -> int:
 def engine_log(pid: int, target: Target | None = None) -> str:
     """The log file engine `pid` (the one `target` picks, when it serves several) reports;
     ControlError if it is not managed (or not there), GpushareError if it reports none."""
-    from ..core.host.logtail import reported_log
-    from ..core.pacing.control import request
+    from ..core.pacing.control import reported_log, request
 
     return reported_log(pid, request(pid, "status", target=target))
 

@@ -32,9 +32,9 @@ from ..core.host.budgets import (
     REMOTE_RETRY_S,
 )
 from ..core.host.errors import GpushareError, UsageError
-from ..core.host.text import printable, printable_gpu
+from ..core.host.text import printable
 from ..core.observe.accounting import SOURCE_BUSY_PPM, SOURCE_COUNTER, GpuAccount, PeerAccount, owner_key
-from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, window_pcts
+from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem, printable_gpu, window_pcts
 from ..core.registry import abi
 from ..core.schedule.v1 import PERIOD_MAX_MS, PERIOD_MIN_MS
 from .model import DashboardModel, GpuView, unmanaged_view

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..core.host.clock import ClockUs, mono_us, wall_us
-from ..core.host.text import printable, printable_gpu, printable_problem
+from ..core.host.text import printable
 from ..core.observe.accounting import Accountant
 from ..core.observe.energy import EnergyReading, EnergySources
 from ..core.observe.gpu import DeviceStats, device_stats
-from ..core.observe.snapshot import GpuSnapshot, SegmentReader
+from ..core.observe.snapshot import GpuSnapshot, SegmentReader, printable_gpu, printable_problem
 from ..core.pacing.control import ControlError, StatusReply, Target
 from .control import ControlClient, LocalControl
 from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares

@@ -13,9 +13,9 @@ from textual.containers import Vertical
 from textual.widgets import Label, Log, Static
 
 from ..core.host.errors import GpushareError
-from ..core.host.logtail import LogFollower, display_line, reported_log
+from ..core.host.logtail import LogFollower, display_line
 from ..core.host.text import printable
-from ..core.pacing.control import Target
+from ..core.pacing.control import Target, reported_log
 from ..dashboard.control import ControlClient
 from ..dashboard.model import PeerRow
 from .dialog import Dialog

@@ -19,7 +19,7 @@ from ..host.errors import UsageError
 from ..registry import abi
 
 RESTART_POLICIES = ("always", "on-failure", "never")
-LATENCY_CLASSES = ("interactive", "batch")  # spec §7 INTERACTIVE set / clear; batch is the default
+LATENCY_CLASSES = abi.LATENCY_CLASSES
 MODEL_FLAGS = ("-m", "--model")
 PORT_FLAG = "--port"
 STEP_MS_MIN, STEP_MS_MAX = 0.05, 10_000.0
@@ -78,9 +78,10 @@ def check_port(text: str, *, any_port: bool = False) -> int:
 
 def check_class(value: object, *, label: str = "class") -> str:
     """A latency class (spec §7): "interactive" (runs first, within its weight share) or "batch"."""
-    if value not in LATENCY_CLASSES:
-        raise DeclarationError("class", value, f"must be one of {', '.join(LATENCY_CLASSES)}", label=label)
-    return str(value)
+    try:
+        return abi.validate_class(value, label=label)
+    except abi.BadClassError:
+        raise DeclarationError("class", value, f"must be one of {', '.join(LATENCY_CLASSES)}", label=label) from None
 
 
 def check_gpu_key(value: object) -> str:

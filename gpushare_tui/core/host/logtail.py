@@ -32,17 +32,6 @@ class LogError(GpushareError):
     """A log that cannot be read; the message names the path and why."""
 
 
-def reported_log(pid: int, status: dict) -> str:
-    """The log file named in engine `pid`'s `status` reply; GpushareError if it names none
-    (a synthetic engine whose output goes to a terminal or a pipe)."""
-    from ..pacing.control import StatusReply
-
-    log = StatusReply.from_json(status).log
-    if not log:
-        raise GpushareError(f"engine {pid} reports no log file (its output goes to a terminal or a pipe)")
-    return log
-
-
 def display_line(line: str) -> str:
     """A log line for a terminal: tabs expanded, every other control character replaced."""
     return printable(line.expandtabs())

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
-
-from ..observe.snapshot import GpuSnapshot, SegmentProblem
 
 # C0, DEL and C1 (ESC included): anything a terminal may act on instead of print.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -15,16 +12,6 @@ def printable(text: str) -> str:
     """`text` with every control character replaced by U+FFFD, so a name like
     `\\x1b]2;OWNED\\x07` shows as text and never reaches the terminal as a sequence."""
     return _CONTROL.sub("\ufffd", text)
-
-
-def printable_gpu(g: GpuSnapshot) -> GpuSnapshot:
-    """`g` with its key, segment name and peer names printable (for terminal views only)."""
-    peers = tuple(replace(p, name=printable(p.name)) for p in g.peers)
-    return replace(g, gpu_key=printable(g.gpu_key), segment=printable(g.segment), peers=peers)
-
-
-def printable_problem(e: SegmentProblem) -> SegmentProblem:
-    return SegmentProblem(printable(e.segment), printable(e.error))
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:

@@ -6,9 +6,10 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..host.budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
+from ..host.text import printable
 from ..registry.abi import ALIVE_US, FLAG_DEMAND, FLAG_INTERACTIVE, SlotRecord, segment_name, weight_is_valid
 from ..registry.segment import (
     Segment,
@@ -367,3 +368,13 @@ def foreign_not_shown_text(n: int) -> str:
 def _torn_text(torn: tuple[int, ...]) -> str:
     which = ", ".join(str(i) for i in torn)
     return f"slot{'s' if len(torn) > 1 else ''} {which} torn (seqlock word odd or changing; not shown)"
+
+
+def printable_gpu(g: GpuSnapshot) -> GpuSnapshot:
+    """`g` with its key, segment name and peer names printable (for terminal views only)."""
+    peers = tuple(replace(p, name=printable(p.name)) for p in g.peers)
+    return replace(g, gpu_key=printable(g.gpu_key), segment=printable(g.segment), peers=peers)
+
+
+def printable_problem(e: SegmentProblem) -> SegmentProblem:
+    return SegmentProblem(printable(e.segment), printable(e.error))

@@ -34,10 +34,10 @@ from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
 import psutil
 
-from ..engines.declaration import check_class
 from ..host import budgets
 from ..host.errors import ControlError, GpushareError, UsageError
 from ..host.paths import runtime_dir, runtime_dir_path, unlink_in
+from ..registry import abi
 from ..registry.abi import parse_weight
 from ..registry.ownership import Owner
 
@@ -270,7 +270,7 @@ def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[
         return {"state": engine.stop()}
 
     def set_class(req: dict) -> dict:
-        return {"class": engine.set_class(check_class(req.get("class"), label="class"))}
+        return {"class": engine.set_class(abi.validate_class(req.get("class"), label="class"))}
 
     handlers = {"status": status, "set_weight": set_weight, "stop": stop, "set_class": set_class}
     return owner.wrap(handlers) if owner else handlers
@@ -751,3 +751,12 @@ def _is_registry_peer(pid: int) -> bool:
     finally:
         reader.close()
     return any(p.pid == pid for g in gpus for p in g.peers)
+
+
+def reported_log(pid: int, status: dict) -> str:
+    """The log file named in engine `pid`'s `status` reply; GpushareError if it names none
+    (a synthetic engine whose output goes to a terminal or a pipe)."""
+    log = StatusReply.from_json(status).log
+    if not log:
+        raise GpushareError(f"engine {pid} reports no log file (its output goes to a terminal or a pipe)")
+    return log

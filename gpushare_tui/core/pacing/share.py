@@ -26,9 +26,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from ..engines.declaration import check_class
 from ..host.clock import mono_us, wall_us
 from ..host.lifecycle import termination_deferred
+from ..registry import abi
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
 from .control import ControlServer, StatusReply, control_handlers, socket_path
@@ -79,7 +79,7 @@ class GpuShare:
             from ..observe.gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
 
             gpu_key = gpu_key_for_index(gpu or 0)
-        self.klass = check_class(klass, label="klass")
+        self.klass = abi.validate_class(klass, label="klass")
         self.name = name
         self.kind = kind
         self.model = model
@@ -280,7 +280,7 @@ class GpuShare:
 
     def set_class(self, klass: str) -> str:
         """Publish the latency class ("interactive" | "batch", spec §7 INTERACTIVE) at once; the class now."""
-        self.klass = check_class(klass, label="klass")
+        self.klass = abi.validate_class(klass, label="klass")
         self._membership.set_interactive(self.klass == "interactive")
         return self.klass
 

@@ -81,6 +81,20 @@ _KEY_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
 
 
+LATENCY_CLASSES = ("interactive", "batch")  # spec §7: INTERACTIVE set / clear; batch is the default
+
+
+class BadClassError(UsageError, ValueError):
+    """A latency class that is not one of LATENCY_CLASSES."""
+
+
+def validate_class(value: object, *, label: str = "class") -> str:
+    """`value` as a latency class (spec §7), else BadClassError naming `label`."""
+    if value not in LATENCY_CLASSES:
+        raise BadClassError(f"invalid {label} {value!r}: must be one of {', '.join(LATENCY_CLASSES)}")
+    return str(value)
+
+
 class BadKeyError(UsageError, ValueError):
     """A gpu_key that does not match `[A-Za-z0-9._-]{1,64}`."""
 
