@@ -52,7 +52,7 @@ RESULTS = ROOT / "bench" / "results"
 
 
 class ProxyProcess:
-    """core/front_proxy.FrontProxy in a process of its own (`python -m bench.demand_detect --proxy-to PORT`):
+    """core/engines/front_proxy.FrontProxy in a process of its own (`python -m bench.demand_detect --proxy-to PORT`):
     its port, and its DEMAND changes (CLOCK_MONOTONIC is one clock for every process)."""
 
     def __init__(self, upstream_port: int) -> None:

@@ -778,7 +778,7 @@ async def _launched_row(pilot, name: str):
 
 
 def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path, runtime_dir, monkeypatch):
-    """The kind selector shows the synthetic engine's fields (checked by core/declaration), and the
+    """The kind selector shows the synthetic engine's fields (checked by core/engines/declaration), and the
     default runner starts a real `gpushare-tui synth` that joins and is shown as managed."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     started: list[int] = []

@@ -1,5 +1,5 @@
 """Engines by name: `status chat`, `weight chat 3`, `logs chat`, `stop chat` in real CLI processes against
-real synthetic engines (core/control.resolve_engine, one resolver for every command)."""
+real synthetic engines (core/pacing/control.resolve_engine, one resolver for every command)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def checked_interval(seconds: float) -> float:
 
 def engine_ref(engine: str, slot: int | None = None, gpu_key: str | None = None) -> EngineRef:
     """The engine an ENGINE argument names (a pid, or a managed engine's unique name:
-    core/control.resolve_engine), with --slot/--gpu-key picking one of a pid's several engines."""
+    core/pacing/control.resolve_engine), with --slot/--gpu-key picking one of a pid's several engines."""
     from ..core.pacing.control import Target, resolve_engine
 
     given = Target(slot=slot, gpu_key=gpu_key) if slot is not None or gpu_key is not None else None
@@ -77,7 +77,7 @@ PROGRESS_EVERY_S = 5.0  # on a terminal, a line this often while a model loads
 
 
 class WaitProgress:
-    """A wait's progress for a person, on stderr (a core/spawn.Progress callback): on a terminal a line
+    """A wait's progress for a person, on stderr (a core/engines/spawn.Progress callback): on a terminal a line
     every PROGRESS_EVERY_S, `waiting for WHAT (12 s of 600 s)`; terminal or not, one line once ready,
     `ready after 3.2 s (waited for WHAT)`. Nothing else: a log or a pipe is not filled with lines."""
 

@@ -27,7 +27,7 @@ WeightOpt = typer.Option("1", "--weight", help=WEIGHT_HELP)
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
 LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
 
-# What "working" and "ready" mean for a supervised engine (`run`, `launch`; core/declaration.resolve_sources).
+# What "working" and "ready" mean for a supervised engine (`run`, `launch`; core/engines/declaration.resolve_sources).
 ActivityOpt = typer.Option(
     None,
     "--activity",
