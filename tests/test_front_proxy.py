@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from gpushare_tui.core.engines.front_proxy import MAX_HEAD_BYTES, FrontProxy, ProxyError, _ChunkedEnd, _Framing
+from gpushare_tui.core.engines.front_proxy import MAX_HEAD_BYTES, FrontProxy, ProxyError
 from testkit.wait import wait_for
 
 
@@ -156,14 +156,16 @@ def test_bad_framing_closes_the_connection_and_leaves_no_demand(proxy) -> None:
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
             try:
                 s.sendall(bad)
-                assert s.recv(100) == b""  # closed, nothing forwarded
+                reply = _read_all(s)  # a 4xx of h11's, then closed; nothing forwarded
+                assert reply == b"" or reply.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 431 ")), reply[:80]
             except ConnectionResetError:
                 pass
     body_short = b"POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc"
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
         s.sendall(body_short)
         s.shutdown(socket.SHUT_WR)  # the client goes away inside its body
-        assert s.recv(100) == b""
+        reply = _read_all(s)
+        assert reply == b"" or reply.startswith(b"HTTP/1.1 400 "), reply[:80]
     wait_for(lambda: proxy.in_flight == 0, 5, what="the cut request to end")
     assert proxy.changes in ([], [True, False])
     assert httpx.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"  # still serving
@@ -191,18 +193,6 @@ def test_health_checks_and_scrapes_are_no_work(proxy, upstream) -> None:
 def test_a_taken_port_is_one_clear_error(upstream) -> None:
     with pytest.raises(ProxyError, match=f"cannot listen on 127.0.0.1:{upstream.port}"):
         FrontProxy(("127.0.0.1", upstream.port), ("127.0.0.1", upstream.port)).start()
-
-
-@pytest.mark.parametrize("split", [1, 2, 3, 5, 8, 13, 1000])
-def test_chunked_end_is_found_wherever_the_bytes_are_split(split: int) -> None:
-    body = b"4\r\nabcd\r\n1;ext=1\r\nx\r\n0\r\nTrailer: y\r\n\r\n"
-    parser = _ChunkedEnd()
-    parts = [body[i : i + split] for i in range(0, len(body), split)]
-    ends = [parser.feed(p) for p in parts]
-    assert ends[:-1] == [None] * (len(parts) - 1) and ends[-1] == len(parts[-1])
-    for bad in (b"zz\r\n", b"-1\r\n", b"1" * 2000):
-        with pytest.raises(_Framing):
-            _ChunkedEnd().feed(bad)
 
 
 @pytest.mark.slow
@@ -243,6 +233,13 @@ def test_a_real_llama_server_streams_through_the_proxy(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while data := s.recv(65536):
+        out += data
+    return out
 
 
 def _healthy(port: int) -> bool:
