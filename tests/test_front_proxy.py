@@ -4,6 +4,7 @@ framing closes the connection; a real llama-server streams through it."""
 
 from __future__ import annotations
 
+import json
 import socket
 import socketserver
 import threading
@@ -24,6 +25,7 @@ class _Upstream(socketserver.ThreadingTCPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.release = threading.Event()  # lets /stream send its last chunks
         self.bodies: list[bytes] = []
+        self.props = b'{"a": 1}'
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -68,6 +70,10 @@ class _Handler(socketserver.StreamRequestHandler):
                 w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbye")
                 w.flush()
                 return
+            elif path == "/props":  # whatever the test set (a JSON object, something else, a large one)
+                props = srv.props
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(props))
+                w.write(props)
             elif path == "/eof":
                 w.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
                 w.flush()
@@ -247,3 +253,102 @@ def _healthy(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# -- the seed's per-engine view (spec §5) ------------------------------------------------------------------
+
+SEED = {"gpu_key": "k1", "period_ms": 100, "self": {"pid": 7, "weight": 1.5}, "peers": [{"pid": 7, "weight": 1.5}]}
+
+
+@pytest.fixture
+def seeded(upstream):
+    calls: list[int] = []
+
+    def view() -> dict:
+        calls.append(1)
+        return SEED
+
+    p = FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port), seed_view=view).start()
+    p.calls = calls  # type: ignore[attr-defined]
+    yield p
+    p.close()
+
+
+def test_gpu_peers_is_answered_by_the_proxy_and_props_gains_only_gpu_share(seeded, upstream) -> None:
+    url = f"http://127.0.0.1:{seeded.port}"
+    with httpx.Client() as c:
+        r = c.get(url + "/gpu/peers")
+        assert r.status_code == 200 and r.json() == SEED and upstream.bodies == []  # never reached the engine
+        assert c.head(url + "/gpu/peers").status_code == 200
+        for props in (b'{"a": 1, "b": [1, 2]}  \n', b"{}", b'{"x":{"y":"}"}}'):
+            upstream.props = props
+            got = c.get(url + "/props").content
+            block = {"gpu_share": {"enabled": True, **SEED}}
+            assert json.loads(got) == {**json.loads(props), "opencoti": block}
+            added = (b", " if json.loads(props) else b"") + b'"opencoti": ' + json.dumps(block).encode()
+            assert got.replace(added, b"", 1) == props  # every other byte as the engine sent it
+        for props in (
+            b"[1, 2]",
+            b"not json",
+            b'{"opencoti": {"mine": 1}}',
+            b"[" * 100_000,
+            b'{"a": "' + b"x" * 300_000 + b'"}',
+        ):
+            upstream.props = props
+            assert c.get(url + "/props").content == props  # not an object, its own opencoti, too deep, too large
+    assert len(seeded.calls) <= 3  # one read of the segment per PROXY_SEED_VIEW_MAX_AGE_S, shared
+
+
+def test_without_a_seed_view_gpu_peers_and_props_go_to_the_engine(proxy, upstream) -> None:
+    with httpx.Client() as c:
+        assert c.get(f"http://127.0.0.1:{proxy.port}/gpu/peers").status_code == 404
+        assert c.get(f"http://127.0.0.1:{proxy.port}/props").content == upstream.props
+
+
+# -- the connection cap -------------------------------------------------------------------------------------
+
+
+def test_at_the_cap_the_oldest_idle_connection_makes_room(upstream) -> None:
+    with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port), max_connections=4) as p:
+        idle = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(4)]
+        try:
+            wait_for(lambda: p.connections == 4, 5, what="4 connections")
+            assert httpx.get(f"http://127.0.0.1:{p.port}/len", timeout=5).text == "hello"  # a 5th: room is made
+            assert p.evicted_total == 1 and idle[0].recv(100) == b""  # the oldest idle one went
+            assert p.connections <= 4
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_at_the_cap_with_every_connection_working_a_newcomer_waits_in_the_backlog(upstream) -> None:
+    with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port), max_connections=2) as p:
+        done: list[str] = []
+
+        def stream() -> None:
+            done.append(httpx.get(f"http://127.0.0.1:{p.port}/stream", timeout=30).text)
+
+        threads = [threading.Thread(target=stream) for _ in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: p.in_flight == 2, 5, what="both streams in flight")
+        late: list[str] = []
+        t3 = threading.Thread(target=lambda: late.append(httpx.get(f"http://127.0.0.1:{p.port}/len", timeout=30).text))
+        t3.start()
+        time.sleep(0.5)
+        assert late == [] and p.connections == 2 and p.evicted_total == 0  # waits: no working connection is cut
+        upstream.release.set()
+        for t in (*threads, t3):
+            t.join(30)
+        assert late == ["hello"] and len(done) == 2
+
+
+def test_the_cap_keeps_fds_for_the_rest_of_the_process(monkeypatch) -> None:
+    import resource
+
+    from gpushare_tui.core.engines import front_proxy as fp
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (1024, 4096))
+    assert fp.connection_cap(512) == (1024 - fp.PROXY_FD_HEADROOM) // 2 < 512
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (100_000, 100_000))
+    assert fp.connection_cap(512) == 512

@@ -228,6 +228,7 @@ class FrontProxy:
         self.timings: deque[RequestTiming] = deque(maxlen=TIMINGS_KEPT)
         self.demand_changes: deque[tuple[float, bool]] = deque(maxlen=TIMINGS_KEPT)  # (monotonic s, demand)
         self._clients: set[_Client] = set()
+        self._open = 0  # accepted and not ended (a connection counts from its accept, before it is a _Client)
         self._room: asyncio.Event | None = None
         self._seed_cache: tuple[float, dict] | None = None
         self._seed_pending: asyncio.Future | None = None
@@ -244,8 +245,8 @@ class FrontProxy:
 
     @property
     def connections(self) -> int:
-        """Client connections open now."""
-        return len(self._clients)
+        """Client connections open now (accepted, not yet ended)."""
+        return self._open
 
     def start(self) -> FrontProxy:
         """Bind now (ProxyError if it cannot), then serve on a thread of its own."""
@@ -317,9 +318,9 @@ class FrontProxy:
         sock, room = self._sock, self._room
         assert sock is not None and room is not None
         while True:
-            if len(self._clients) >= self.max_connections:
+            if self._open >= self.max_connections:
                 await _readable(loop, sock)  # a newcomer waits in the backlog
-                if len(self._clients) >= self.max_connections:
+                if self._open >= self.max_connections:
                     room.clear()
                     self._evict()
                     await room.wait()  # the evicted one's end, or any other's
@@ -330,6 +331,7 @@ class FrontProxy:
                 if e.errno in FD_ERRNOS:
                     await asyncio.sleep(PROXY_ACCEPT_BACKOFF_S)
                 continue
+            self._open += 1
             asyncio.create_task(self._client(conn))
 
     def _evict(self) -> bool:
@@ -357,12 +359,20 @@ class FrontProxy:
 
     async def _client(self, conn: socket.socket) -> None:
         try:
+            await self._serve_client(conn)
+        finally:
+            self._open -= 1
+            if self._room is not None:
+                self._room.set()
+
+    async def _serve_client(self, conn: socket.socket) -> None:
+        try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
         try:
             reader, writer = await asyncio.open_connection(sock=conn, limit=MAX_HEAD_BYTES)
-        except OSError:
+        except (OSError, asyncio.CancelledError):
             conn.close()
             return
         cl = _Client(reader, writer, self._clock())
@@ -390,8 +400,6 @@ class FrontProxy:
             pass
         finally:
             self._clients.discard(cl)
-            if self._room is not None:
-                self._room.set()
             if cl.up is not None:
                 cl.up.close()
             writer.close()
@@ -597,6 +605,9 @@ class FrontProxy:
                 await _write(cl, h11.Data(data=ev.data))
                 continue
             if isinstance(ev, h11.EndOfMessage):
+                if ex.demand:  # the engine's work is done: DEMAND falls before the client reads the end
+                    ex.demand = False
+                    self._demand(-1)
                 if held is not None:
                     body = b"".join(held[1])
                     added = with_gpu_share(body, {"enabled": True, **await self._seed()})
