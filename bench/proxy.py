@@ -158,7 +158,8 @@ def main() -> None:
                     rows.append(row)
                     print(
                         f"{level:5} {rnd + 1:5} {order[0]:6} {row['direct_tok_s']:13.0f} {row['proxy_tok_s']:12.0f}"
-                        f" {row['ratio'] * 100:12.1f}%  {row['direct_ttft_ms'][0]:7.1f}/{row['direct_ttft_ms'][1]:<7.1f}"
+                        f" {row['ratio'] * 100:12.1f}%"
+                        f"  {row['direct_ttft_ms'][0]:7.1f}/{row['direct_ttft_ms'][1]:<7.1f}"
                         f" {row['proxy_ttft_ms'][0]:7.1f}/{row['proxy_ttft_ms'][1]:<7.1f}"
                         f" {row['proxy_cpu_us_per_token']:8.0f}   (load {row['load_avg_1m']:.1f})",
                         flush=True,

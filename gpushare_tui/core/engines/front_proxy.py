@@ -391,6 +391,8 @@ class FrontProxy:
                     return
                 cl.h.start_next_cycle()
                 cl.evictable_since = self._clock()
+                if self._room is not None:  # a newcomer waiting at the cap may now take its place
+                    self._room.set()
         except _Cut as e:
             if e.status is not None and cl.h.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 await _answer(cl, e.status, {"error": str(e)}, close=True)
@@ -616,7 +618,8 @@ class FrontProxy:
                     else:
                         await _write(cl, _with_length(held[0], len(added)))
                         await _write(cl, h11.Data(data=added))
-                await _write(cl, h11.EndOfMessage(headers=hop_filtered(list(ev.headers.raw_items()))))
+                trailers = hop_filtered(list(ev.headers.raw_items())) if req.http_version != b"1.0" else []
+                await _write(cl, h11.EndOfMessage(headers=trailers))  # an HTTP/1.0 reply has no chunks to trail
                 return
             raise _Cut("engine closed before its reply", 502)  # ConnectionClosed
 
