@@ -212,7 +212,7 @@ def test_a_reply_slower_than_every_proxy_budget_and_the_engines_timeout_arrives(
             proc.send_signal(signal.SIGCONT)
         t.join(60)
     assert got["proxy"][:2] == got["direct"][:2] and got["proxy"][0] == 200, got
-    assert got["proxy"][2] >= 3.0 and got["direct"][2] >= 3.0, got
+    assert got["proxy"][2] >= 2.5 and got["direct"][2] >= 2.5, got  # the engine was stopped for 3 s of it
     wait_for(lambda: proxy.changes == [True, False], 5, what="DEMAND to fall at the reply's end")
 
 

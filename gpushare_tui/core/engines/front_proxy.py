@@ -145,6 +145,7 @@ class _Client:
         self.up: _Upstream | None = None
         self.task: asyncio.Task | None = None
         self.served = 0
+        self.out = bytearray()  # bytes for the client not written yet: one write per engine read
 
     def buffered(self) -> int:
         return len(self.h.trailing_data[0])
@@ -175,20 +176,20 @@ class _Upstream:
             self.writer.write(data)
             await self.writer.drain()
 
-    async def next_event(self) -> Any:
-        """The engine's next event; no deadline (see the module's docstring)."""
-        while True:
-            try:
-                ev = self.h.next_event()
-            except h11.RemoteProtocolError as e:
-                raise _Cut(f"engine: {e}", 502) from None
-            if ev is not h11.NEED_DATA:
-                return ev
-            try:
-                data = await self.reader.read(READ_CHUNK_BYTES)
-            except OSError as e:
-                raise _Cut(f"engine: {e}", 502) from None
-            self.h.receive_data(data)
+    def poll(self) -> Any:
+        """The engine's next event already received, or h11.NEED_DATA."""
+        try:
+            return self.h.next_event()
+        except h11.RemoteProtocolError as e:
+            raise _Cut(f"engine: {e}", 502) from None
+
+    async def fill(self) -> None:
+        """Receive what the engine sends next; no deadline (see the module's docstring)."""
+        try:
+            data = await self.reader.read(READ_CHUNK_BYTES)
+        except OSError as e:
+            raise _Cut(f"engine: {e}", 502) from None
+        self.h.receive_data(data)
 
     def close(self) -> None:
         self.writer.close()
@@ -512,11 +513,19 @@ class FrontProxy:
         headers = hop_filtered(list(req.headers.raw_items()))
         if not any(n.lower() == b"host" for n, _v in headers):
             headers.append((b"Host", f"{self.upstream[0]}:{self.upstream[1]}".encode()))
-        try:
-            await up.send(h11.Request(method=req.method, target=req.target, headers=headers))
+        try:  # the head and as much of the body as came with it, in one write
+            out = bytearray(up.h.send(h11.Request(method=req.method, target=req.target, headers=headers)))
+            complete = False
+            while not complete and (ev := _client_poll(cl)) is not h11.NEED_DATA:
+                out += up.h.send(_body_event(ev))
+                complete = isinstance(ev, h11.EndOfMessage)
+            up.writer.write(out)
+            await up.writer.drain()
         except (OSError, h11.LocalProtocolError) as e:
             raise _Cut(f"engine: {e}", 502) from None
-        body = asyncio.create_task(self._pump_body(cl, up, work, ex))
+        if complete:
+            self._body_done(work, ex)
+        body = asyncio.create_task(self._pump_body(cl, up, work, ex, complete))
         reply = asyncio.create_task(self._pump_reply(cl, up, req, props, ex))
         try:
             pending = {body, reply}
@@ -538,25 +547,24 @@ class FrontProxy:
             cl.up = None
         return cl.h.their_state is h11.DONE
 
-    async def _pump_body(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
-        """The request's body to the engine; DEMAND from its end. Then the client is read ahead (at most
-        PROXY_PIPELINE_BUFFER_BYTES, its next pipelined requests) until the reply ends; its EOF, with nothing
-        more to send, is passed on to the engine as a half-close."""
-        while True:
-            ev = await self._client_event(cl)
-            try:
-                if isinstance(ev, h11.Data):
-                    await up.send(ev)
-                    continue
-                if not isinstance(ev, h11.EndOfMessage):
-                    raise _Cut(f"unexpected {type(ev).__name__} in a request body", 400)
-                await up.send(h11.EndOfMessage(headers=hop_filtered(list(ev.headers.raw_items()))))
-            except (OSError, h11.LocalProtocolError) as e:
-                raise _Cut(f"engine: {e}", 502) from None
-            break
+    def _body_done(self, work: bool, ex: _Exchange) -> None:
         if work:
             self._demand(+1)
             ex.demand = True
+
+    async def _pump_body(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange, complete: bool) -> None:
+        """The rest of the request's body to the engine (unless `complete`); DEMAND from its end. Then the
+        client is read ahead (at most PROXY_PIPELINE_BUFFER_BYTES, its next pipelined requests) until the reply
+        ends; its EOF, with nothing more to send, is passed on to the engine as a half-close."""
+        while not complete:
+            ev = _body_event(await self._client_event(cl))
+            try:
+                await up.send(ev)
+            except (OSError, h11.LocalProtocolError) as e:
+                raise _Cut(f"engine: {e}", 502) from None
+            if isinstance(ev, h11.EndOfMessage):
+                self._body_done(work, ex)
+                complete = True
         while cl.buffered() < PROXY_PIPELINE_BUFFER_BYTES:
             data = await cl.reader.read(READ_CHUNK_BYTES)
             cl.h.receive_data(data)
@@ -575,14 +583,18 @@ class FrontProxy:
         body as it comes (each chunk of a stream at once); a /props reply to `props` with gpu_share added."""
         held: tuple[h11.Response, list[bytes]] | None = None
         while True:
-            ev = await up.next_event()
+            ev = up.poll()
+            if ev is h11.NEED_DATA:
+                await _flush(cl)
+                await up.fill()
+                continue
             if ex.first_byte_s is None:
                 ex.first_byte_s = self._clock()
             if isinstance(ev, h11.InformationalResponse):
                 if ev.status_code == 101:
                     raise _Cut("engine switched protocols unasked", 502)
                 if req.http_version != b"1.0":
-                    await _write(cl, h11.InformationalResponse(
+                    _emit(cl, h11.InformationalResponse(
                         status_code=ev.status_code, headers=hop_filtered(list(ev.headers.raw_items())), reason=ev.reason
                     ))  # fmt: skip
                 continue
@@ -594,17 +606,16 @@ class FrontProxy:
                 if props and ev.status_code == 200:
                     held = (head, [])
                 else:
-                    await _write(cl, head)
+                    _emit(cl, head)
                 continue
             if isinstance(ev, h11.Data):
-                if held is not None:
-                    held[1].append(bytes(ev.data))
-                    if sum(map(len, held[1])) <= PROXY_PROPS_MAX_BYTES:
-                        continue
-                    await self._release(cl, held[0], held[1])  # too large to parse: as it came
-                    held = None
+                if held is None:
+                    _emit(cl, h11.Data(data=ev.data))
                     continue
-                await _write(cl, h11.Data(data=ev.data))
+                held[1].append(bytes(ev.data))
+                if sum(map(len, held[1])) > PROXY_PROPS_MAX_BYTES:  # too large to parse: as it came
+                    _release(cl, *held)
+                    held = None
                 continue
             if isinstance(ev, h11.EndOfMessage):
                 if ex.demand:  # the engine's work is done: DEMAND falls before the client reads the end
@@ -614,19 +625,15 @@ class FrontProxy:
                     body = b"".join(held[1])
                     added = with_gpu_share(body, {"enabled": True, **await self._seed()})
                     if added is None:
-                        await self._release(cl, held[0], held[1])
+                        _release(cl, *held)
                     else:
-                        await _write(cl, _with_length(held[0], len(added)))
-                        await _write(cl, h11.Data(data=added))
+                        _emit(cl, _with_length(held[0], len(added)))
+                        _emit(cl, h11.Data(data=added))
                 trailers = hop_filtered(list(ev.headers.raw_items())) if req.http_version != b"1.0" else []
-                await _write(cl, h11.EndOfMessage(headers=trailers))  # an HTTP/1.0 reply has no chunks to trail
+                _emit(cl, h11.EndOfMessage(headers=trailers))  # an HTTP/1.0 reply has no chunks to trail
+                await _flush(cl)
                 return
             raise _Cut("engine closed before its reply", 502)  # ConnectionClosed
-
-    async def _release(self, cl: _Client, head: h11.Response, parts: list[bytes]) -> None:
-        await _write(cl, head)
-        for part in parts:
-            await _write(cl, h11.Data(data=part))
 
     async def _seed(self) -> dict:
         """The engine's GPU entry, read on a worker thread at most once per PROXY_SEED_VIEW_MAX_AGE_S
@@ -667,11 +674,46 @@ def _with_length(head: h11.Response, n: int) -> h11.Response:
     )
 
 
-async def _write(cl: _Client, event: Any) -> None:
+def _emit(cl: _Client, event: Any) -> None:
+    """`event` for the client, written at the next _flush."""
     data = cl.h.send(event)
     if data:
-        cl.writer.write(data)
+        cl.out += data
+
+
+async def _flush(cl: _Client) -> None:
+    if cl.out:
+        cl.writer.write(bytes(cl.out))
+        cl.out.clear()
         await cl.writer.drain()
+
+
+async def _write(cl: _Client, event: Any) -> None:
+    _emit(cl, event)
+    await _flush(cl)
+
+
+def _release(cl: _Client, head: h11.Response, parts: list[bytes]) -> None:
+    """A held reply as it came."""
+    _emit(cl, head)
+    for part in parts:
+        _emit(cl, h11.Data(data=part))
+
+
+def _client_poll(cl: _Client) -> Any:
+    try:
+        return cl.h.next_event()
+    except h11.RemoteProtocolError as e:
+        raise _Cut(str(e), e.error_status_hint) from None
+
+
+def _body_event(ev: Any) -> Any:
+    """A request body's event as the engine is sent it (its trailers less the hop-by-hop ones)."""
+    if isinstance(ev, h11.Data):
+        return ev
+    if isinstance(ev, h11.EndOfMessage):
+        return h11.EndOfMessage(headers=hop_filtered(list(ev.headers.raw_items())))
+    raise _Cut(f"unexpected {type(ev).__name__} in a request body", 400)
 
 
 async def _answer(cl: _Client, status: int, doc: dict, *, head_only: bool = False, close: bool = False) -> None:
