@@ -355,3 +355,35 @@ def test_the_cap_keeps_fds_for_the_rest_of_the_process(monkeypatch) -> None:
     assert fp.connection_cap(512) == (1024 - fp.PROXY_FD_HEADROOM) // 2 < 512
     monkeypatch.setattr(resource, "getrlimit", lambda _r: (100_000, 100_000))
     assert fp.connection_cap(512) == 512
+
+
+def test_a_head_that_drips_gets_408_and_a_silent_connection_is_closed(upstream, monkeypatch) -> None:
+    from gpushare_tui.core.engines import front_proxy as fp
+
+    monkeypatch.setattr(fp, "PROXY_HEAD_DEADLINE_S", 0.5)
+    with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port)) as p:
+        with socket.create_connection(("127.0.0.1", p.port), timeout=10) as s:
+            t0 = time.monotonic()
+            s.sendall(b"GET /len HT")
+            assert _read_all(s).startswith(b"HTTP/1.1 408 ") and time.monotonic() - t0 < 5
+        with socket.create_connection(("127.0.0.1", p.port), timeout=10) as s:
+            assert _read_all(s) == b""  # nothing sent: closed quietly
+        assert upstream.bodies == [] and p.in_flight == 0
+
+
+def test_a_bug_in_one_connection_is_said_once_and_the_proxy_serves_on(upstream, monkeypatch) -> None:
+    said: list[str] = []
+    with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port), on_error=said.append) as p:
+        real = p._exchange
+
+        async def broken(cl, req):
+            if req.target == b"/boom":
+                raise KeyError("boom")
+            return await real(cl, req)
+
+        monkeypatch.setattr(p, "_exchange", broken)
+        for _ in range(2):
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"http://127.0.0.1:{p.port}/boom", timeout=5)
+        assert httpx.get(f"http://127.0.0.1:{p.port}/len", timeout=5).text == "hello"
+    assert p.errors_total == 2 and len(said) == 1 and "KeyError" in said[0]

@@ -201,7 +201,8 @@ class FrontProxy:
 
     `seed_view`: the engine's GPU entry (`{gpu_key, period_ms, self, peers, ...}`), called on a worker
     thread at most once per PROXY_SEED_VIEW_MAX_AGE_S; None: /gpu/peers and /props go to the engine as is.
-    `idle_keepalive_s`, `body_idle_s`, `max_connections`: the budgets (tests make them small)."""
+    `idle_keepalive_s`, `body_idle_s`, `max_connections`: the budgets (tests make them small). `on_error`:
+    told one line the first time each kind of unexpected exception (a bug) ends a connection or an accept."""
 
     def __init__(
         self,
@@ -214,8 +215,12 @@ class FrontProxy:
         idle_keepalive_s: float = PROXY_IDLE_KEEPALIVE_S,
         body_idle_s: float = PROXY_BODY_IDLE_S,
         max_connections: int = PROXY_MAX_CONNECTIONS,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.listen = listen
+        self._on_error = on_error
+        self.errors_total = 0  # unexpected exceptions (a bug): each connection's ends it alone, never the proxy
+        self._errors_said: set[str] = set()
         self.upstream = upstream
         self._on_demand = on_demand
         self._clock = clock_s
@@ -332,6 +337,10 @@ class FrontProxy:
                 if e.errno in FD_ERRNOS:
                     await asyncio.sleep(PROXY_ACCEPT_BACKOFF_S)
                 continue
+            except Exception as e:  # a bug: said, and the port keeps accepting
+                self._unexpected("accept", e)
+                await asyncio.sleep(PROXY_ACCEPT_BACKOFF_S)
+                continue
             self._open += 1
             asyncio.create_task(self._client(conn))
 
@@ -346,6 +355,16 @@ class FrontProxy:
         oldest.task.cancel()
         self.evicted_total += 1
         return True
+
+    def _unexpected(self, where: str, e: Exception) -> None:
+        self.errors_total += 1
+        kind = f"{where}: {type(e).__name__}"
+        if kind not in self._errors_said and self._on_error is not None:
+            self._errors_said.add(kind)
+            try:
+                self._on_error(f"unexpected error in {kind}: {e} (the proxy serves on)")
+            except Exception:
+                pass
 
     def _demand(self, delta: int) -> None:
         before, self.in_flight = self.in_flight, self.in_flight + delta
@@ -401,6 +420,8 @@ class FrontProxy:
             pass
         except asyncio.CancelledError:  # close() or an eviction: end quietly
             pass
+        except Exception as e:  # a bug: this connection ends, the proxy serves on
+            self._unexpected("a connection", e)
         finally:
             self._clients.discard(cl)
             if cl.up is not None:

@@ -190,7 +190,13 @@ class Supervisor:
                 public = (self.args.host, self.args.port)
                 seed, m = self._seed_view, self.membership
                 view = (lambda: seed(m.slot)) if seed is not None else None  # its slot now (a re-claim may move it)
-                self.proxy = FrontProxy(public, self.upstream, on_demand=self._proxy_demand, seed_view=view)
+                self.proxy = FrontProxy(
+                    public,
+                    self.upstream,
+                    on_demand=self._proxy_demand,
+                    seed_view=view,
+                    on_error=lambda why: self._say(f"gpushare-tui: front proxy: {why}"),
+                )
                 self.proxy.start()
             self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
         except BaseException:
