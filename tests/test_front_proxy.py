@@ -147,7 +147,8 @@ def test_two_requests_in_flight_raise_demand_once(proxy, upstream) -> None:
     upstream.release.set()
     for t in threads:
         t.join(10)
-    assert len(done) == 2 and proxy.changes == [True, False]
+    assert len(done) == 2
+    wait_for(lambda: proxy.changes == [True, False], 5, what="DEMAND to fall once, after both")  # just after the end
 
 
 def test_a_response_delimited_by_close(proxy) -> None:

@@ -546,6 +546,8 @@ class FrontProxy:
             raise _Cut(f"engine: {e}", 502) from None
         if complete:
             self._body_done(work, ex)
+        else:  # ACK the head now: a client's Nagle holds its body's first bytes until then (40 ms delayed ACKs)
+            _quickack(cl.writer)
         body = asyncio.create_task(self._pump_body(cl, up, work, ex, complete))
         reply = asyncio.create_task(self._pump_reply(cl, up, req, props, ex))
         try:
@@ -639,9 +641,6 @@ class FrontProxy:
                     held = None
                 continue
             if isinstance(ev, h11.EndOfMessage):
-                if ex.demand:  # the engine's work is done: DEMAND falls before the client reads the end
-                    ex.demand = False
-                    self._demand(-1)
                 if held is not None:
                     body = b"".join(held[1])
                     added = with_gpu_share(body, {"enabled": True, **await self._seed()})
@@ -763,6 +762,15 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         await fut
     finally:
         loop.remove_reader(sock.fileno())
+
+
+def _quickack(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None and hasattr(socket, "TCP_QUICKACK"):  # Linux: sends the ACK pending now
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        except OSError:
+            pass
 
 
 def _nodelay(writer: asyncio.StreamWriter) -> None:
