@@ -546,8 +546,6 @@ class FrontProxy:
             raise _Cut(f"engine: {e}", 502) from None
         if complete:
             self._body_done(work, ex)
-        else:  # ACK the head now: a client's Nagle holds its body's first bytes until then (40 ms delayed ACKs)
-            _quickack(cl.writer)
         body = asyncio.create_task(self._pump_body(cl, up, work, ex, complete))
         reply = asyncio.create_task(self._pump_reply(cl, up, req, props, ex))
         try:
@@ -762,15 +760,6 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         await fut
     finally:
         loop.remove_reader(sock.fileno())
-
-
-def _quickack(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None and hasattr(socket, "TCP_QUICKACK"):  # Linux: sends the ACK pending now
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-        except OSError:
-            pass
 
 
 def _nodelay(writer: asyncio.StreamWriter) -> None:
