@@ -75,7 +75,7 @@ UPSTREAM_REUSE_IDLE_S = 2.0
 PEERS_PATH = "/gpu/peers"
 PROPS_PATH = "/props"
 # hop-by-hop (RFC 9110 §7.6.1): never passed on; h11 writes each hop's own framing and Connection
-HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade", b"trailer"})
+HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade"})
 FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
