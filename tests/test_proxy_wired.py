@@ -6,6 +6,7 @@ start and end within ms; `--no-proxy` serves the engine's port directly, DEMAND 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -174,3 +175,63 @@ def test_a_paced_engine_stopped_with_requests_in_flight_keeps_demand(engines) ->
             lo.stop()
     assert stopped[a] > 0 and stopped[b] > 0, stopped  # both were paced while they streamed
     assert clear <= 0.05 * sum(stopped.values()), (clear, stopped)
+
+
+@pytest.mark.slow
+def test_a_flood_of_idle_connections_over_the_fd_limit_leaves_the_engine_served(engines) -> None:
+    """Issue 26, finding 5: 1,224 idle connections at a soft fd limit of 1024 left the supervisor without fds.
+    At a soft limit of 256 (cap (256 - PROXY_FD_HEADROOM) / 2 = 96), 400 idle connections: the proxy holds at
+    most its cap (the rest wait in the backlog), a real request is still answered, and the supervisor's own
+    control socket and activity still work (no EMFILE)."""
+    import sys
+
+    python = ["prlimit", "--nofile=256:256", sys.executable, "-m", "gpushare_tui"]
+    sup, pid, _line = engines.run(1.0, python=python)
+    public = json.loads(run_cli("status", str(pid), "--json").stdout)["port"]
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", public))
+            flood.append(s)
+        time.sleep(1.0)
+        fds = len(os.listdir(f"/proc/{sup.pid}/fd"))
+        assert fds < 256 - 16, fds  # headroom left for the rest of the supervisor
+        t0 = time.monotonic()
+        r = httpx.get(f"http://127.0.0.1:{public}/health", timeout=30)
+        assert r.status_code == 200 and time.monotonic() - t0 < 10
+        st = run_cli("status", str(pid), "--json")
+        assert st.returncode == 0 and json.loads(st.stdout)["state"] == "running", st.stderr
+        sock, request = streamed_request(public, 16)
+        sock.sendall(request)
+        assert read_to_end(sock).count(b"data: ") >= 16
+    finally:
+        for s in flood:
+            s.close()
+    assert sup.poll() is None
+    assert "EMFILE" not in open(json.loads(run_cli("status", str(pid), "--json").stdout)["log"]).read()
+
+
+@pytest.mark.slow
+def test_the_engines_port_answers_gpu_peers_and_its_props_carry_gpu_share(engines) -> None:
+    """Issue 26, finding 11 (seed §5): GET /gpu/peers on the engine's own port, in the seed's shape with
+    `self`, and llama-server's /props with `opencoti.gpu_share` added, every other byte as the engine sent it."""
+    _sup, pid, _line = engines.run(1.5, name="seed")
+    _sup2, other, _line2 = engines.run(1.0, name="other")
+    public = json.loads(run_cli("status", str(pid), "--json").stdout)["port"]
+    internal = engine_port_of(pid)
+    assert httpx.get(f"http://127.0.0.1:{internal}/gpu/peers").status_code == 404  # the engine has none
+    view = httpx.get(f"http://127.0.0.1:{public}/gpu/peers").json()
+    seed_fields = {"pid", "name", "weight", "share_pct", "busy_pct", "active", "heartbeat_age_ms"}
+    assert view["gpu_key"] == engines.key and seed_fields <= set(view["self"])
+    assert (view["self"]["pid"], view["self"]["name"], view["self"]["weight"]) == (pid, "seed", 1.5)
+    assert sorted(p["pid"] for p in view["peers"]) == sorted([pid, other])
+    assert all(seed_fields <= set(p) for p in view["peers"])
+    direct = httpx.get(f"http://127.0.0.1:{internal}/props").content
+    via = httpx.get(f"http://127.0.0.1:{public}/props").content
+    doc = json.loads(via)
+    block = doc["opencoti"]["gpu_share"]
+    assert block["enabled"] is True and block["gpu_key"] == engines.key and block["self"]["pid"] == pid
+    added = b", " + b'"opencoti": ' + json.dumps(doc["opencoti"]).encode()
+    assert via.replace(added, b"", 1) == direct

@@ -322,3 +322,11 @@ def test_concurrent_scrapes_share_one_collect() -> None:
     time.sleep(0.6)
     exporter.model()
     assert src.calls == 2
+
+
+def test_an_engines_view_without_its_segment_says_why() -> None:
+    from gpushare_tui.core.observe.snapshot import SegmentProblem, SegmentsRead
+    from gpushare_tui.serve.peers import engine_view
+
+    doc = engine_view("k1", 0, SegmentsRead([], [SegmentProblem("/opencoti-gpu-k1", "shrunk")]))
+    assert doc == {"gpu_key": "k1", "period_ms": None, "self": None, "peers": [], "error": "shrunk"}

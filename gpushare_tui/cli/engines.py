@@ -157,6 +157,7 @@ def _start_supervisor(
         quit_event=quit_event,
         klass=klass,
         load_progress=WaitProgress(),
+        seed_view=_seed_view_for(key),
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
@@ -182,6 +183,15 @@ def _check_gpu_source(sources: EngineSources, key: str) -> None:
         raise UsageError(
             f"--activity gpu needs NVML and a GPU (key {key} is no NVIDIA device here): use --activity cpu or metrics"
         )
+
+
+def _seed_view_for(key: str):
+    """The engine's GPU entry given its slot, read afresh from its segment (serve.peers.engine_view)."""
+    from ..core.host.clock import wall_us
+    from ..core.observe.snapshot import SegmentReader
+    from ..serve.peers import engine_view
+
+    return lambda slot: engine_view(key, slot, SegmentReader(gpu_key=key).read_all(wall_us()))
 
 
 def _gpu_busy_for(key: str):

@@ -92,15 +92,17 @@ def peer_json(row: PeerRow) -> dict:
     return d
 
 
-def gpu_json(view: GpuView, host: str | None = None) -> dict:
-    """One GPU's entry (the body of `/gpu/peers?gpu_key=K`), with `host` when named."""
+def gpu_json(view: GpuView, host: str | None = None, self_slot: int | None = None) -> dict:
+    """One GPU's entry (the body of `/gpu/peers?gpu_key=K`), with `host` when named; `self` is the peer in
+    `self_slot` (an engine's own port answers for it), else null (an observer's)."""
     g = view.snapshot
+    peers = [peer_json(r) for r in view.rows]
     doc = {
         "gpu_key": g.gpu_key,
         "segment": g.segment,
         "period_ms": g.period_ms,
-        "self": None,  # spec §6: null for an observer
-        "peers": [peer_json(r) for r in view.rows],
+        "self": next((p for r, p in zip(view.rows, peers) if r.peer.slot == self_slot), None),  # spec §6
+        "peers": peers,
         "owner": g.owner,
         "owner_uid": g.owner_uid,
         "mode": f"{g.mode:04o}",

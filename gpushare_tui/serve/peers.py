@@ -7,8 +7,9 @@ from collections.abc import Callable
 from http import HTTPStatus
 
 from ..core.host.errors import GpushareError
+from ..core.observe.snapshot import SegmentsRead
 from ..core.registry.abi import validate_gpu_key
-from ..dashboard.model import DashboardModel
+from ..dashboard.model import DashboardModel, unmanaged_view
 from ..dashboard.report import ReportData, gpu_json, report_json
 
 
@@ -27,3 +28,15 @@ def peers_reply(
     if view is None:
         return HTTPStatus.NOT_FOUND, {"error": f"no segment for gpu_key {key!r} on this host"}
     return HTTPStatus.OK, gpu_json(view)
+
+
+def engine_view(gpu_key: str, slot: int | None, read: SegmentsRead) -> dict:
+    """A supervised engine's own GPU entry, for its port's `GET /gpu/peers` and its `/props`'s
+    `opencoti.gpu_share` (spec §5, served by core/engines/front_proxy.py): the entry `?gpu_key=K` gives, of
+    its segment as `read` (SegmentReader(gpu_key=...)), with `self` its own peer (the one in `slot`). Its
+    peers are unmanaged: an engine's port answers anyone, for no one's control sockets."""
+    g = next((g for g in read.gpus if g.gpu_key == gpu_key), None)
+    if g is None:
+        why = next((e.error for e in read.errors), "no segment")
+        return {"gpu_key": gpu_key, "period_ms": None, "self": None, "peers": [], "error": why}
+    return gpu_json(unmanaged_view(g), self_slot=slot)

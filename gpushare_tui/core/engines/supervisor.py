@@ -89,13 +89,15 @@ class Supervisor:
         quit_event: threading.Event | None = None,
         klass: str = "batch",
         load_progress: Progress | None = None,
+        seed_view: Callable[[int | None], dict] | None = None,
     ) -> None:
         """`args`: the command as it is started (llama_server.prepare_args for llama-server, whose
         sources' URLs left None are on its port; else command.prepare); `kind`, `activity_spec`,
         `health_spec`: declaration.resolve_sources'. `gpu_busy`: NVML utilisation of the tree (busy
         fraction; the `gpu` source). `quit_event`: set (by a signal handler, say) to stop; one set
         before `start()` starts nothing. `load_progress`: called while the engine loads (health.wait_ready's
-        `progress`)."""
+        `progress`). `seed_view`: the engine's GPU entry given its slot (serve.peers.engine_view), which the
+        front proxy serves as `/gpu/peers` and adds to `/props` (spec §5); None: neither."""
         self.args = args
         self.kind = kind
         self.activity_spec = activity_spec
@@ -110,6 +112,7 @@ class Supervisor:
         self._gpu_busy = gpu_busy
         self._say = say
         self._load_progress = load_progress
+        self._seed_view = seed_view
         self.engine_status = EngineStatus()
         self.proc: subprocess.Popen | None = None
         self.membership: Membership | None = None
@@ -185,7 +188,15 @@ class Supervisor:
             slot = self.membership.join()
             if self.upstream is not None and self.args.port is not None:  # bound now (ProxyError if the port is taken)
                 public = (self.args.host, self.args.port)
-                self.proxy = FrontProxy(public, self.upstream, on_demand=self._proxy_demand)
+                seed, m = self._seed_view, self.membership
+                view = (lambda: seed(m.slot)) if seed is not None else None  # its slot now (a re-claim may move it)
+                self.proxy = FrontProxy(
+                    public,
+                    self.upstream,
+                    on_demand=self._proxy_demand,
+                    seed_view=view,
+                    on_error=lambda why: self._say(f"gpushare-tui: front proxy: {why}"),
+                )
                 self.proxy.start()
             self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
         except BaseException:

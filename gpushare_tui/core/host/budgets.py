@@ -94,3 +94,29 @@ HEALTH_PROBE_MAX_BYTES = 64 * 2**10  # the body is not used: a /health reply is 
 # --health-log: the log is read incrementally, at most this much per 0.1 s poll (a burst skips ahead to
 # its last bytes, as `logs -f` does); a line longer than logtail.MAX_LINE_BYTES is matched in pieces.
 HEALTH_LOG_READ_MAX_BYTES = 1024 * 1024
+
+# -- the front proxy on a supervised llama-server's public port (core/engines/front_proxy.py) ----------
+# Anyone who can reach the engine's port is its client: these bound what one of them may hold. None bounds
+# the engine's own reply: a response is awaited as long as the engine keeps its connection open and the
+# client keeps its own (a non-streamed completion may compute for many minutes; llama-server's --timeout
+# bounds its socket reads and writes, not a reply's compute time).
+
+PROXY_MAX_HEAD_BYTES = 64 * 2**10  # a request's or a response's head (line + headers): a real one is < 4 KiB
+PROXY_HEAD_DEADLINE_S = 10.0  # a request head, from the connection (or its first byte) to its blank line
+PROXY_IDLE_KEEPALIVE_S = 60.0  # a kept-alive client connection with no request begun is closed after this
+# A request body with no byte for this long is cut (408, both connections closed). DEMAND is raised only at a
+# body's end, so a stalled body never holds one; this bounds the connection (and the engine's HTTP thread it holds).
+PROXY_BODY_IDLE_S = 30.0
+PROXY_UPSTREAM_CONNECT_S = 5.0  # connecting to the engine's internal port (localhost: ms, unless it is stopped)
+# Client connections open at once. Each holds 2 fds (client, engine); the cap is also held below the soft
+# RLIMIT_NOFILE less PROXY_FD_HEADROOM, so the supervisor's other threads (the monitor's /proc and HTTP reads,
+# the control socket, logs) never meet EMFILE. At the cap the oldest connection that has no request in flight
+# (idle, or still sending its head) is closed for a newcomer; when none is, newcomers wait in the backlog.
+PROXY_MAX_CONNECTIONS = 512
+PROXY_FD_HEADROOM = 64  # fds kept for the rest of the supervisor (the control socket alone may hold 17)
+PROXY_ACCEPT_BACKOFF_S = 0.05  # after accept() failed for want of fds (EMFILE, ENFILE): no busy loop
+# Bytes read ahead from a client while its request is answered (the next pipelined requests); past this the
+# client is not read until the reply ends (TCP back-pressure), so pipelining costs at most this much memory.
+PROXY_PIPELINE_BUFFER_BYTES = 64 * 2**10
+PROXY_PROPS_MAX_BYTES = 256 * 2**10  # a /props reply parsed to add opencoti.gpu_share (~5-20 KiB); larger: unchanged
+PROXY_SEED_VIEW_MAX_AGE_S = 0.25  # /gpu/peers and /props share one read of the segment at most this old
