@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
-import psutil
-
 from ..host import budgets
 from ..host.errors import ControlError, GpushareError, UsageError
 from ..host.paths import runtime_dir, runtime_dir_path, unlink_in
@@ -726,6 +724,8 @@ def is_managed(engine_pid: int) -> bool:
 
 
 def _why_unreachable(pid: int) -> str:
+    import psutil  # not on the --once path: only when an engine cannot be reached
+
     try:
         proc = psutil.Process(pid)
         uid = proc.uids().real
