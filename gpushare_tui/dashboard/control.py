@@ -1,21 +1,27 @@
 """How the dashboard talks to managed engines: a small client interface over `core.control`.
 
 The App and `LiveSource` take a `ControlClient`, so tests pass a fake instead
-of patching the module; `LocalControl` is the real one (this user's sockets).
+of patching the module; `LocalControl` is the real one (this user's sockets). It lists the sockets
+without `core.control` (its types, `socket`), which it imports only to ask an engine: a host with no
+managed engine (a `--once` snapshot, say) never loads it.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..core.pacing import control
+from ..core.host.errors import ControlError
+from ..core.pacing.sockets import socket_index
+
+if TYPE_CHECKING:
+    from ..core.pacing.control import Target
 
 
 class ControlClient(Protocol):
-    """Requests to engines' control sockets. Failures raise `core.control.ControlError`."""
+    """Requests to engines' control sockets. Failures raise `core.host.errors.ControlError`."""
 
     def request(
-        self, pid: int, cmd: str, timeout_s: float = 3.0, *, target: control.Target | None = None, **args: object
+        self, pid: int, cmd: str, timeout_s: float = 3.0, *, target: Target | None = None, **args: object
     ) -> dict:
         """One request (to the engine `target` names when the pid serves several: the row's gpu key
         and slot); the reply dict (`ok` is true), or ControlError with a one-line reason."""
@@ -34,16 +40,20 @@ class LocalControl:
     """`core.control` for this user: sockets in the per-user runtime directory."""
 
     def request(
-        self, pid: int, cmd: str, timeout_s: float = 3.0, *, target: control.Target | None = None, **args: object
+        self, pid: int, cmd: str, timeout_s: float = 3.0, *, target: Target | None = None, **args: object
     ) -> dict:
-        return control.request(pid, cmd, timeout_s, target=target, busy_retry_s=0.0, **args)  # never waits on busy
+        from ..core.pacing.control import request
+
+        return request(pid, cmd, timeout_s, target=target, busy_retry_s=0.0, **args)  # never waits on busy
 
     def is_managed(self, pid: int) -> bool:
-        return control.is_managed(pid)
+        from ..core.pacing.control import is_managed
+
+        return is_managed(pid)
 
     def socket_pids(self) -> set[int] | None:
         # one listdir per tick instead of a stat per peer
         try:
-            return set(control.socket_index())
-        except control.ControlError:
+            return set(socket_index())
+        except ControlError:
             return None

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..core.host.clock import ClockUs, mono_us, wall_us
+from ..core.host.errors import ControlError
 from ..core.host.text import printable
 from ..core.observe.accounting import Accountant
 from ..core.observe.energy import EnergyReading, EnergySources
 from ..core.observe.gpu import DeviceStats, device_stats
 from ..core.observe.snapshot import GpuSnapshot, SegmentReader, printable_gpu, printable_problem
-from ..core.pacing.control import ControlError, StatusReply, Target
 from .control import ControlClient, LocalControl
 from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 
@@ -104,6 +104,8 @@ class LiveSource:
             cached = self._status.get((pid, gpu_key, slot))
         if cached is not None and cached[1] > mono and (cached[2] == active or cached[0].error):
             return cached[0]
+        from ..core.pacing.control import StatusReply, Target  # only once an engine has a socket
+
         t0 = time.monotonic()
         text = _printable if self.sanitize else _same
         try:
