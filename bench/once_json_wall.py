@@ -3,12 +3,14 @@
 bare interpreter start (`python -c pass`): issue 28's target is a ratio of at most 2.5.
 
 The peers are Membership objects in this process (distinct pid= values, unique keys,
-heartbeating), so the segments are real and live. Each round runs every command once, in an
-order rotated round by round (paired: a load that comes and goes hits them alike); the table gives
-each command's median, min and max over the rounds, the median of its per-round ratio to the floor,
-then every round. The package is byte-compiled first, as an installed one is (an editable
-checkout with PYTHONDONTWRITEBYTECODE=1 would otherwise compile every module on every start).
-Then the same report in-process (cold: a new reader each time; warm: mappings kept open).
+heartbeating), so the segments are real and live; the runs get a private XDG_RUNTIME_DIR (no
+other engine's control socket here makes one of them managed). Each round runs every command once,
+in an order rotated round by round (paired: a load that comes and goes hits them alike); the table
+gives each command's median, min and max over the rounds, the median of its per-round ratio to the
+floor and its median CPU time (user + system: steadier on a loaded machine), then every round. The
+package is byte-compiled first, as an installed one is (an editable checkout with
+PYTHONDONTWRITEBYTECODE=1 would otherwise compile every module on every start). Then the same
+report in-process (cold: a new reader each time; warm: mappings kept open).
 Cleans up its segments. Writes JSON to bench/results/.
 
     python -m bench.once_json_wall [--rounds 15]
@@ -23,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,24 +43,27 @@ TARGET_RATIO = 2.5  # issue 28 item 5
 FLOOR = "python -c pass (interpreter floor)"
 
 
-def _run(argv: list[str]) -> float:
+def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run: on a loaded machine the CPU time (user + system) varies less."""
     t0 = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True)
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    stderr = p.stderr.read() if p.stderr is not None else b""
+    _pid, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise RuntimeError(f"{argv} failed: {r.stderr}")
-    return wall
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{argv} failed: {stderr.decode(errors='replace')}")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
-def _paired(commands: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
-    """Each command's wall times (s), one per round; round i starts at command i (mod n)."""
+def _paired(commands: dict[str, list[str]], rounds: int, env: dict[str, str]) -> dict[str, list[tuple[float, float]]]:
+    """Each command's (wall, CPU) seconds, one per round; round i starts at command i (mod n)."""
     names = list(commands)
-    times: dict[str, list[float]] = {n: [] for n in names}
+    times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for n in names:  # one warm-up each (page cache, bytecode)
-        _run(commands[n])
+        _run(commands[n], env)
     for i in range(rounds):
         for n in names[i % len(names) :] + names[: i % len(names)]:
-            times[n].append(_run(commands[n]))
+            times[n].append(_run(commands[n], env))
     return times
 
 
@@ -70,14 +76,16 @@ def _time_inproc(fn, runs: int) -> list[float]:
     return times
 
 
-def _row(label: str, times: list[float], floor: list[float] | None = None) -> dict:
-    row = {
+def _row(label: str, times: list[float], floor: list[float] | None = None, cpu: list[float] | None = None) -> dict:
+    row: dict = {
         "what": label,
         "runs": len(times),
         "median_ms": 1000 * statistics.median(times),
         "min_ms": 1000 * min(times),
         "max_ms": 1000 * max(times),
     }
+    if cpu is not None:
+        row["cpu_median_ms"] = 1000 * statistics.median(cpu)
     if floor is not None:
         row["ratio_median"] = statistics.median(t / f for t, f in zip(times, floor))
     return row
@@ -101,8 +109,10 @@ def main() -> int:
                     m.mark_active()
                 members.append(m)
 
+        # a private runtime directory: no other engine's control socket on this host makes a peer managed
+        env = {**os.environ, "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="bench-once-")}
         once = [sys.executable, "-m", "gpushare_tui", "--once", "--json"]
-        doc = json.loads(subprocess.run(once, capture_output=True, text=True, check=True).stdout)
+        doc = json.loads(subprocess.run(once, capture_output=True, text=True, check=True, env=env).stdout)
         ours = [g for g in doc["gpus"] if g["gpu_key"] in keys]
         assert len(ours) == 3 and all(len(g["peers"]) == 16 for g in ours), "segments not as expected"
         n_all = len(doc["gpus"])
@@ -116,9 +126,11 @@ def main() -> int:
         script = os.path.join(os.path.dirname(sys.executable), "gpushare-tui")
         if os.path.exists(script):
             commands[f"gpushare-tui --once --json ({n_all} segments, console script)"] = [script, "--once", "--json"]
-        times = _paired(commands, args.rounds)
+        paired = _paired(commands, args.rounds, env)
+        times = {n: [w for w, _c in ts] for n, ts in paired.items()}
+        cpus = {n: [c for _w, c in ts] for n, ts in paired.items()}
         floor = times[FLOOR]
-        rows = [_row(n, t, None if n == FLOOR else floor) for n, t in times.items()]
+        rows = [_row(n, t, None if n == FLOOR else floor, cpus[n]) for n, t in times.items()]
         rows.append(
             _row(
                 "in-process once_report + dumps (cold reader)",
@@ -153,12 +165,16 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
         f"{args.rounds} paired rounds, target ratio <= {TARGET_RATIO}\n"
     )
-    header = f"{'measurement':<66} {'runs':>5} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'x floor':>8}"
+    header = (
+        f"{'measurement':<66} {'runs':>5} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'x floor':>8} {'cpu ms':>7}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
         ratio = f"{r['ratio_median']:>8.2f}" if "ratio_median" in r else f"{'':>8}"
-        print(f"{r['what']:<66} {r['runs']:>5} {r['median_ms']:>10.2f} {r['min_ms']:>8.2f} {r['max_ms']:>8.2f} {ratio}")
+        cpu = f"{r['cpu_median_ms']:>7.1f}" if "cpu_median_ms" in r else ""
+        spread = f"{r['median_ms']:>10.2f} {r['min_ms']:>8.2f} {r['max_ms']:>8.2f}"
+        print(f"{r['what']:<66} {r['runs']:>5} {spread} {ratio} {cpu}")
     print("\nevery round, ms (x floor):")
     names = list(times)
     print("round " + " ".join(f"{'cmd ' + str(j):>15}" for j in range(len(names))))
@@ -179,7 +195,8 @@ def main() -> int:
                 "segments": n_all,
                 "cpus": os.cpu_count(),
                 "loadavg": load,
-                "rounds": {n: [1000 * t for t in ts] for n, ts in times.items()},
+                "rounds_ms": {n: [1000 * t for t in ts] for n, ts in times.items()},
+                "rounds_cpu_ms": {n: [1000 * t for t in ts] for n, ts in cpus.items()},
                 "rows": rows,
             },
             indent=1,
