@@ -100,8 +100,8 @@ def test_entry_point_falls_back_to_the_full_command_line(gpu_key: str) -> None:
 
 # What the headless `--once --json` path must not import (issue 28: its start-up within 2.5x of a bare
 # interpreter's): the full command line and the UI, what only other commands need (processes, HTTP,
-# the exporter, NVML for a key that is no device), and what only asking an engine needs (a host with
-# no managed engine asks none). A name covers its submodules.
+# the exporter, NVML for a key that is no device), what only asking an engine needs (a host with no
+# managed engine asks none), and typing (only type checks need it). A name covers its submodules.
 ONCE_NEVER = (
     *HEADLESS_ONLY,
     *UI_MODULES,
@@ -116,6 +116,7 @@ ONCE_NEVER = (
     "tempfile",
     "hashlib",
     "socket",
+    "typing",
     "gpushare_tui.cli.typer_app",
     "gpushare_tui.core.pacing.control",
     "gpushare_tui.core.engines",

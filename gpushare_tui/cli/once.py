@@ -10,11 +10,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..core.host.errors import GpushareError, UsageError
 from .common import ExitCode, checked_key
 
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
     from ..dashboard.columns import Column
     from ..dashboard.model import PeerRow

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from ..core.observe.accounting import GpuAccount, PeerAccount
 from ..core.observe.gpu import DeviceStats
 from ..core.observe.snapshot import GpuSnapshot, PeerSnapshot, SegmentProblem
 from ..core.registry.abi import to_f32
 
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
     from ..core.pacing.control import SignalLateness
 
