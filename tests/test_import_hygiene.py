@@ -120,6 +120,7 @@ ONCE_NEVER = (
     "gpushare_tui.cli.typer_app",
     "gpushare_tui.core.pacing.control",
     "gpushare_tui.core.engines",
+    "gpushare_tui.dashboard.history",
     "gpushare_tui.serve",
     "gpushare_tui.up",
 )
