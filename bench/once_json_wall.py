@@ -13,7 +13,7 @@ PYTHONDONTWRITEBYTECODE=1 would otherwise compile every module on every start). 
 report in-process (cold: a new reader each time; warm: mappings kept open).
 Cleans up its segments. Writes JSON to bench/results/.
 
-    python -m bench.once_json_wall [--rounds 15]
+    python -m bench.once_json_wall [--rounds 15] [--instructions]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import compileall
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,6 +68,21 @@ def _paired(commands: dict[str, list[str]], rounds: int, env: dict[str, str]) ->
     return times
 
 
+def _instructions(argv: list[str], env: dict[str, str]) -> int | None:
+    """Instructions one run executes (valgrind's callgrind, `Collected`): the same on a loaded machine
+    as on a quiet one; None without valgrind."""
+    if shutil.which("valgrind") is None:
+        return None
+    r = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    found = [ln.split()[-1] for ln in r.stderr.splitlines() if "Collected :" in ln]
+    return int(found[-1]) if r.returncode == 0 and found else None
+
+
 def _time_inproc(fn, runs: int) -> list[float]:
     times = []
     for _ in range(runs):
@@ -95,6 +111,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", "--runs", type=int, default=15, help="paired rounds of subprocess runs (default 15)")
     ap.add_argument("--inproc-runs", type=int, default=200, help="in-process runs (default 200)")
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each command's instructions under valgrind (one run each: slow, but load-independent)",
+    )
     args = ap.parse_args()
 
     compileall.compile_dir(os.path.dirname(gpushare_tui.__file__), quiet=1)
@@ -131,6 +152,7 @@ def main() -> int:
         cpus = {n: [c for _w, c in ts] for n, ts in paired.items()}
         floor = times[FLOOR]
         rows = [_row(n, t, None if n == FLOOR else floor, cpus[n]) for n, t in times.items()]
+        counted = {n: _instructions(argv, env) for n, argv in commands.items()} if args.instructions else {}
         rows.append(
             _row(
                 "in-process once_report + dumps (cold reader)",
@@ -187,6 +209,11 @@ def main() -> int:
         ]
         print(f"{i:>5} " + " ".join(cells))
     print("\n" + "\n".join(f"cmd {j}: {n}" for j, n in enumerate(names)))
+    if counted and counted[FLOOR]:
+        print("\ninstructions (valgrind callgrind, one run each):")
+        for n, ir in counted.items():
+            cells = f"{ir / 1e6:>8.1f} M  {ir / counted[FLOOR]:>5.2f}x" if ir else "(not counted)"
+            print(f"{n:<66} {cells}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"once_json_wall-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(
@@ -198,6 +225,7 @@ def main() -> int:
                 "rounds_ms": {n: [1000 * t for t in ts] for n, ts in times.items()},
                 "rounds_cpu_ms": {n: [1000 * t for t in ts] for n, ts in cpus.items()},
                 "rows": rows,
+                "instructions": counted,
             },
             indent=1,
         )
