@@ -121,6 +121,7 @@ def main() -> int:
     compileall.compile_dir(os.path.dirname(gpushare_tui.__file__), quiet=1)
     keys = [f"bench-once-{os.getpid()}-{i}" for i in range(3)]
     members: list[Membership] = []
+    runtime = tempfile.mkdtemp(prefix="bench-once-")
     try:
         for g, key in enumerate(keys):
             for i in range(16):
@@ -131,7 +132,7 @@ def main() -> int:
                 members.append(m)
 
         # a private runtime directory: no other engine's control socket on this host makes a peer managed
-        env = {**os.environ, "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="bench-once-")}
+        env = {**os.environ, "XDG_RUNTIME_DIR": runtime}
         once = [sys.executable, "-m", "gpushare_tui", "--once", "--json"]
         doc = json.loads(subprocess.run(once, capture_output=True, text=True, check=True, env=env).stdout)
         ours = [g for g in doc["gpus"] if g["gpu_key"] in keys]
@@ -173,6 +174,7 @@ def main() -> int:
         finally:
             reader.close()
     finally:
+        shutil.rmtree(runtime, ignore_errors=True)
         for m in members:
             m.leave()
         for key in keys:
