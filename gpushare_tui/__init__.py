@@ -6,11 +6,10 @@ use, so `import gpushare_tui` (the headless `--once` path) stays cheap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 __version__ = "0.1.0"
 __all__ = ["GpuShare", "__version__"]
 
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
     from .api import GpuShare
 

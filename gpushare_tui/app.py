@@ -31,9 +31,11 @@ from .core.pacing.control import ControlError, Target
 from .core.registry.abi import to_f32
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.columns import fmt_age
-from .dashboard.control import ControlClient, LocalControl
-from .dashboard.model import DashboardModel, History, PeerRow, without_idle_segments
-from .dashboard.source import DataSource, LiveSource
+from .dashboard.control import LocalControl
+from .dashboard.history import History
+from .dashboard.model import DashboardModel, PeerRow, without_idle_segments
+from .dashboard.protocols import ControlClient, DataSource
+from .dashboard.source import LiveSource
 from .widgets.confirm_stop import ConfirmStop
 from .widgets.gpu_panel import GpuPanel
 from .widgets.help_screen import HelpScreen, help_rows

@@ -15,7 +15,8 @@ from textual.widgets._toast import Toast
 
 from gpushare_tui.app import HISTORY_SPANS_S, DashboardApp
 from gpushare_tui.core.observe.gpu import DeviceStats
-from gpushare_tui.dashboard.model import DashboardModel, Series
+from gpushare_tui.dashboard.history import Series
+from gpushare_tui.dashboard.model import DashboardModel
 from gpushare_tui.dashboard.source import FixedSource
 from gpushare_tui.widgets.gpu_panel import info_line
 from gpushare_tui.widgets.palette import slot_rgb

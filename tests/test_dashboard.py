@@ -10,7 +10,8 @@ from slots import NOW, model_at
 from gpushare_tui.core.observe.gpu import DeviceStats
 from gpushare_tui.core.pacing.control import ControlError
 from gpushare_tui.dashboard.control import LocalControl
-from gpushare_tui.dashboard.model import History, achieved_shares
+from gpushare_tui.dashboard.history import History
+from gpushare_tui.dashboard.model import achieved_shares
 from gpushare_tui.dashboard.source import LiveSource
 
 # -- history and plot data -----------------------------------------------------

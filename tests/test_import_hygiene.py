@@ -1,5 +1,6 @@
-"""The headless `--once` path never imports Textual (nor, from the entry point, typer). core/ never importing
-UI code, and no import cycle, are import-linter contracts: test_import_contracts.py."""
+"""The headless `--once` path never imports Textual (nor, from the entry point, typer, nor anything heavy:
+ONCE_NEVER). core/ never importing UI code, and no import cycle, are import-linter contracts:
+test_import_contracts.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
 from testkit.paths import REPO
 
@@ -94,3 +96,50 @@ def test_entry_point_falls_back_to_the_full_command_line(gpu_key: str) -> None:
     r = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "--once" in r.stdout and "Commands" in r.stdout
     assert "typer" in _imported(r.stderr)
+
+
+# What the headless `--once --json` path must not import (issue 28: its start-up within 2.5x of a bare
+# interpreter's): the full command line and the UI, what only other commands need (processes, HTTP,
+# the exporter, NVML for a key that is no device), what only asking an engine needs (a host with no
+# managed engine asks none), and typing (only type checks need it). A name covers its submodules.
+ONCE_NEVER = (
+    *HEADLESS_ONLY,
+    *UI_MODULES,
+    "psutil",
+    "httpx",
+    "h11",
+    "prometheus_client",
+    "pynvml",
+    "atomics",
+    "asyncio",
+    "subprocess",
+    "tempfile",
+    "hashlib",
+    "socket",
+    "typing",
+    "gpushare_tui.cli.typer_app",
+    "gpushare_tui.core.pacing.control",
+    "gpushare_tui.core.engines",
+    "gpushare_tui.dashboard.history",
+    "gpushare_tui.serve",
+    "gpushare_tui.up",
+)
+
+
+@pytest.mark.parametrize("how", ["console-script", "python-m"])
+def test_once_json_imports_nothing_heavy(how: str, gpu_key: str, runtime_dir: str) -> None:
+    """The real entry point with a live peer to report: beyond what a bare interpreter imports, none of
+    ONCE_NEVER (an import count, not a timing: bench.once_json_wall times it)."""
+    script = Path(sys.executable).with_name("gpushare-tui")
+    if how == "console-script" and not script.exists():
+        pytest.skip(f"{script} is not installed (pip install -e .)")
+    argv = [str(script)] if how == "console-script" else [sys.executable, "-m", "gpushare_tui"]
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    bare = _imported(subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True, env=env).stderr)
+    with Membership(gpu_key, 1.0, "peer", heartbeat_s=3600):
+        r = subprocess.run([*argv, "--once", "--json", "--gpu-key", gpu_key], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert [len(g["peers"]) for g in json.loads(r.stdout)["gpus"]] == [1]  # the report was really made
+    mods = _imported(r.stderr) - bare
+    assert "gpushare_tui.dashboard.report" in mods
+    assert sorted(m for m in mods if any(m == n or m.startswith(n + ".") for n in ONCE_NEVER)) == []

@@ -6,14 +6,14 @@ from __future__ import annotations
 import enum
 import math
 import sys
-from typing import TYPE_CHECKING
 
 from ..core.host.errors import GpushareError, UsageError
 from ..core.registry import abi
+from ..dashboard import MIN_INTERVAL_S
 
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
     from ..core.pacing.control import EngineRef
-from ..dashboard import MIN_INTERVAL_S
 
 
 class ExitCode(enum.IntEnum):

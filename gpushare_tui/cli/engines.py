@@ -125,7 +125,7 @@ def _start_supervisor(
     from ..core.engines import llama_server as ls
     from ..core.engines.supervisor import Supervisor
     from ..core.host.paths import file_name_part, state_dir
-    from ..core.pacing.control import check_socket_dir
+    from ..core.pacing.sockets import check_socket_dir
     from ..core.registry.ownership import Owner
 
     share_group = checked_group(share_group)

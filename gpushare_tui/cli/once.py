@@ -10,11 +10,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..core.host.errors import GpushareError, UsageError
 from .common import ExitCode, checked_key
 
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
     from ..dashboard.columns import Column
     from ..dashboard.model import PeerRow
@@ -63,14 +63,12 @@ def collect(
     host's name, or the endpoint's URL); a host that cannot be read is one error (`segment` ""), not a
     failure. Segments of other users beyond a cap are counted, not read, unless `all_owners`. What both
     the `--once` table and its JSON are made of; text as read (untrusted)."""
-    import socket
-
     from ..core.host.clock import wall_us
     from ..core.observe.snapshot import SegmentProblem
     from ..dashboard.model import unmanaged_view
     from ..dashboard.report import ReportData
 
-    hostname = socket.gethostname()
+    hostname = os.uname().nodename  # what socket.gethostname() returns, without importing socket
     remote = _RemoteFetch(urls) if urls else None  # asked at once, while this host is read
     data = ReportData(hostname, wall_us())
     if local:

@@ -1,8 +1,5 @@
-"""Where the dashboard's models come from: the live host, or fixed data.
-
-A `DataSource` is used by one collector thread (`collect`, `close`), except
-`forget_status`, which any thread may call.
-"""
+"""Where the dashboard's models come from (a `DataSource`, dashboard/protocols.py): the live host, or
+fixed data."""
 
 from __future__ import annotations
 
@@ -10,35 +7,20 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from ..core.host.clock import ClockUs, mono_us, wall_us
+from ..core.host.errors import ControlError
 from ..core.host.text import printable
 from ..core.observe.accounting import Accountant
 from ..core.observe.energy import EnergyReading, EnergySources
 from ..core.observe.gpu import DeviceStats, device_stats
 from ..core.observe.snapshot import GpuSnapshot, SegmentReader, printable_gpu, printable_problem
-from ..core.pacing.control import ControlError, StatusReply, Target
-from .control import ControlClient, LocalControl
+from .control import LocalControl
 from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 
-
-class DataSource(Protocol):
-    def collect(self) -> DashboardModel:
-        """The current model (may raise: the App reports it and carries on)."""
-        ...
-
-    def prime(self) -> list[DashboardModel]:
-        """Models from before the App started, oldest first (the plots' history)."""
-        ...
-
-    def forget_status(self, pid: int) -> None:
-        """Ask `pid`'s engine for its status again at the next collect (after a weight change or a stop)."""
-        ...
-
-    def close(self) -> None:
-        """Release what the source holds; no collect follows."""
-        ...
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
+if TYPE_CHECKING:
+    from .protocols import ControlClient
 
 
 class LiveSource:
@@ -104,6 +86,8 @@ class LiveSource:
             cached = self._status.get((pid, gpu_key, slot))
         if cached is not None and cached[1] > mono and (cached[2] == active or cached[0].error):
             return cached[0]
+        from ..core.pacing.control import StatusReply, Target  # only once an engine has a socket
+
         t0 = time.monotonic()
         text = _printable if self.sanitize else _same
         try:

@@ -18,6 +18,7 @@ from ..core.engines import spawn
 from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
 from ..core.pacing import control
+from ..core.pacing.sockets import socket_path
 from ..core.registry.ownership import ENV, STOP_EVENT, Owner
 from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig
@@ -253,7 +254,7 @@ class Child:
                 self._ready(self.proc.pid, None, listening=line.split(SERVE_READY, 1)[1].split()[0].removeprefix("http://"))
             return
         if self.decl.synth is not None:
-            if os.path.exists(control.socket_path(self.proc.pid)):
+            if os.path.exists(socket_path(self.proc.pid)):
                 self._ready(self.proc.pid, None)
             return
         if self._notify_r is None or not select.select([self._notify_r], [], [], 0)[0]:

@@ -18,7 +18,7 @@ from ..core.host import budgets, paths
 from ..core.host.errors import GpushareError
 from ..core.host.lifecycle import SignalWakeup, on_signals
 from ..core.observe.gpu import GpuKeyError, gpu_key_for_index
-from ..core.pacing import control
+from ..core.pacing.sockets import check_socket_dir
 from . import config as cfgmod
 from .backoff import Backoff
 from .child import Child, State
@@ -73,7 +73,7 @@ class Up:
         self.path = path
         self.say = say
         self.cfg, keys = check(path)
-        control.check_socket_dir()
+        check_socket_dir()
         self.log_dir = paths.state_dir()
         self.lock = UpLock(path)  # last: nothing after it may fail
         self.children: dict[str, Child] = {

@@ -14,7 +14,7 @@ from textual.widgets import Static
 
 from ..core.schedule.v1 import PERIOD_MAX_MS, PERIOD_MIN_MS
 from ..dashboard.columns import COLUMNS
-from ..dashboard.model import ACHIEVED_AVG_S
+from ..dashboard.history import ACHIEVED_AVG_S
 from ..dashboard.strobe import STROBE_STEPS, Strobe
 from .dialog import Dialog
 

@@ -16,8 +16,8 @@ from ..core.host.errors import GpushareError
 from ..core.host.logtail import LogFollower, display_line
 from ..core.host.text import printable
 from ..core.pacing.control import Target, reported_log
-from ..dashboard.control import ControlClient
 from ..dashboard.model import PeerRow
+from ..dashboard.protocols import ControlClient
 from .dialog import Dialog
 
 POLL_S = 0.3

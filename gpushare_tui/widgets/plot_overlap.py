@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from ..dashboard.model import Series
+from ..dashboard.history import Series
 
 TURN = 4  # samples (braille dot columns) per turn: two cells, so that one cell at least is the
 # line's own wherever plotext's cell boundaries fall

@@ -15,7 +15,7 @@ from textual.app import RenderResult
 from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
-from ..dashboard.model import Series
+from ..dashboard.history import Series
 from .palette import slot_marker, slot_rgb
 from .plot_overlap import Stroke, interleave
 from .plot_ticks import time_ticks

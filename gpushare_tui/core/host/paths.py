@@ -17,12 +17,10 @@ XDG_RUNTIME_DIR, say) the next candidate is used and one line on stderr says so.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import pwd
 import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -286,6 +284,8 @@ def replace_file(path: str, data: bytes) -> None:
     """Write `data` to `path` atomically: a new file created exclusively (O_EXCL, O_NOFOLLOW, a
     random name) beside it, then renamed over it (a rename replaces a symbolic link, never follows
     it). OSError on failure (no temporary file left)."""
+    import tempfile
+
     directory, name = os.path.split(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
@@ -309,6 +309,8 @@ def file_name_part(name: str) -> str:
 def real_path_digest(path: str, length: int = 16) -> str:
     """A short hex digest of `path`'s real path: the identity of a file (`up`'s config) in the names
     of what belongs to it (its lock, its engines' logs), the same however the file is named."""
+    import hashlib
+
     return hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:length]
 
 

@@ -1,6 +1,6 @@
 """Per-engine control socket: one JSON request line, one JSON reply line.
 
-Socket: `<runtime dir>/<engine pid>.sock`, mode 0600, in the 0700 per-user runtime
+Socket (core/pacing/sockets.py): `<runtime dir>/<engine pid>.sock`, mode 0600, in the 0700 per-user runtime
 directory (core/host/paths.py). A process that serves several engines' sockets under one pid (two
 `GpuShare` in one Python process) names the others `<pid>.<n>.sock` (n = 1, 2, ...: the lowest
 number this process does not hold); each is reachable and closes alone. A client finds them all
@@ -32,20 +32,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Protocol, get_args, get_type_hints, runtime_checkable
 
-import psutil
-
 from ..host import budgets
 from ..host.errors import ControlError, GpushareError, UsageError
-from ..host.paths import runtime_dir, runtime_dir_path, unlink_in
+from ..host.paths import runtime_dir, unlink_in
 from ..registry import abi
 from ..registry.abi import parse_weight
 from ..registry.ownership import Owner
+from .sockets import socket_index, socket_path, socket_paths
 
 MAX_REQUEST_BYTES = 4096
 READ_TIMEOUT_S = budgets.CONTROL_REQUEST_READ_S
 MAX_CONNECTIONS = 16
-SUN_PATH_MAX = 107  # bytes of an AF_UNIX path, without the NUL (sun_path is 108 on Linux)
-PID_DIGITS_MAX = 7  # the largest Linux pid_max, 4194304
 LISTEN_BACKLOG = 64
 ACCEPT_BACKOFF_S = 0.05  # out of fds (EMFILE/ENFILE): wait for some to close instead of spinning
 CLOSE_GRACE_S = 1.0  # close() waits this long for replies already being written (a `stop` reply)
@@ -140,67 +137,6 @@ def _typed(value: object, kind: type) -> object:
         return None
 
 
-def _check_length(path: str) -> None:
-    if len(os.fsencode(path)) > SUN_PATH_MAX:
-        raise ControlError(
-            f"control socket path {path} is longer than {SUN_PATH_MAX} bytes (the AF_UNIX limit); "
-            "set XDG_RUNTIME_DIR to a shorter private directory"
-        )
-
-
-def socket_name(engine_pid: int, index: int = 0) -> str:
-    """`<pid>.sock` (index 0, the common one engine per pid), else `<pid>.<index>.sock`."""
-    return f"{engine_pid}.sock" if index == 0 else f"{engine_pid}.{index}.sock"
-
-
-def parse_socket_name(name: str) -> tuple[int, int] | None:
-    """(pid, index) of a name `socket_name` makes, else None."""
-    parts = name.split(".")
-    if parts[-1:] != ["sock"] or len(parts) not in (2, 3) or not all(_is_number(x) for x in parts[:-1]):
-        return None
-    index = int(parts[1]) if len(parts) == 3 else 0
-    if len(parts) == 3 and (index == 0 or parts[1] != str(index)):
-        return None  # `<pid>.0.sock`, `<pid>.01.sock`: not names we make
-    return int(parts[0]), index
-
-
-def _is_number(text: str) -> bool:
-    return text.isascii() and text.isdigit() and text == str(int(text))
-
-
-def socket_path(engine_pid: int, index: int = 0) -> str:
-    """`<runtime dir>/<socket_name>`; ControlError if the directory is unusable or the path too long to bind."""
-    path = os.path.join(runtime_dir_path(), socket_name(engine_pid, index))
-    _check_length(path)  # before runtime_dir(): no directory is created for a path that cannot work
-    runtime_dir()
-    return path
-
-
-def socket_index() -> dict[int, list[str]]:
-    """pid -> the paths of its control sockets (index order), from one listing of the runtime
-    directory; ControlError if it cannot be listed."""
-    directory = runtime_dir()
-    try:
-        names = os.listdir(directory)
-    except OSError as e:
-        raise ControlError(f"control socket directory {directory}: {e.strerror or e}") from None
-    found: dict[int, list[tuple[int, str]]] = {}
-    for name in names:
-        parsed = parse_socket_name(name)
-        if parsed is not None:
-            found.setdefault(parsed[0], []).append((parsed[1], os.path.join(directory, name)))
-    return {pid: [path for _i, path in sorted(entries)] for pid, entries in found.items()}
-
-
-def socket_paths(engine_pid: int) -> list[str]:
-    """The paths of `engine_pid`'s control sockets that exist now, `<pid>.sock` first; [] when the
-    directory cannot be read."""
-    try:
-        return socket_index().get(engine_pid, [])
-    except ControlError:
-        return []
-
-
 _claims_lock = threading.Lock()
 _claimed: set[tuple[int, int]] = set()  # (pid, index) of the sockets this process serves
 
@@ -218,13 +154,6 @@ def _claim_index(engine_pid: int) -> int:
 def _release_index(engine_pid: int, index: int) -> None:
     with _claims_lock:
         _claimed.discard((engine_pid, index))
-
-
-def check_socket_dir() -> str:
-    """The runtime directory, if a socket for any pid fits in it; else ControlError (fail fast
-    before an engine is started whose pid is not known yet)."""
-    _check_length(os.path.join(runtime_dir_path(), "9" * PID_DIGITS_MAX + ".sock"))
-    return runtime_dir()
 
 
 Handler = Callable[[dict], dict]
@@ -726,6 +655,8 @@ def is_managed(engine_pid: int) -> bool:
 
 
 def _why_unreachable(pid: int) -> str:
+    import psutil  # not on the --once path: only when an engine cannot be reached
+
     try:
         proc = psutil.Process(pid)
         uid = proc.uids().real

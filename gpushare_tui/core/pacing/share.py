@@ -31,8 +31,9 @@ from ..host.lifecycle import termination_deferred
 from ..registry import abi
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
-from .control import ControlServer, StatusReply, control_handlers, socket_path
+from .control import ControlServer, StatusReply, control_handlers
 from .pacer import Pacer
+from .sockets import socket_path
 
 RATE_WINDOW_S = 1.0  # pace() calls are counted over windows this long for `steps_per_s`
 SCHEDULE_REREAD_US = 10_000  # pace() re-reads the registry at most this often (windows are >= 40 ms;

@@ -28,12 +28,12 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..host.budgets import OWN_TORN_WAIT_S, OWN_TORN_WAITS, SEQLOCK_REREADS
 from ..host.errors import GpushareError, UsageError
 from . import abi
 
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
     from atomics.ctx import AtomicViewContext
     from atomics.view import AtomicIntegralView
