@@ -135,16 +135,22 @@ def test_lone_and_idle_engines_are_never_stopped(engines):
     assert "T" not in states_b  # idle: never stopped
 
 
-def test_sigkill_supervisor_never_leaves_engine_stopped(engines):
+def test_sigkill_supervisor_ends_its_engine_never_left_stopped(engines):
+    """Issue 26 item 7: a SIGKILLed supervisor's engine is continued (the watchdog), then ended: SIGTERM from
+    the kernel (PR_SET_PDEATHSIG, taken once continued) and the watchdog; none runs on unpaced and unseen."""
     sup_a, a, _ = engines.run(1)
     sup_b, b, _ = engines.run(1)
     loads = [start_load(port_of(p)) for p in (a, b)]
-    wait_for(lambda: proc_state(a) == "T", 10, 0.001, "engine a stopped by its supervisor")
-    os.kill(sup_a.pid, signal.SIGKILL)
-    time.sleep(1.0)
-    assert proc_state(a) not in ("T", None)
-    for lo in loads:
-        lo.stop_nowait()
+    try:
+        wait_for(lambda: proc_state(a) == "T", 10, 0.001, "engine a stopped by its supervisor")
+        os.kill(sup_a.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_for(lambda: proc_state(a) in (None, "Z"), 15, 0.01, "the orphaned engine's end")
+        print(f"engine ended {time.monotonic() - t0:.2f} s after its supervisor's SIGKILL")
+        assert sup_b.poll() is None and proc_state(b) not in (None, "Z")  # its peer runs on
+    finally:
+        for lo in loads:
+            lo.stop_nowait()
 
 
 def test_sigterm_supervisor_stops_engine_and_leaves_slot(engines):

@@ -7,9 +7,10 @@ starts are paced with it). An idle engine, a lone engine, or one whose peers are
 all idle is never stopped. Whether it is working comes from its activity source
 (core/engines/activity/), when it is ready from its health source (engines/health.py):
 the supervisor never knows which engine it paces. Every exit path continues the
-group; if the supervisor is SIGKILLed, the kernel sends the engine SIGCONT
-(PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) the rest of its group,
-so nothing of it is left stopped — it then runs on unpaced until someone stops it.
+group; if the supervisor is SIGKILLed, the kernel sends the engine SIGTERM
+(PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) continues its whole tree,
+then ends it (SIGTERM, SIGKILL after 10 s): nothing of it is left stopped, nor
+running on unpaced and unseen.
 
 A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
 (core/engines/front_proxy.py) on the public --host/--port forwards to it and publishes DEMAND (spec §7)
@@ -54,7 +55,7 @@ UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 STOP_LEAD_US = 500  # stop this long before our window ends (see run_until)
 MONITOR_TICK_S = 0.050
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL, ending the engine: here, and by its watchdog if we die
 BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
 MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (budgets.ENGINE_PROBE_DEADLINE_S)
 GpuBusy = Callable[[Sequence[int], int], float | None]  # (the tree's pids, since wall µs) -> summed SM % or None
@@ -159,7 +160,8 @@ class Supervisor:
             raise
         try:
             try:
-                self._watchdog = watchdog.start(self.proc.pid)  # before any SIGSTOP: the engine leads the group
+                # before any SIGSTOP (the engine leads its group); it ends the tree if we die
+                self._watchdog = watchdog.start(self.proc.pid, STOP_GRACE_S)
             except OSError as e:
                 raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
             ready = health.ready_check(spec, log_ready=log_ready)
