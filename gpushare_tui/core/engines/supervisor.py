@@ -459,67 +459,111 @@ class Supervisor:
         /metrics every 50 ms while idle, so `active` rises within ~100 ms of the first decode, and
         once a second while active (each probe costs the engine throughput; its CPU time carries
         "still decoding" between); other sources: core/engines/activity/. Stopped spells (at most
-        (1 - share) * 400 ms) are bridged by the 2 s activity window."""
+        (1 - share) * 400 ms) are bridged by the 2 s activity window.
+
+        No dependency of it ends it silently (issue 26 item 5): an OSError in a step (EMFILE with
+        the fd limit reached, a /proc file gone) skips that step, says so in one line (and once
+        more when steps succeed again), and the next tick tries again; pacing never waits for it.
+        Any other exception is a bug: one line, and the supervisor stops (the engine is ended in order)."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
-        tree = activity.ProcessTree(proc.pid)
-        source = activity.make_source(self.activity_spec, tree=tree, base_url=self.base_url, gpu_util=self._gpu_busy)
-        rate = StepRate()
-
-        def alone() -> bool:
-            return runs_alone(m.read_slots(), m.slot, wall_us())
-
-        cpu_stats = activity.CpuMeter(tree, min_span_us=0)
-        cpu_stats.cores(mono_us())
-        cores = tree.cores()
-        next_stats = time.monotonic() + BUSY_WINDOW_US / 1e6
-        busy_total_us, busy_at_us = m.busy_total_us, mono_us()  # device time at the last stats tick
+        state: _MonitorState | None = None
+        failing: str | None = None  # the error steps fail with, as said
         try:
             while not self._quit.is_set() and proc.poll() is None:
-                mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
-                t = mono / 1e6
-                source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
-                # DEMAND (spec §7). Proxied (llama-server), the proxy publishes it at each request's start
-                # and end, counting through stops. A sampled source (a gauge, CPU readings) cannot see the
-                # end of work exactly: a reading between two back-to-back requests reads 0 (measured: 40 %
-                # of a loaded 2:1 pair's samples lost DEMAND, and the pair ran 1.06:1), so its DEMAND
-                # follows its activity window, as v1's `active` does; kept while stopped (§7).
-                demand = source.is_active(mono)
-                if self.upstream is None and demand != self.in_flight and (demand or not self._stopped):
-                    self.in_flight = demand
-                    m.set_demand(demand)
-                n_work = source.take_work_total()
-                if source.is_active(mono):
-                    m.mark_active(source.last_us)
-                    if n_work is not None:  # rate windows span work only: idle time is not averaged in
-                        rate.update(t, n_work, alone)
-                elif m.active:
-                    m.mark_idle()
-                    rate.idle()
-                if source.counts_work:  # None: working, first window not complete
-                    self.engine_status.tok_s = rate.rate if m.active else 0.0
-                    self.engine_status.solo_tok_s = rate.solo
-                if t >= next_stats:
-                    next_stats = t + BUSY_WINDOW_US / 1e6
-                    since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
-                    busy = self._gpu_busy(tree.pids(), since_us) if self._gpu_busy else None
-                    used = cpu_stats.cores(mono_us())
-                    frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / cores)
-                    self.engine_status.busy_pct = 100 * frac
-                    m.set_busy_ppm(int(frac * 1_000_000))
-                    # The priority budget (spec §7) is judged on device time: the engine's continued time while
-                    # working (busy_total_us) over the last second. Its CPU fraction of the machine's cores
-                    # cannot be: a 1-thread engine on 2 cores reads at most 50 %, and at weight 1:1 (S = 0.5)
-                    # never overran (measured: a flooding interactive engine kept 92-100 % of the steps).
-                    total_us, at_us = m.busy_total_us, mono_us()
-                    device_ppm = min(1_000_000, (total_us - busy_total_us) * 1_000_000 // max(1, at_us - busy_at_us))
-                    busy_total_us, busy_at_us = total_us, at_us
-                    if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
-                        share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
-                        m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
+                try:
+                    if state is None:  # built here: an HTTP client is made (it may need fds too)
+                        state = self._monitor_state(m, proc.pid)
+                    self._monitor_step(m, state)
+                    if failing is not None:
+                        self._say("gpushare-tui: monitor: readings resumed (pacing went on meanwhile)")
+                        failing = None
+                except OSError as e:
+                    if failing is None:
+                        failing = f"{type(e).__name__}: {e}"
+                        self._say(
+                            f"gpushare-tui: monitor: {failing}; activity and busy readings skipped until it"
+                            " clears (pacing goes on)"
+                        )
                 time.sleep(MONITOR_TICK_S)
+        except Exception as e:  # a bug: said in one line, and the engine is ended in order
+            self._say(f"gpushare-tui: monitor thread failed ({type(e).__name__}: {e}): stopping the engine")
+            self._quit.set()
         finally:
+            if state is not None:
+                state.source.close()
+
+    def _monitor_state(self, m: Membership, pid: int) -> _MonitorState:
+        tree = activity.ProcessTree(pid)
+        source = activity.make_source(self.activity_spec, tree=tree, base_url=self.base_url, gpu_util=self._gpu_busy)
+        try:
+            cpu_stats = activity.CpuMeter(tree, min_span_us=0)
+            cpu_stats.cores(mono_us())
+        except BaseException:
             source.close()
+            raise
+        mono = mono_us()
+        next_stats_us = mono + BUSY_WINDOW_US
+        return _MonitorState(tree, source, StepRate(), cpu_stats, tree.cores(), next_stats_us, m.busy_total_us, mono)
+
+    def _monitor_step(self, m: Membership, st: _MonitorState) -> None:
+        source, rate, tree = st.source, st.rate, st.tree
+        mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
+        t = mono / 1e6
+        source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
+        # DEMAND (spec §7). Proxied (llama-server), the proxy publishes it at each request's start
+        # and end, counting through stops. A sampled source (a gauge, CPU readings) cannot see the
+        # end of work exactly: a reading between two back-to-back requests reads 0 (measured: 40 %
+        # of a loaded 2:1 pair's samples lost DEMAND, and the pair ran 1.06:1), so its DEMAND
+        # follows its activity window, as v1's `active` does; kept while stopped (§7).
+        demand = source.is_active(mono)
+        if self.upstream is None and demand != self.in_flight and (demand or not self._stopped):
+            self.in_flight = demand
+            m.set_demand(demand)
+        n_work = source.take_work_total()
+        if source.is_active(mono):
+            m.mark_active(source.last_us)
+            if n_work is not None:  # rate windows span work only: idle time is not averaged in
+                rate.update(t, n_work, lambda: runs_alone(m.read_slots(), m.slot, wall_us()))
+        elif m.active:
+            m.mark_idle()
+            rate.idle()
+        if source.counts_work:  # None: working, first window not complete
+            self.engine_status.tok_s = rate.rate if m.active else 0.0
+            self.engine_status.solo_tok_s = rate.solo
+        if mono < st.next_stats_us:
+            return
+        st.next_stats_us = mono + BUSY_WINDOW_US
+        since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
+        busy = self._gpu_busy(tree.pids(), since_us) if self._gpu_busy else None
+        used = st.cpu_stats.cores(mono_us())
+        frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / st.cores)
+        self.engine_status.busy_pct = 100 * frac
+        m.set_busy_ppm(int(frac * 1_000_000))
+        # The priority budget (spec §7) is judged on device time: the engine's continued time while
+        # working (busy_total_us) over the last second. Its CPU fraction of the machine's cores
+        # cannot be: a 1-thread engine on 2 cores reads at most 50 %, and at weight 1:1 (S = 0.5)
+        # never overran (measured: a flooding interactive engine kept 92-100 % of the steps).
+        total_us, at_us = m.busy_total_us, mono_us()
+        device_ppm = min(1_000_000, (total_us - st.busy_total_us) * 1_000_000 // max(1, at_us - st.busy_at_us))
+        st.busy_total_us, st.busy_at_us = total_us, at_us
+        if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
+            share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+            m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
+
+
+@dataclass
+class _MonitorState:
+    """What the monitor keeps between its steps (built once, in its thread)."""
+
+    tree: activity.ProcessTree
+    source: activity.ActivitySource
+    rate: StepRate
+    cpu_stats: activity.CpuMeter
+    cores: int
+    next_stats_us: int  # monotonic µs of the next busy/priority tick
+    busy_total_us: int  # device time at the last stats tick
+    busy_at_us: int
 
 
 def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:
