@@ -4,7 +4,10 @@ on the engine's port, a descendant that leaves the engine's process group."""
 
 from __future__ import annotations
 
+import os
 import resource
+import shlex
+import signal
 import socket
 import threading
 import time
@@ -13,9 +16,14 @@ import httpx
 import pytest
 from llama_env import Engines
 
+from gpushare_tui.core.registry.segment import Segment, shm_path
+from testkit.cli import cli_argv, run_cli
+from testkit.engines import engine_command
+from testkit.engines.http_engine import DEFAULT_GAUGE
+from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON, why_not_other_user
 from testkit.wait import wait_for
 
-pytestmark = pytest.mark.llama
+pytestmark = pytest.mark.slow
 
 SUPERVISOR_NOFILE = 160  # the supervisor's fd limit in the EMFILE test (and its engine's: inherited)
 
@@ -55,6 +63,7 @@ def _complete(port: int) -> int:
     return httpx.post(f"http://127.0.0.1:{port}/completion", json=body, timeout=60).status_code
 
 
+@pytest.mark.llama
 def test_the_monitor_survives_emfile_and_active_rises_again(engines) -> None:
     """Issue 26 item 5: more idle connections than the supervisor's fd limit make its monitor's /proc reads
     fail with EMFILE. It says so in one line, pacing goes on, and once the fds are back `active` rises with
@@ -88,3 +97,96 @@ def test_the_monitor_survives_emfile_and_active_rises_again(engines) -> None:
     lines.wait("monitor: readings resumed")
     assert sum("monitor: " in ln for ln in lines.lines) == 2, lines.lines  # one line each way, not one per tick
     assert sup.poll() is None
+
+
+# -- a squatter of another uid on the engine's port (item 9) -----------------------------------------------
+
+SQUATTER = """
+import http.server, sys
+body = b"engine_requests_running 1\\n"
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("listening", flush=True)
+s.serve_forever()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def squatter(procs):
+    """squatter() -> the port a server of uid 65534 listens on, answering 200 and a gauge of 1 to any GET."""
+    why = why_not_other_user()
+    if why:
+        pytest.skip(why)
+
+    def start() -> int:
+        port = _free_port()
+        p = procs.start(
+            [SYSTEM_PYTHON, "-I", "-c", SQUATTER, str(port)], user=OTHER_UID, group=OTHER_GID, extra_groups=[], cwd="/"
+        )
+        assert p.stdout.readline().strip() == "listening", p.stderr.read()
+        return port
+
+    return start
+
+
+def _late_engine(port: int) -> list[str]:
+    """An HTTP engine that binds `port` only after 5 s (a model loading): until then, only the squatter answers."""
+    return ["sh", "-c", f"sleep 5; exec {shlex.join(engine_command('http_engine', '--port', str(port)))}"]
+
+
+@pytest.mark.parametrize("how", ["--health-url", "--health-port"])
+def test_a_squatter_on_the_health_port_is_named_and_never_ready(how, squatter, gpu_key, runtime_dir, tmp_path) -> None:
+    """Issue 26 item 9: another uid listening on the engine's port first made `run` declare the engine ready
+    0.4 s after its start. Now: one line naming the port and its owner, exit 1, nothing joined."""
+    port = squatter()
+    health = f"http://127.0.0.1:{port}/health" if how == "--health-url" else str(port)
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    t0 = time.monotonic()
+    argv = ("run", "--gpu-key", gpu_key, "--name", "sq", how, health, "--", *_late_engine(port))
+    r = run_cli(*argv, env=env, timeout=60)
+    took_s = time.monotonic() - t0
+    said = f"port {port} on 127.0.0.1 is held by another process"
+    line = next((ln for ln in r.stderr.splitlines() if said in ln), "")
+    assert r.returncode == 1 and "uid 65534" in line and "not by the engine" in line, r.stderr
+    assert "joined" not in r.stderr
+    assert took_s < 5 + 15, took_s  # refused at its first answer, not after the load timeout
+    print(f"{how}: squatter refused in {took_s:.2f} s: {line}")
+
+
+def test_a_squatters_gauge_never_paces_the_engine(squatter, procs, gpu_key, runtime_dir, tmp_path) -> None:
+    """`--activity metrics` at a port another uid holds: its gauge (1, always) is ignored, said in one line;
+    the engine's slot never becomes active (on main it was active within 0.1 s)."""
+    port = squatter()
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    argv = cli_argv("run", "--gpu-key", gpu_key, "--name", "g", "--no-health", "--activity", "metrics")
+    argv += ["--metrics-url", f"http://127.0.0.1:{port}/metrics", "--gauge", DEFAULT_GAUGE, "--", "sleep", "60"]
+    sup = procs.start(argv, env=env)
+    lines = Lines(sup)
+    try:
+        lines.wait("joined")
+        line = lines.wait(f"port {port} on 127.0.0.1 is held by another process", "uid 65534", "readings are ignored")
+        slots = []
+        t_end = time.monotonic() + 3.0
+        while time.monotonic() < t_end:
+            with Segment.attach_readonly(shm_path(gpu_key)) as seg:
+                slots += [s for s in seg.read_slots() if s.pid]
+            time.sleep(0.05)
+        assert slots and not any(s.active for s in slots), slots
+        assert sum("held by another process" in ln for ln in lines.lines) == 1  # said once, not per probe
+        print(line)
+    finally:
+        sup.send_signal(signal.SIGTERM)
+        sup.wait(20)

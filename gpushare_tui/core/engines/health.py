@@ -97,10 +97,13 @@ def wait_ready(
     quit_event: threading.Event | None = None,
     progress: Progress | None = None,
     waiting_for: str = "the engine",
+    owned: Callable[[], bool] | None = None,
 ) -> None:
     """Poll `ready()` every POLL_S until true. EngineError (with the log's tail) if the engine exits
     first, is not ready after `timeout_s`, or `quit_event` is set meanwhile. `progress` (spawn.Progress)
-    is called before every poll with `waiting_for` and the time waited, and once ready."""
+    is called before every poll with `waiting_for` and the time waited, and once ready. `owned`: asked
+    once `ready()` is true, whether what answered is the engine's (listener.PortCheck.ready: False
+    while nobody listens, an EngineError when another process does); not ready until it is."""
     started = time.monotonic()
     deadline = started + timeout_s
     try:
@@ -110,7 +113,7 @@ def wait_ready(
             code = proc.poll()
             if code is not None:
                 raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
-            if ready():
+            if ready() and (owned is None or owned()):
                 if proc.poll() is None:
                     if progress is not None:
                         progress(waiting_for, time.monotonic() - started, timeout_s, True)

@@ -44,7 +44,7 @@ from ..registry.membership import Membership
 from ..registry.ownership import Owner
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import v1 as schedule
-from . import activity, command, health, watchdog
+from . import activity, command, health, listener, watchdog
 from . import llama_server as ls
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .front_proxy import FrontProxy
@@ -165,6 +165,7 @@ class Supervisor:
             except OSError as e:
                 raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
             ready = health.ready_check(spec, log_ready=log_ready)
+            owned = self._port_check(spec)
             health.wait_ready(
                 self.proc,
                 ready,
@@ -174,6 +175,7 @@ class Supervisor:
                 quit_event=self._quit,
                 progress=self._load_progress,
                 waiting_for=health.waiting_for(shown, self.args.argv[0]),
+                owned=owned.ready if owned is not None else None,
             )
             self.membership = Membership(
                 self.gpu_key,
@@ -203,6 +205,16 @@ class Supervisor:
                 f"gpushare-tui: serving {self.args.host}:{self.args.port} through the front proxy"
                 f" (engine on {self.upstream[0]}:{self.upstream[1]}; --no-proxy to serve it directly)"
             )
+
+    def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:
+        """Who listens where the readiness probe goes (http, tcp): ready only once it is the engine's tree."""
+        assert self.proc is not None
+        where = listener.url_address(spec.url or "") if spec.kind == "http" else None
+        if spec.kind == "tcp" and spec.port is not None:
+            where = (health.HOST_DEFAULT, spec.port)
+        if where is None:
+            return None
+        return listener.PortCheck(*where, activity.ProcessTree(self.proc.pid, refresh_s=0).pids)
 
     def run(self) -> int:
         """Pace until the engine exits or a stop is requested; returns the exit code."""
@@ -495,7 +507,9 @@ class Supervisor:
 
     def _monitor_state(self, m: Membership, pid: int) -> _MonitorState:
         tree = activity.ProcessTree(pid)
-        source = activity.make_source(self.activity_spec, tree=tree, base_url=self.base_url, gpu_util=self._gpu_busy)
+        source = activity.make_source(
+            self.activity_spec, tree=tree, base_url=self.base_url, gpu_util=self._gpu_busy, say=self._say
+        )
         try:
             cpu_stats = activity.CpuMeter(tree, min_span_us=0)
             cpu_stats.cores(mono_us())

@@ -94,3 +94,14 @@ HEALTH_PROBE_MAX_BYTES = 64 * 2**10  # the body is not used: a /health reply is 
 # --health-log: the log is read incrementally, at most this much per 0.1 s poll (a burst skips ahead to
 # its last bytes, as `logs -f` does); a line longer than logtail.MAX_LINE_BYTES is matched in pieces.
 HEALTH_LOG_READ_MAX_BYTES = 1024 * 1024
+
+# -- who listens on an engine's port (core/host/sockets.py, core/engines/listener.py) ---------------------
+
+# /proc/net/tcp{,6} list every socket, listening ones first: a table is read only while its lines listen,
+# and at most this much of it (a host with 10^5 connections has ~15 MB of table; ~150 bytes a line).
+LISTEN_TABLE_MAX_BYTES = 2 * 2**20
+# fd links read for one engine tree when its sockets are looked for (vLLM holds a few hundred per process).
+TREE_FDS_MAX = 65536
+# A port found the engine's is believed this long before it is looked at again (a squatter can only take a
+# port the engine let go of; each look costs ~1 ms of CPU). A health probe looks at every answer.
+LISTENER_RECHECK_S = 1.0

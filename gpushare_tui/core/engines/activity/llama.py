@@ -4,6 +4,8 @@ between probes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...host import probe
 from ...host.clock import mono_us
 from ...registry import abi
@@ -66,9 +68,15 @@ class LlamaActivity(ActivitySource):
 
     name = "llama"
 
-    def __init__(self, metrics_url: str, tree: ProcessTree, cpu_cores: float | None = None) -> None:
+    def __init__(
+        self,
+        metrics_url: str,
+        tree: ProcessTree,
+        cpu_cores: float | None = None,
+        trusted: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__()
-        self.metrics_url = metrics_url
+        self.metrics_url, self._trusted = metrics_url, trusted
         self.cpu_cores = cpu_cores if cpu_cores is not None else CPU_ACTIVE_CORES
         self.window = EngineActivity()
         self._cpu = CpuMeter(tree)
@@ -85,7 +93,7 @@ class LlamaActivity(ActivitySource):
                 status, body = probe.get(self._client, self.metrics_url)
             except probe.ProbeError:
                 status, body = 0, b""
-            if status == 200:
+            if status == 200 and (self._trusted is None or self._trusted()):  # the engine's own answer only
                 met = ls.parse_metrics(body.decode("utf-8", "replace"))
                 self.window.on_probe(mono_us(), met.n_decode_total, met.requests_processing)
                 self.in_flight = met.requests_processing > 0

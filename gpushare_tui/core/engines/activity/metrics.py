@@ -5,6 +5,8 @@ gauge's samples are summed over their labels (one per model served)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from ...host import probe
@@ -38,9 +40,9 @@ class GaugeActivity(ActivitySource):
 
     name = "metrics"
 
-    def __init__(self, url: str, gauge: str) -> None:
+    def __init__(self, url: str, gauge: str, trusted: Callable[[], bool] | None = None) -> None:
         super().__init__()
-        self.url, self.gauge = url, gauge
+        self.url, self.gauge, self._trusted = url, gauge, trusted
         self._client = probe.new_client()
         self._attempt_us: int | None = None
 
@@ -57,6 +59,9 @@ class GaugeActivity(ActivitySource):
             return
         value = gauge_value(body.decode("utf-8", "replace"), self.gauge) if status == 200 else None
         if value is None:
+            return
+        if self._trusted is not None and not self._trusted():  # another process answered: not the engine's work
+            self.in_flight = False
             return
         self.in_flight = value > 0
         if self.in_flight:
