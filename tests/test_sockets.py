@@ -42,3 +42,20 @@ def test_which_addresses_are_looked_at() -> None:
     assert sockets.resolve_local("[::1]") == [ipaddress.ip_address("::1")]
     assert sockets.resolve_local("0.0.0.0") == [ipaddress.ip_address("0.0.0.0")]
     assert sockets.resolve_local("10.1.2.3") is None and sockets.resolve_local("example.com") is None
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "[::1]", "::", "localhost"])
+def test_port_helpers_follow_the_address_family(host) -> None:
+    port = sockets.free_port(host)
+    assert not sockets.port_in_use(host, port)
+    family, addr = sockets.addresses(host, port)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind(addr)
+        s.listen()
+        assert sockets.port_in_use(host, port)
+
+
+def test_a_host_that_names_no_address_is_one_error() -> None:
+    with pytest.raises(sockets.HostError, match="host 'no-such-host.invalid'"):
+        sockets.port_in_use("no-such-host.invalid", 80)
+    assert sockets.host_port("::1", 80) == "[::1]:80" and sockets.http_url("127.0.0.1", 8, "/x") == "http://127.0.0.1:8/x"

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..host import paths
+from ..host import paths, sockets
 from ..host.clock import mono_us, wall_us
 from ..host.errors import EngineError
 from ..host.text import counted
@@ -126,7 +126,7 @@ class Supervisor:
         # proxied (llama-server): the engine listens on `upstream`; health checks and probes go there
         self.upstream: tuple[str, int] | None = getattr(args, "upstream", None) if kind == LLAMA_SERVER else None
         host, port = self.upstream or (args.host, args.port)
-        self.base_url = f"http://{host}:{port}" if port is not None else None
+        self.base_url = sockets.http_url(host.split(",")[0], port) if port is not None else None
         self.proxy: FrontProxy | None = None
         self._watchdog: watchdog.Watchdog | None = None
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
@@ -143,8 +143,8 @@ class Supervisor:
         spec = shown = self.health_spec
         if spec.kind == "http" and spec.url is None:
             spec = shown = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
-            if self.upstream is not None:  # a person is told the public port (the engine's own is internal)
-                shown = HealthSpec("http", url=f"http://{self.args.host}:{self.args.port}/health")
+            if self.upstream is not None and self.args.port is not None:  # a person is told the public port
+                shown = HealthSpec("http", url=sockets.http_url(self.args.host, self.args.port, "/health"))
         log_ready = None
         if spec.kind == "log":  # followed from its end before the engine writes to it
             os.close(paths.open_log(self.log_path))
@@ -201,9 +201,10 @@ class Supervisor:
             f"(weight {self.weight:g}, {counted(self.membership.peers_alive(), 'peer')} alive)"
         )
         if self.proxy is not None and self.upstream is not None:
+            serving = sockets.host_port(self.args.host, self.proxy.port)
             self._say(
-                f"gpushare-tui: serving {self.args.host}:{self.args.port} through the front proxy"
-                f" (engine on {self.upstream[0]}:{self.upstream[1]}; --no-proxy to serve it directly)"
+                f"gpushare-tui: serving {serving} through the front proxy"
+                f" (engine on {sockets.host_port(*self.upstream)}; --no-proxy to serve it directly)"
             )
 
     def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:

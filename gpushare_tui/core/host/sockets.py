@@ -3,7 +3,7 @@ that is refused, /proc/net/tcp and tcp6) gives each listening socket's address, 
 /proc/PID/fd links name the inodes a process holds (`socket:[INODE]`). An engine's port is the
 engine's only when its listening socket is held by the engine's process tree (design.md, "Trust of
 what an engine exposes"): anything else listening there, another user's squatter above all, must not
-make us declare it ready or pace by its numbers.
+make us declare it ready or pace by its numbers. Also: ports of any address family (`--host ::1`).
 
 Budgets (core/host/budgets.py): at most LISTEN_TABLE_MAX_BYTES of a dump or table is read (a table
 only while its lines are listening sockets: the kernel lists those first); at most TREE_FDS_MAX fd
@@ -203,3 +203,57 @@ def resolve_local(host: str) -> list[Address] | None:
         return addrs
     return None
 
+
+# -- ports of any address family (issue 26 item 8: `--host ::1`) ------------------------------------------
+
+
+def host_port(host: str, port: int) -> str:
+    """`HOST:PORT` as a person and a URL write it: `127.0.0.1:8080`, `[::1]:8080`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def http_url(host: str, port: int, path: str = "") -> str:
+    return f"http://{host_port(host, port)}{path}"
+
+
+class HostError(OSError):
+    """A host that names no address here (its `strerror` says why)."""
+
+
+def addresses(host: str, port: int = 0) -> list[tuple[int, tuple]]:
+    """(family, socket address) of each address `host` names (`127.0.0.1`, `::1`, `::`, `[::1]`, a
+    name such as `localhost`: each of its addresses); HostError when it names none."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise HostError(0, f"host {host!r}: {getattr(e, 'strerror', None) or e}") from None
+    seen: list[tuple[int, tuple]] = []
+    for family, _, _, _, addr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6) and (family, addr) not in seen:
+            seen.append((family, addr))
+    if not seen:
+        raise HostError(0, f"host {host!r}: no IPv4 or IPv6 address")
+    return seen
+
+
+def free_port(host: str) -> int:
+    """A port free now on `host`'s (first) address, of its family; HostError for a host that names none."""
+    family, addr = addresses(host)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind(addr[:2] if family == socket.AF_INET else addr)
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether `port` cannot be bound on one of the addresses `host` names (as a listener with
+    SO_REUSEADDR would: a port in TIME_WAIT is free); HostError for a host that names none."""
+    for family, addr in addresses(host, port):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # [::]:P and 0.0.0.0:P are two ports
+            try:
+                s.bind(addr)
+            except OSError:
+                return True
+    return False
