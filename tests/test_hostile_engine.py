@@ -9,6 +9,7 @@ import resource
 import shlex
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -190,3 +191,77 @@ def test_a_squatters_gauge_never_paces_the_engine(squatter, procs, gpu_key, runt
     finally:
         sup.send_signal(signal.SIGTERM)
         sup.wait(20)
+
+
+# -- a descendant that leaves the engine's process group (item 10) ------------------------------------------
+
+ESCAPER = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        pass
+time.sleep(600)
+"""
+SPINNER = "while True:\n    pass"
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_a_descendant_that_calls_setsid_is_paced_and_ended_with_the_engine(procs, gpu_key, runtime_dir, tmp_path):
+    """Issue 26 item 10: a child that called setsid() left the engine's group and ran (0.96 cores) through
+    every stop window, and was orphaned once `run` ended. Now it is found, said in one line, stopped and
+    continued with the engine, and ended with it."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+
+    def run(name: str, code: str):
+        argv = cli_argv("run", "--gpu-key", gpu_key, "--name", name, "--activity", "always", "--no-health")
+        sup = procs.start([*argv, "--", sys.executable, "-c", code], env=env)
+        lines = Lines(sup)
+        lines.wait("joined")
+        return sup, lines
+
+    sup, lines = run("escaper", ESCAPER)
+    peer, _ = run("peer", SPINNER)
+    escaped: int | None = None
+    try:
+        with Segment.attach_readonly(shm_path(gpu_key)) as seg:
+            engine = next(s.pid for s in seg.read_slots() if s.pid and s.name == "escaper")
+        escaped = wait_for(lambda: _children(engine), 10, what="the escaper's child")[0]
+        wait_for(lambda: os.getsid(escaped) == escaped, 5, what="its setsid")
+        lines.wait(f"pid {escaped} (python", "left the engine's process group", timeout_s=20)
+        time.sleep(0.5)
+        both = stopped = 0
+        t_end = time.monotonic() + 3.0
+        while time.monotonic() < t_end:  # the two stop together: a stop is taken as each next runs (ms here)
+            se, sc = _state(engine), _state(escaped)
+            stopped += se == "T"
+            both += se == "T" and sc == "T"
+            time.sleep(0.002)
+        print(f"engine stopped in {stopped} samples, its escaped child with it in {both}")
+        assert stopped > 20 and both >= 0.8 * stopped, (stopped, both)
+    finally:
+        for p in (sup, peer):
+            p.send_signal(signal.SIGTERM)
+        for p in (sup, peer):
+            p.wait(30)
+        left = escaped is not None and _state(escaped) not in (None, "Z")
+        if left:
+            for sig in (signal.SIGCONT, signal.SIGKILL):  # hygiene: never left behind, even by a failing run
+                os.kill(escaped, sig)
+    assert not left  # ended with its engine: nothing orphaned after `run`
+    assert _state(engine) in (None, "Z")

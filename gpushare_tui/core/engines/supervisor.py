@@ -22,6 +22,7 @@ is accepted that could only fail, and DEMAND has a slot to go to) and is closed 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -31,9 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..host import paths, sockets
+from ..host.budgets import ESCAPED_DESCENDANTS_MAX
 from ..host.clock import mono_us, wall_us
 from ..host.errors import EngineError
-from ..host.text import counted
+from ..host.text import counted, printable
 from ..observe.accounting import BusyFromMarks
 from ..observe.snapshot import own_peer, runs_alone
 from ..pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
@@ -120,6 +122,9 @@ class Supervisor:
         self.klass = check_class(klass)  # the latency class (spec §7): published at the join, then by set_class
         self._sig_lock = threading.Lock()
         self._stopped = False
+        # descendants that left the engine's process group (setsid, setpgid): pid -> its pidfd (signals
+        # through it never reach a reused pid); paced and ended with the group (issue 26 item 10)
+        self._escaped: dict[int, int] = {}
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
@@ -300,6 +305,7 @@ class Supervisor:
             self.engine_status.exit_code = 128 - code if code < 0 else code
             self.engine_status.state = "exited"
             self._continue_orphans(proc)
+            self._end_escaped()
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
@@ -326,6 +332,68 @@ class Supervisor:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+        for fd in list(self._escaped.values()):
+            try:
+                signal.pidfd_send_signal(fd, sig)
+            except OSError:
+                pass  # exited (pruned at the next tree look)
+
+    def _track_escaped(self, pids: Sequence[int]) -> None:
+        """Monitor thread, at each look at the tree (`pids`: the engine first): a descendant outside the
+        engine's process group is paced and ended with it from now on (one line says so), and its
+        watchdog ends it too if we die. Ones that exited are dropped."""
+        proc = self.proc
+        assert proc is not None
+        for pid in pids[1:]:
+            if pid in self._escaped or len(self._escaped) >= ESCAPED_DESCENDANTS_MAX:
+                continue
+            try:
+                if os.getpgid(pid) == proc.pid:
+                    continue
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone (or no fd left: the monitor says EMFILE elsewhere)
+            with self._sig_lock:
+                self._escaped[pid] = fd
+                if self._stopped:  # it joins the group's state
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+            if self._watchdog is not None:
+                self._watchdog.track(pid)
+            self._say(
+                f"gpushare-tui: pid {pid} ({_comm(pid)}) left the engine's process group {proc.pid}:"
+                " paced and ended with the engine"
+            )
+        for pid, fd in list(self._escaped.items()):
+            if _exited(fd):
+                with self._sig_lock:
+                    del self._escaped[pid]
+                os.close(fd)
+
+    def _end_escaped(self) -> None:
+        """After the engine ended: its escaped descendants too (continued, SIGTERM, SIGKILL after
+        STOP_GRACE_S), so nothing of it outlives `run`."""
+        with self._sig_lock:
+            escaped, self._escaped = self._escaped, {}
+        fds = list(escaped.values())
+        for sig in (signal.SIGCONT, signal.SIGTERM):
+            for fd in fds:
+                try:
+                    signal.pidfd_send_signal(fd, sig)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        alive = [fd for fd in fds if not _exited(fd)]
+        while alive and time.monotonic() < deadline:
+            select.select(alive, [], [], max(0.0, deadline - time.monotonic()))  # a pidfd reads ready on exit
+            alive = [fd for fd in alive if not _exited(fd)]
+        for fd in alive:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    signal.pidfd_send_signal(fd, sig)
+                except OSError:
+                    pass
+        for fd in fds:
+            os.close(fd)
 
     def _suspend(self) -> None:
         with self._sig_lock:
@@ -550,7 +618,9 @@ class Supervisor:
             return
         st.next_stats_us = mono + BUSY_WINDOW_US
         since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
-        busy = self._gpu_busy(tree.pids(), since_us) if self._gpu_busy else None
+        pids = tree.pids()
+        self._track_escaped(pids)
+        busy = self._gpu_busy(pids, since_us) if self._gpu_busy else None
         used = st.cpu_stats.cores(mono_us())
         frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / st.cores)
         self.engine_status.busy_pct = 100 * frac
@@ -579,6 +649,19 @@ class _MonitorState:
     next_stats_us: int  # monotonic µs of the next busy/priority tick
     busy_total_us: int  # device time at the last stats tick
     busy_at_us: int
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process of `pidfd` exited (its pidfd reads ready; a zombie counts)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return printable(f.read().strip())
+    except OSError:
+        return "?"
 
 
 def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:

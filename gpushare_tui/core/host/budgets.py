@@ -108,3 +108,10 @@ TREE_FDS_MAX = 65536
 # A port found the engine's is believed this long before it is looked at again (a squatter can only take a
 # port the engine let go of; each look costs ~0.4 ms of CPU). A health probe looks at the answer that makes it ready.
 LISTENER_RECHECK_S = 1.0
+
+# -- an engine's process tree (core/engines/supervisor.py) -------------------------------------------------
+
+# Descendants that left the engine's process group (setsid, setpgid) paced and ended one by one, a pidfd
+# each (signals never reach a reused pid): more than this are not tracked (those still in the group are
+# paced with it whatever their number). vLLM and SGLang start a handful of workers, all in the group.
+ESCAPED_DESCENDANTS_MAX = 64
