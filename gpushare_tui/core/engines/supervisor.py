@@ -332,11 +332,7 @@ class Supervisor:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
-        for fd in list(self._escaped.values()):
-            try:
-                signal.pidfd_send_signal(fd, sig)
-            except OSError:
-                pass  # exited (pruned at the next tree look)
+        _pidfd_signal(list(self._escaped.values()), sig)
 
     def _track_escaped(self, pids: Sequence[int]) -> None:
         """Monitor thread, at each look at the tree (`pids`: the engine first): a descendant outside the
@@ -375,23 +371,13 @@ class Supervisor:
         with self._sig_lock:
             escaped, self._escaped = self._escaped, {}
         fds = list(escaped.values())
-        for sig in (signal.SIGCONT, signal.SIGTERM):
-            for fd in fds:
-                try:
-                    signal.pidfd_send_signal(fd, sig)
-                except OSError:
-                    pass
+        _pidfd_signal(fds, signal.SIGCONT, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         alive = [fd for fd in fds if not _exited(fd)]
         while alive and time.monotonic() < deadline:
             select.select(alive, [], [], max(0.0, deadline - time.monotonic()))  # a pidfd reads ready on exit
             alive = [fd for fd in alive if not _exited(fd)]
-        for fd in alive:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    signal.pidfd_send_signal(fd, sig)
-                except OSError:
-                    pass
+        _pidfd_signal(alive, signal.SIGCONT, signal.SIGKILL)
         for fd in fds:
             os.close(fd)
 
@@ -649,6 +635,16 @@ class _MonitorState:
     next_stats_us: int  # monotonic µs of the next busy/priority tick
     busy_total_us: int  # device time at the last stats tick
     busy_at_us: int
+
+
+def _pidfd_signal(pidfds: Sequence[int], *sigs: int) -> None:
+    """Each signal in turn to each process (one that exited is skipped: pruned at the next tree look)."""
+    for sig in sigs:
+        for fd in pidfds:
+            try:
+                signal.pidfd_send_signal(fd, sig)
+            except OSError:
+                pass
 
 
 def _exited(pidfd: int) -> bool:
