@@ -88,6 +88,11 @@ ENGINE_PROBE_DEADLINE_S = 0.25
 # vLLM's /metrics with every histogram bucket is ~50-200 KiB for one model; 4 MiB is far more than any
 # real exposition and bounds one that never ends.
 ENGINE_PROBE_MAX_BYTES = 4 * 2**20
+# What the monitor thread may spend on a sampled source's probes (fetching and parsing an exposition), as a
+# fraction of one core: a probe that cost more is followed by a longer wait (cost / this), so a 4 MB
+# exposition is probed less often instead of taking most of a core (it took 0.7-0.9 of one, parsed whole
+# every 50 ms). A gauge is found by scanning for its lines only; the rest is never parsed.
+SAMPLED_PROBE_CPU_FRACTION = 0.05
 # One readiness probe (--health-url) while the engine loads: it answers when its HTTP server is up.
 HEALTH_PROBE_DEADLINE_S = 1.0
 HEALTH_PROBE_MAX_BYTES = 64 * 2**10  # the body is not used: a /health reply is a few bytes

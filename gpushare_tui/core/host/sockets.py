@@ -236,7 +236,7 @@ def addresses(host: str, port: int = 0) -> list[tuple[int, tuple]]:
     return seen
 
 
-def free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A port free now on `host`'s (first) address, of its family; HostError for a host that names none."""
     family, addr = addresses(host)[0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
