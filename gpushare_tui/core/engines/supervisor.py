@@ -46,7 +46,7 @@ from ..registry.membership import Membership
 from ..registry.ownership import Owner
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import v1 as schedule
-from . import activity, command, health, listener, watchdog
+from . import activity, command, health, listener, spawn, watchdog
 from . import llama_server as ls
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .front_proxy import FrontProxy
@@ -155,6 +155,7 @@ class Supervisor:
             os.close(paths.open_log(self.log_path))
             log_ready = health.LogReady(self.log_path, spec.log_regex or "")
         try:
+            spawn.adopt_orphans()  # before the engine starts: its orphans come to us, not to init
             if self.kind == LLAMA_SERVER:
                 self.proc = ls.start(self.args, self.log_path)
             else:
@@ -337,10 +338,12 @@ class Supervisor:
     def _track_escaped(self, pids: Sequence[int]) -> None:
         """Monitor thread, at each look at the tree (`pids`: the engine first): a descendant outside the
         engine's process group is paced and ended with it from now on (one line says so), and its
-        watchdog ends it too if we die. Ones that exited are dropped."""
+        watchdog ends it too if we die. Ones that exited are dropped. Descendants re-parented to us
+        (we are a subreaper: spawn.adopt_orphans; a double fork) count too, and are reaped."""
         proc = self.proc
         assert proc is not None
-        for pid in pids[1:]:
+        adopted = self._adopted()
+        for pid in [*pids[1:], *adopted]:
             if pid in self._escaped or len(self._escaped) >= ESCAPED_DESCENDANTS_MAX:
                 continue
             try:
@@ -364,6 +367,15 @@ class Supervisor:
                 with self._sig_lock:
                     del self._escaped[pid]
                 os.close(fd)
+        _reap(adopted)
+
+    def _adopted(self) -> list[int]:
+        """Our descendants other than the engine's tree and the watchdog: the engine's orphans,
+        re-parented to us (and theirs)."""
+        proc, dog = self.proc, self._watchdog
+        skip = {proc.pid if proc else 0, dog.pid if dog else 0}
+        kids = [p for p in activity.ProcessTree.children_of(os.getpid()) if p not in skip]
+        return [*kids, *(d for k in kids for d in activity.ProcessTree(k, refresh_s=0).pids()[1:])]
 
     def _end_escaped(self) -> None:
         """After the engine ended: its escaped descendants too (continued, SIGTERM, SIGKILL after
@@ -645,6 +657,15 @@ def _pidfd_signal(pidfds: Sequence[int], *sigs: int) -> None:
                 signal.pidfd_send_signal(fd, sig)
             except OSError:
                 pass
+
+
+def _reap(pids: Sequence[int]) -> None:
+    """Reap those of `pids` that are our exited children (adopted orphans: nobody else waits for them)."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def _exited(pidfd: int) -> bool:
