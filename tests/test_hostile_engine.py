@@ -143,9 +143,13 @@ def squatter(procs):
     return start
 
 
+LATE_BIND_S = 30
+
+
 def _late_engine(port: int) -> list[str]:
-    """An HTTP engine that binds `port` only after 5 s (a model loading): until then, only the squatter answers."""
-    return ["sh", "-c", f"sleep 5; exec {shlex.join(engine_command('http_engine', '--port', str(port)))}"]
+    """An HTTP engine that binds `port` only after LATE_BIND_S (a model loading): until then, only the squatter
+    answers (the engine's own exit, unable to bind, must not be what ends `run`)."""
+    return ["sh", "-c", f"sleep {LATE_BIND_S}; exec {shlex.join(engine_command('http_engine', '--port', str(port)))}"]
 
 
 @pytest.mark.parametrize("how", ["--health-url", "--health-port"])
@@ -163,7 +167,7 @@ def test_a_squatter_on_the_health_port_is_named_and_never_ready(how, squatter, g
     line = next((ln for ln in r.stderr.splitlines() if said in ln), "")
     assert r.returncode == 1 and "uid 65534" in line and "not by the engine" in line, r.stderr
     assert "joined" not in r.stderr
-    assert took_s < 5 + 15, took_s  # refused at its first answer, not after the load timeout
+    assert took_s < LATE_BIND_S, took_s  # refused at its first answer, not after the load timeout
     print(f"{how}: squatter refused in {took_s:.2f} s: {line}")
 
 
