@@ -4,6 +4,7 @@ on the engine's port, a descendant that leaves the engine's process group."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shlex
@@ -335,3 +336,38 @@ def test_a_huge_exposition_costs_the_supervisor_little(procs, gpu_key, runtime_d
     finally:
         sup.send_signal(signal.SIGTERM)
         sup.wait(30)
+
+
+# -- kill -9 of a `launch`ed supervisor (item 7) ---------------------------------------------------------------
+
+
+def test_kill_9_of_a_launched_supervisor_ends_its_engine(gpu_key, runtime_dir, tmp_path) -> None:
+    """Issue 26 item 7: `launch`'s detached supervisor SIGKILLed: its engine (and the engine's worker) ran
+    on unpaced and invisible. Now the watchdog continues and ends the tree, and exits."""
+    port = _free_port()
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    r = run_cli(
+        "launch", "--json", "--gpu-key", gpu_key, "--name", "web", "--health-url", f"http://127.0.0.1:{port}/health",
+        "--", *engine_command("http_engine", "--port", str(port), "--load-s", "0.2"), env=env, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    engine, sup = info["engine_pid"], info["supervisor_pid"]
+    tree = [engine, *_descendants(engine)]
+    assert len(tree) > 1  # its worker process
+    try:
+        os.kill(sup, signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_for(lambda: all(_state(p) in (None, "Z") for p in tree), 15, 0.01, "the tree's end")
+        print(f"launched engine's tree ended {time.monotonic() - t0:.2f} s after its supervisor's SIGKILL")
+    finally:
+        for pid in tree:
+            if _state(pid) not in (None, "Z"):
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    os.kill(pid, sig)
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    return [c.pid for c in psutil.Process(pid).children(recursive=True)]
