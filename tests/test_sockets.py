@@ -59,3 +59,23 @@ def test_a_host_that_names_no_address_is_one_error() -> None:
     with pytest.raises(sockets.HostError, match="host 'no-such-host.invalid'"):
         sockets.port_in_use("no-such-host.invalid", 80)
     assert sockets.host_port("::1", 80) == "[::1]:80" and sockets.http_url("127.0.0.1", 8, "/x") == "http://127.0.0.1:8/x"
+
+
+def test_an_answer_from_a_port_no_engine_socket_holds_is_said_at_the_timeout(tmp_path) -> None:
+    """A port that answers while nothing of the engine's tree listens there (forwarded from elsewhere) is
+    never ready, and the timeout says why."""
+    import subprocess
+    import sys
+
+    from gpushare_tui.core.engines import health
+    from gpushare_tui.core.host.errors import EngineError
+
+    log = tmp_path / "e.log"
+    log.write_text("")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(EngineError, match="no socket of the engine's process tree listens there"):
+            health.wait_ready(proc, lambda: True, str(log), 0.3, owned=lambda: False)
+    finally:
+        proc.kill()
+        proc.wait()

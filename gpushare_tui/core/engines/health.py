@@ -106,6 +106,7 @@ def wait_ready(
     while nobody listens, an EngineError when another process does); not ready until it is."""
     started = time.monotonic()
     deadline = started + timeout_s
+    unowned = False
     try:
         while True:
             if progress is not None:
@@ -113,14 +114,19 @@ def wait_ready(
             code = proc.poll()
             if code is not None:
                 raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
-            if ready() and (owned is None or owned()):
+            answered = ready()
+            if answered and owned is not None and not owned():
+                unowned, answered = True, False  # an answer, but no socket of the engine's listens there
+            if answered:
                 if proc.poll() is None:
                     if progress is not None:
                         progress(waiting_for, time.monotonic() - started, timeout_s, True)
                     return
                 continue  # it answered, then exited: the exit is what to say
             if time.monotonic() > deadline:
-                raise EngineError(f"engine not {what} after {timeout_s:.0f} s", tail_text(log_path))
+                why = " (its port answered, but no socket of the engine's process tree listens there)"
+                why = why if unowned else ""
+                raise EngineError(f"engine not {what} after {timeout_s:.0f} s{why}", tail_text(log_path))
             if quit_event is not None:
                 if quit_event.wait(POLL_S):
                     raise EngineError("interrupted while the engine was loading", tail_text(log_path))
