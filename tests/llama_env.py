@@ -71,9 +71,11 @@ class Engines:
         threads: int = 1,
         python: list[str] | None = None,
         options: tuple[str, ...] = (),
+        popen: dict | None = None,
     ):
         """(supervisor, engine pid, its join line). `python`: the CLI's argv before its arguments,
-        instead of `python -m gpushare_tui`; `options`: more of `run`'s (before the `--`)."""
+        instead of `python -m gpushare_tui`; `options`: more of `run`'s (before the `--`); `popen`:
+        more of Popen's keywords (a `preexec_fn`)."""
         notice_r, notice_w = os.pipe2(os.O_CLOEXEC)
         argv = [*python, "run"] if python else cli_argv("run")
         argv += ["--weight", str(weight), "--gpu-key", self.key, "--notify-fd", str(notice_w)]
@@ -82,7 +84,7 @@ class Engines:
         argv += [*options, "--", self.server, "-m", self.model, "-t", str(threads), "-c", "4096", "-np", "1"]
         argv += extra_engine
         try:
-            sup = self.procs.start(argv, pass_fds=(notice_w,))
+            sup = self.procs.start(argv, pass_fds=(notice_w,), **(popen or {}))
         finally:
             os.close(notice_w)
         with os.fdopen(notice_r, "rb") as pipe:

@@ -125,6 +125,10 @@ def test_gauge_value_sums_the_gauge_over_its_labels() -> None:
     assert gauge_value(EXPOSITION, "vllm:num_requests_swapped") is None
     assert gauge_value("tgi_batch_current_size 0\n", "tgi_batch_current_size") == 0.0
     assert gauge_value("not prometheus {{{\n", "x") is None
+    # only the gauge's own lines, whole-name matches, labels with quoted braces and escapes, a timestamp
+    text = 'x_total 5\nx{a="}\\"{"} 2 1700000000\n# x 9\nx 1.5\n'
+    assert gauge_value(text, "x") == 3.5 and gauge_value(text.encode(), "x") == 3.5
+    assert gauge_value('x{a="1" 3\n', "x") is None and gauge_value("x\n", "x") is None  # a broken sample of it
 
 
 class _Server:
@@ -165,7 +169,7 @@ def _tick(now_us: int, *, active: bool = False, running: bool = True, run_us: in
 
 
 def test_gauge_source_follows_the_gauge(server) -> None:
-    src = GaugeActivity(server.url, "vllm:num_requests_running")
+    src = GaugeActivity(server.url, "vllm:num_requests_running", cpu_fraction=1.0)  # the ticks are made up: no back-off
     try:
         server.body = b"vllm:num_requests_running 0\n"
         src.poll(_tick(10 * S))

@@ -135,16 +135,22 @@ def test_lone_and_idle_engines_are_never_stopped(engines):
     assert "T" not in states_b  # idle: never stopped
 
 
-def test_sigkill_supervisor_never_leaves_engine_stopped(engines):
+def test_sigkill_supervisor_ends_its_engine_never_left_stopped(engines):
+    """Issue 26 item 7: a SIGKILLed supervisor's engine is continued (the watchdog), then ended: SIGTERM from
+    the kernel (PR_SET_PDEATHSIG, taken once continued) and the watchdog; none runs on unpaced and unseen."""
     sup_a, a, _ = engines.run(1)
     sup_b, b, _ = engines.run(1)
     loads = [start_load(port_of(p)) for p in (a, b)]
-    wait_for(lambda: proc_state(a) == "T", 10, 0.001, "engine a stopped by its supervisor")
-    os.kill(sup_a.pid, signal.SIGKILL)
-    time.sleep(1.0)
-    assert proc_state(a) not in ("T", None)
-    for lo in loads:
-        lo.stop_nowait()
+    try:
+        wait_for(lambda: proc_state(a) == "T", 10, 0.001, "engine a stopped by its supervisor")
+        os.kill(sup_a.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_for(lambda: proc_state(a) in (None, "Z"), 15, 0.01, "the orphaned engine's end")
+        print(f"engine ended {time.monotonic() - t0:.2f} s after its supervisor's SIGKILL")
+        assert sup_b.poll() is None and proc_state(b) not in (None, "Z")  # its peer runs on
+    finally:
+        for lo in loads:
+            lo.stop_nowait()
 
 
 def test_sigterm_supervisor_stops_engine_and_leaves_slot(engines):
@@ -392,3 +398,21 @@ def test_busy_total_counts_continued_work_only(engines):
     time.sleep(1.0)
     tail = {p: engines.slot_of(p).busy_total_us - stopped[p] for p in (a, b)}
     assert all(us <= 500_000 for us in tail.values()), tail  # not the ~2 s activity tail, nor idle time
+
+
+@pytest.mark.parametrize("proxy", [True, False], ids=["proxied", "no-proxy"])
+def test_an_ipv6_host_is_served(proxy, engines):
+    """Issue 26 item 8: `--host ::1` exited "port P on ::1 is already in use" (the port helpers were IPv4 only)."""
+    sup, pid, _ = engines.run(1, "--host", "::1", options=() if proxy else ("--no-proxy",))
+    port = port_of(pid)
+    assert httpx.get(f"http://[::1]:{port}/health", timeout=10).status_code == 200
+    body = {"prompt": "the a of", "n_predict": 8, "ignore_eos": True}
+    assert httpx.post(f"http://[::1]:{port}/completion", json=body, timeout=60).status_code == 200
+    assert sup.poll() is None
+
+
+def test_a_host_that_names_no_address_is_one_line(gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F811
+    r = run_cli("run", "--gpu-key", gpu_key, "--", llama_server, "-m", tiny_model, "--host", "no-such-host.invalid")
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(
+        "gpushare-tui: --host no-such-host.invalid: host 'no-such-host.invalid':"
+    ), r.stderr

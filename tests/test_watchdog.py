@@ -37,22 +37,56 @@ def _children(pid: int) -> list[int]:
         return [int(x) for x in f.read().split()]
 
 
-def test_end_of_file_continues_the_whole_group(group) -> None:
+def test_end_of_file_continues_then_ends_the_whole_group(group) -> None:
     p, child = group
-    wd = watchdog.start(p.pid)
+    wd = watchdog.start(p.pid, 5.0)
     assert os.getsid(wd.pid) == wd.pid  # a session of its own: a terminal's Ctrl+C never reaches it
     os.killpg(p.pid, signal.SIGSTOP)
     wait_for(lambda: proc_state(p.pid) == proc_state(child) == "T", 5, what="the group stopped")
     time.sleep(0.2)
     assert wd.proc.poll() is None  # blocked on the pipe, not polling: it does nothing until the supervisor goes
-    wd.close(continue_group=True)  # what the supervisor's death does: its end of the pipe closes
+    wd.close(end_tree=True)  # what the supervisor's death does: its end of the pipe closes
     assert wd.proc.returncode == 0
-    assert proc_state(p.pid) not in ("T", None) and proc_state(child) not in ("T", None)
+    assert p.wait(5) == -signal.SIGTERM  # continued, then SIGTERM: in order
+    assert proc_state(child) in (None, "Z")
+
+
+IGNORES_TERM = "import os,signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+ESCAPES = "import os,time\nif os.fork()==0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)"
+
+
+def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(procs) -> None:
+    p = procs.start([sys.executable, "-c", IGNORES_TERM], process_group=0)
+    time.sleep(0.3)  # its handler is set
+    wd = watchdog.start(p.pid, grace_s=0.5)
+    os.killpg(p.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    wd.close(end_tree=True)
+    assert p.wait(5) == -signal.SIGKILL
+    assert 0.4 < time.monotonic() - t0 < 4.0
+
+
+def test_a_tracked_descendant_outside_the_group_is_ended_too(procs) -> None:
+    p = procs.start([sys.executable, "-c", ESCAPES], process_group=0)
+    escaped = wait_for(lambda: _children(p.pid), 10, what="the escaped child")[0]
+    wait_for(lambda: os.getsid(escaped) == escaped, 5, what="its setsid")
+    try:
+        wd = watchdog.start(p.pid, 5.0)
+        wd.track(escaped)
+        wd.track(escaped)  # once is enough
+        os.kill(escaped, signal.SIGSTOP)
+        wd.close(end_tree=True)
+        assert p.wait(5) == -signal.SIGTERM
+        wait_for(lambda: proc_state(escaped) in (None, "Z"), 5, what="the escaped child's end")
+    finally:
+        if proc_state(escaped) not in (None, "Z"):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                os.kill(escaped, sig)
 
 
 def test_an_orderly_close_leaves_the_group_alone(group) -> None:
     p, child = group
-    wd = watchdog.start(p.pid)
+    wd = watchdog.start(p.pid, 5.0)
     os.killpg(p.pid, signal.SIGSTOP)
     wait_for(lambda: proc_state(child) == "T", 5, what="the group stopped")
     wd.close()

@@ -7,6 +7,7 @@ import ipaddress
 
 from ..core.engines.declaration import DeclarationError, check_port
 from ..core.host.errors import GpushareError, UsageError
+from ..core.host.sockets import host_port
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
@@ -48,7 +49,7 @@ def is_loopback(host: str) -> bool:
 def bind_error(host: str, port: int, e: OSError) -> GpushareError:
     """The one-line error for a listener that could not bind: usage (2) for an address this host does
     not have, runtime (1) otherwise (port in use, no permission)."""
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = host_port(host, port)
     if e.errno == errno.EADDRINUSE:
         return GpushareError(f"cannot listen on {where}: the port is in use")
     if e.errno == errno.EADDRNOTAVAIL:

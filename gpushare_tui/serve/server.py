@@ -34,6 +34,7 @@ from ..core.host.budgets import (
     SERVE_REQUEST_DEADLINE_S,
 )
 from ..core.host.errors import GpushareError
+from ..core.host.sockets import http_url
 from .exporter import Exporter
 from .exposition import CONTENT_TYPE
 from .peers import peers_reply
@@ -94,7 +95,7 @@ class ExporterServer:
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://[{host}]:{port}" if ":" in str(host) else f"http://{host}:{port}"
+        return http_url(str(host), port)
 
     # -- life -----------------------------------------------------------------------------------------
 

@@ -65,8 +65,9 @@ def resolve_binary(argv0: str) -> str:
 
 def start(argv: Sequence[str], log_path: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start `argv` as its own process group's leader (the group is what is paced), stdin from
-    /dev/null, output appended to `log_path`. It gets SIGCONT from the kernel when the starting
-    thread dies, even by SIGKILL (its descendants are continued by the watchdog: watchdog.py)."""
+    /dev/null, output appended to `log_path`. It gets SIGTERM from the kernel when the starting
+    thread dies, even by SIGKILL (taken once it is continued: the watchdog, watchdog.py, continues
+    and ends its whole tree), so no engine runs on unpaced and unseen after its supervisor."""
     binary = resolve_binary(argv[0])
     log = paths.open_log(log_path)  # in the state directory, never through a link
     try:
@@ -77,7 +78,7 @@ def start(argv: Sequence[str], log_path: str, env: dict[str, str] | None = None)
             stderr=subprocess.STDOUT,
             env=env,
             process_group=0,
-            preexec_fn=die_with_parent(signal.SIGCONT),
+            preexec_fn=die_with_parent(signal.SIGTERM),
             close_fds=True,
         )
     except OSError as e:

@@ -97,12 +97,16 @@ def wait_ready(
     quit_event: threading.Event | None = None,
     progress: Progress | None = None,
     waiting_for: str = "the engine",
+    owned: Callable[[], bool] | None = None,
 ) -> None:
     """Poll `ready()` every POLL_S until true. EngineError (with the log's tail) if the engine exits
     first, is not ready after `timeout_s`, or `quit_event` is set meanwhile. `progress` (spawn.Progress)
-    is called before every poll with `waiting_for` and the time waited, and once ready."""
+    is called before every poll with `waiting_for` and the time waited, and once ready. `owned`: asked
+    once `ready()` is true, whether what answered is the engine's (listener.PortCheck.ready: False
+    while nobody listens, an EngineError when another process does); not ready until it is."""
     started = time.monotonic()
     deadline = started + timeout_s
+    unowned = False
     try:
         while True:
             if progress is not None:
@@ -110,14 +114,19 @@ def wait_ready(
             code = proc.poll()
             if code is not None:
                 raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
-            if ready():
+            answered = ready()
+            if answered and owned is not None and not owned():
+                unowned, answered = True, False  # an answer, but no socket of the engine's listens there
+            if answered:
                 if proc.poll() is None:
                     if progress is not None:
                         progress(waiting_for, time.monotonic() - started, timeout_s, True)
                     return
                 continue  # it answered, then exited: the exit is what to say
             if time.monotonic() > deadline:
-                raise EngineError(f"engine not {what} after {timeout_s:.0f} s", tail_text(log_path))
+                why = " (its port answered, but no socket of the engine's process tree listens there)"
+                why = why if unowned else ""
+                raise EngineError(f"engine not {what} after {timeout_s:.0f} s{why}", tail_text(log_path))
             if quit_event is not None:
                 if quit_event.wait(POLL_S):
                     raise EngineError("interrupted while the engine was loading", tail_text(log_path))

@@ -6,12 +6,12 @@ started on ENGINE_HOST and a free internal port (`EngineArgs.upstream`)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..host.errors import EngineError
+from ..host.sockets import HostError, free_port, port_in_use
 from . import command
 from .command import HOST_DEFAULT, EngineArgs, resolve_binary
 from .declaration import MODEL_FLAGS, PORT_FLAG, engine_port, flag_value
@@ -21,27 +21,13 @@ __all__ = ["HOST_DEFAULT", "EngineArgs", "resolve_binary"]
 ENGINE_HOST = "127.0.0.1"  # where a proxied llama-server listens: reachable only through the proxy (and by us)
 
 
-def free_port(host: str = HOST_DEFAULT) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def prepare_args(argv: list[str], proxy: bool = True) -> EngineArgs:
     """Add --metrics/--slots when absent, and --host/--port (a free port when absent). A --port
     given is checked first (core/engines/declaration.py): a DeclarationError (a UsageError) if not 1..65535.
     With `proxy`, that host and port are the public address (the front proxy's) and the engine is
-    started on ENGINE_HOST and a free port instead (`upstream`: the user's --host/--port are replaced)."""
+    started on ENGINE_HOST and a free port instead (`upstream`: the user's --host/--port are replaced).
+    Any address family (`--host ::1`, `::`, a name); llama-server's other host forms (several
+    addresses, `NAME.sock`) need `--no-proxy` (the proxy listens on one address): an EngineError."""
     if not argv:
         raise EngineError("no engine command given (use: -- llama-server ARGS...)")
     out = list(argv)
@@ -53,10 +39,12 @@ def prepare_args(argv: list[str], proxy: bool = True) -> EngineArgs:
         host = HOST_DEFAULT
         if not proxy:
             out += ["--host", host]
+    elif proxy and ("," in host or host.endswith(".sock")):
+        raise EngineError(f"--host {host}: the front proxy listens on one address; use --no-proxy to serve it directly")
     port = engine_port(out)
     chosen = port is None
     if port is None:
-        port = free_port(host)
+        port = _free(host)
         if not proxy:
             out += [PORT_FLAG, str(port)]
     upstream = None
@@ -67,6 +55,26 @@ def prepare_args(argv: list[str], proxy: bool = True) -> EngineArgs:
         upstream = (ENGINE_HOST, inner)
         out = [*_without(out, ("--host", PORT_FLAG)), "--host", upstream[0], PORT_FLAG, str(upstream[1])]
     return EngineArgs(tuple(out), host, port, flag_value(out, *MODEL_FLAGS), chosen, upstream)
+
+
+def _hosts(host: str) -> list[str]:
+    """The TCP addresses of a --host value (llama-server takes several, comma-separated; `NAME.sock` is none)."""
+    return [h for h in host.split(",") if h and not h.endswith(".sock")]
+
+
+def _free(host: str) -> int:
+    """A port free on every TCP address of `host` (the first's, checked on the others)."""
+    hosts = _hosts(host)
+    if not hosts:
+        raise EngineError(f"--host {host}: no TCP address to pick a port on (give --port)")
+    try:
+        for _ in range(16):
+            port = free_port(hosts[0])
+            if not any(port_in_use(h, port) for h in hosts[1:]):
+                return port
+    except HostError as e:
+        raise EngineError(f"--host {host}: {e.strerror}") from None
+    raise EngineError(f"--host {host}: no port free on all of its addresses")
 
 
 def _without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -91,9 +99,13 @@ def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
     """Start llama-server (command.start) once its port (and, proxied, the public one) is known to be free."""
     resolve_binary(args.argv[0])  # a missing binary is said before a port
     assert args.port is not None  # prepare_args always gives one
-    for host, port in ((args.host, args.port), *([args.upstream] if args.upstream else [])):
-        if port_in_use(host, port):
-            raise EngineError(f"port {port} on {host} is already in use")
+    for hosts, port in ((args.host, args.port), *([args.upstream] if args.upstream else [])):
+        for host in _hosts(hosts):
+            try:
+                if port_in_use(host, port):
+                    raise EngineError(f"port {port} on {host} is already in use")
+            except HostError as e:
+                raise EngineError(f"--host {hosts}: {e.strerror}") from None
     return command.start(args.argv, log_path)
 
 

@@ -25,6 +25,7 @@ from ..host.errors import GpushareError
 from .declaration import SourceOptions
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 # A wait's progress callback (engines.health.wait_ready, launcher.launch_detached): called every poll
 # with (what is waited for, seconds waited, seconds allowed, False), and once more with True when what
 # was waited for is there (not on a failure: its error says so); the caller decides what to show.
@@ -119,6 +120,14 @@ def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
             os._exit(1)
 
     return setup
+
+
+def adopt_orphans() -> bool:
+    """Make this process a child subreaper (Linux PR_SET_CHILD_SUBREAPER): a descendant whose parent
+    exits (a double fork) is re-parented to us, not to init, so it stays in sight; we reap it. False
+    where the kernel refuses."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def spawn(

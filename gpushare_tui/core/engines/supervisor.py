@@ -7,9 +7,10 @@ starts are paced with it). An idle engine, a lone engine, or one whose peers are
 all idle is never stopped. Whether it is working comes from its activity source
 (core/engines/activity/), when it is ready from its health source (engines/health.py):
 the supervisor never knows which engine it paces. Every exit path continues the
-group; if the supervisor is SIGKILLed, the kernel sends the engine SIGCONT
-(PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) the rest of its group,
-so nothing of it is left stopped — it then runs on unpaced until someone stops it.
+group; if the supervisor is SIGKILLed, the kernel sends the engine SIGTERM
+(PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) continues its whole tree,
+then ends it (SIGTERM, SIGKILL after 10 s): nothing of it is left stopped, nor
+running on unpaced and unseen.
 
 A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
 (core/engines/front_proxy.py) on the public --host/--port forwards to it and publishes DEMAND (spec §7)
@@ -21,6 +22,7 @@ is accepted that could only fail, and DEMAND has a slot to go to) and is closed 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -29,10 +31,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..host import paths
+from ..host import paths, sockets
+from ..host.budgets import ESCAPED_DESCENDANTS_MAX
 from ..host.clock import mono_us, wall_us
 from ..host.errors import EngineError
-from ..host.text import counted
+from ..host.text import counted, printable
 from ..observe.accounting import BusyFromMarks
 from ..observe.snapshot import own_peer, runs_alone
 from ..pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
@@ -43,7 +46,7 @@ from ..registry.membership import Membership
 from ..registry.ownership import Owner
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import v1 as schedule
-from . import activity, command, health, watchdog
+from . import activity, command, health, listener, spawn, watchdog
 from . import llama_server as ls
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .front_proxy import FrontProxy
@@ -54,7 +57,7 @@ UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 STOP_LEAD_US = 500  # stop this long before our window ends (see run_until)
 MONITOR_TICK_S = 0.050
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 10.0  # SIGTERM to SIGKILL, ending the engine: here, and by its watchdog if we die
 BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
 MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (budgets.ENGINE_PROBE_DEADLINE_S)
 GpuBusy = Callable[[Sequence[int], int], float | None]  # (the tree's pids, since wall µs) -> summed SM % or None
@@ -122,13 +125,16 @@ class Supervisor:
         self.klass = check_class(klass)  # the latency class (spec §7): published at the join, then by set_class
         self._sig_lock = threading.Lock()
         self._stopped = False
+        # descendants that left the engine's process group (setsid, setpgid): pid -> its pidfd (signals
+        # through it never reach a reused pid); paced and ended with the group (issue 26 item 10)
+        self._escaped: dict[int, int] = {}
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
         # proxied (llama-server): the engine listens on `upstream`; health checks and probes go there
         self.upstream: tuple[str, int] | None = getattr(args, "upstream", None) if kind == LLAMA_SERVER else None
         host, port = self.upstream or (args.host, args.port)
-        self.base_url = f"http://{host}:{port}" if port is not None else None
+        self.base_url = sockets.http_url(host.split(",")[0], port) if port is not None else None
         self.proxy: FrontProxy | None = None
         self._watchdog: watchdog.Watchdog | None = None
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
@@ -145,13 +151,14 @@ class Supervisor:
         spec = shown = self.health_spec
         if spec.kind == "http" and spec.url is None:
             spec = shown = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given
-            if self.upstream is not None:  # a person is told the public port (the engine's own is internal)
-                shown = HealthSpec("http", url=f"http://{self.args.host}:{self.args.port}/health")
+            if self.upstream is not None and self.args.port is not None:  # a person is told the public port
+                shown = HealthSpec("http", url=sockets.http_url(self.args.host, self.args.port, "/health"))
         log_ready = None
         if spec.kind == "log":  # followed from its end before the engine writes to it
             os.close(paths.open_log(self.log_path))
             log_ready = health.LogReady(self.log_path, spec.log_regex or "")
         try:
+            spawn.adopt_orphans()  # before the engine starts: its orphans come to us, not to init
             if self.kind == LLAMA_SERVER:
                 self.proc = ls.start(self.args, self.log_path)
             else:
@@ -162,10 +169,12 @@ class Supervisor:
             raise
         try:
             try:
-                self._watchdog = watchdog.start(self.proc.pid)  # before any SIGSTOP: the engine leads the group
+                # before any SIGSTOP (the engine leads its group); it ends the tree if we die
+                self._watchdog = watchdog.start(self.proc.pid, STOP_GRACE_S)
             except OSError as e:
                 raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
             ready = health.ready_check(spec, log_ready=log_ready)
+            owned = self._port_check(spec)
             health.wait_ready(
                 self.proc,
                 ready,
@@ -175,6 +184,7 @@ class Supervisor:
                 quit_event=self._quit,
                 progress=self._load_progress,
                 waiting_for=health.waiting_for(shown, self.args.argv[0]),
+                owned=owned.ready if owned is not None else None,
             )
             self.membership = Membership(
                 self.gpu_key,
@@ -208,10 +218,21 @@ class Supervisor:
             f"(weight {self.weight:g}, {counted(self.membership.peers_alive(), 'peer')} alive)"
         )
         if self.proxy is not None and self.upstream is not None:
+            serving = sockets.host_port(self.args.host, self.proxy.port)
             self._say(
-                f"gpushare-tui: serving {self.args.host}:{self.args.port} through the front proxy"
-                f" (engine on {self.upstream[0]}:{self.upstream[1]}; --no-proxy to serve it directly)"
+                f"gpushare-tui: serving {serving} through the front proxy"
+                f" (engine on {sockets.host_port(*self.upstream)}; --no-proxy to serve it directly)"
             )
+
+    def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:
+        """Who listens where the readiness probe goes (http, tcp): ready only once it is the engine's tree."""
+        assert self.proc is not None
+        where = listener.url_address(spec.url or "") if spec.kind == "http" else None
+        if spec.kind == "tcp" and spec.port is not None:
+            where = (health.HOST_DEFAULT, spec.port)
+        if where is None:
+            return None
+        return listener.PortCheck(*where, activity.ProcessTree(self.proc.pid, refresh_s=0).pids)
 
     def run(self) -> int:
         """Pace until the engine exits or a stop is requested; returns the exit code."""
@@ -296,6 +317,7 @@ class Supervisor:
             self.engine_status.exit_code = 128 - code if code < 0 else code
             self.engine_status.state = "exited"
             self._continue_orphans(proc)
+            self._end_escaped()
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
@@ -322,6 +344,65 @@ class Supervisor:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+        _pidfd_signal(list(self._escaped.values()), sig)
+
+    def _track_escaped(self, pids: Sequence[int]) -> None:
+        """Monitor thread, at each look at the tree (`pids`: the engine first): a descendant outside the
+        engine's process group is paced and ended with it from now on (one line says so), and its
+        watchdog ends it too if we die. Ones that exited are dropped. Descendants re-parented to us
+        (we are a subreaper: spawn.adopt_orphans; a double fork) count too, and are reaped."""
+        proc = self.proc
+        assert proc is not None
+        adopted = self._adopted()
+        for pid in [*pids[1:], *adopted]:
+            if pid in self._escaped or len(self._escaped) >= ESCAPED_DESCENDANTS_MAX:
+                continue
+            try:
+                if os.getpgid(pid) == proc.pid:
+                    continue
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone (or no fd left: the monitor says EMFILE elsewhere)
+            with self._sig_lock:
+                self._escaped[pid] = fd
+                if self._stopped:  # it joins the group's state
+                    signal.pidfd_send_signal(fd, signal.SIGSTOP)
+            if self._watchdog is not None:
+                self._watchdog.track(pid)
+            self._say(
+                f"gpushare-tui: pid {pid} ({_comm(pid)}) left the engine's process group {proc.pid}:"
+                " paced and ended with the engine"
+            )
+        for pid, fd in list(self._escaped.items()):
+            if _exited(fd):
+                with self._sig_lock:
+                    del self._escaped[pid]
+                os.close(fd)
+        _reap(adopted)
+
+    def _adopted(self) -> list[int]:
+        """Our descendants other than the engine's tree and the watchdog: the engine's orphans,
+        re-parented to us (and theirs)."""
+        proc, dog = self.proc, self._watchdog
+        skip = {proc.pid if proc else 0, dog.pid if dog else 0}
+        kids = [p for p in activity.ProcessTree.children_of(os.getpid()) if p not in skip]
+        return [*kids, *(d for k in kids for d in activity.ProcessTree(k, refresh_s=0).pids()[1:])]
+
+    def _end_escaped(self) -> None:
+        """After the engine ended: its escaped descendants too (continued, SIGTERM, SIGKILL after
+        STOP_GRACE_S), so nothing of it outlives `run`."""
+        with self._sig_lock:
+            escaped, self._escaped = self._escaped, {}
+        fds = list(escaped.values())
+        _pidfd_signal(fds, signal.SIGCONT, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        alive = [fd for fd in fds if not _exited(fd)]
+        while alive and time.monotonic() < deadline:
+            select.select(alive, [], [], max(0.0, deadline - time.monotonic()))  # a pidfd reads ready on exit
+            alive = [fd for fd in alive if not _exited(fd)]
+        _pidfd_signal(alive, signal.SIGCONT, signal.SIGKILL)
+        for fd in fds:
+            os.close(fd)
 
     def _suspend(self) -> None:
         with self._sig_lock:
@@ -468,67 +549,147 @@ class Supervisor:
         /metrics every 50 ms while idle, so `active` rises within ~100 ms of the first decode, and
         once a second while active (each probe costs the engine throughput; its CPU time carries
         "still decoding" between); other sources: core/engines/activity/. Stopped spells (at most
-        (1 - share) * 400 ms) are bridged by the 2 s activity window."""
+        (1 - share) * 400 ms) are bridged by the 2 s activity window.
+
+        No dependency of it ends it silently (issue 26 item 5): an OSError in a step (EMFILE with
+        the fd limit reached, a /proc file gone) skips that step, says so in one line (and once
+        more when steps succeed again), and the next tick tries again; pacing never waits for it.
+        Any other exception is a bug: one line, and the supervisor stops (the engine is ended in order)."""
         m, proc = self.membership, self.proc
         assert m is not None and proc is not None
-        tree = activity.ProcessTree(proc.pid)
-        source = activity.make_source(self.activity_spec, tree=tree, base_url=self.base_url, gpu_util=self._gpu_busy)
-        rate = StepRate()
-
-        def alone() -> bool:
-            return runs_alone(m.read_slots(), m.slot, wall_us())
-
-        cpu_stats = activity.CpuMeter(tree, min_span_us=0)
-        cpu_stats.cores(mono_us())
-        cores = tree.cores()
-        next_stats = time.monotonic() + BUSY_WINDOW_US / 1e6
-        busy_total_us, busy_at_us = m.busy_total_us, mono_us()  # device time at the last stats tick
+        state: _MonitorState | None = None
+        failing: str | None = None  # the error steps fail with, as said
         try:
             while not self._quit.is_set() and proc.poll() is None:
-                mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
-                t = mono / 1e6
-                source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
-                # DEMAND (spec §7). Proxied (llama-server), the proxy publishes it at each request's start
-                # and end, counting through stops. A sampled source (a gauge, CPU readings) cannot see the
-                # end of work exactly: a reading between two back-to-back requests reads 0 (measured: 40 %
-                # of a loaded 2:1 pair's samples lost DEMAND, and the pair ran 1.06:1), so its DEMAND
-                # follows its activity window, as v1's `active` does; kept while stopped (§7).
-                demand = source.is_active(mono)
-                if self.upstream is None and demand != self.in_flight and (demand or not self._stopped):
-                    self.in_flight = demand
-                    m.set_demand(demand)
-                n_work = source.take_work_total()
-                if source.is_active(mono):
-                    m.mark_active(source.last_us)
-                    if n_work is not None:  # rate windows span work only: idle time is not averaged in
-                        rate.update(t, n_work, alone)
-                elif m.active:
-                    m.mark_idle()
-                    rate.idle()
-                if source.counts_work:  # None: working, first window not complete
-                    self.engine_status.tok_s = rate.rate if m.active else 0.0
-                    self.engine_status.solo_tok_s = rate.solo
-                if t >= next_stats:
-                    next_stats = t + BUSY_WINDOW_US / 1e6
-                    since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
-                    busy = self._gpu_busy(tree.pids(), since_us) if self._gpu_busy else None
-                    used = cpu_stats.cores(mono_us())
-                    frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / cores)
-                    self.engine_status.busy_pct = 100 * frac
-                    m.set_busy_ppm(int(frac * 1_000_000))
-                    # The priority budget (spec §7) is judged on device time: the engine's continued time while
-                    # working (busy_total_us) over the last second. Its CPU fraction of the machine's cores
-                    # cannot be: a 1-thread engine on 2 cores reads at most 50 %, and at weight 1:1 (S = 0.5)
-                    # never overran (measured: a flooding interactive engine kept 92-100 % of the steps).
-                    total_us, at_us = m.busy_total_us, mono_us()
-                    device_ppm = min(1_000_000, (total_us - busy_total_us) * 1_000_000 // max(1, at_us - busy_at_us))
-                    busy_total_us, busy_at_us = total_us, at_us
-                    if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
-                        share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
-                        m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
+                try:
+                    if state is None:  # built here: an HTTP client is made (it may need fds too)
+                        state = self._monitor_state(m, proc.pid)
+                    self._monitor_step(m, state)
+                    if failing is not None:
+                        self._say("gpushare-tui: monitor: readings resumed (pacing went on meanwhile)")
+                        failing = None
+                except OSError as e:
+                    if failing is None:
+                        failing = f"{type(e).__name__}: {e}"
+                        self._say(
+                            f"gpushare-tui: monitor: {failing}; activity and busy readings skipped until it"
+                            " clears (pacing goes on)"
+                        )
                 time.sleep(MONITOR_TICK_S)
+        except Exception as e:  # a bug: said in one line, and the engine is ended in order
+            self._say(f"gpushare-tui: monitor thread failed ({type(e).__name__}: {e}): stopping the engine")
+            self._quit.set()
         finally:
+            if state is not None:
+                state.source.close()
+
+    def _monitor_state(self, m: Membership, pid: int) -> _MonitorState:
+        tree = activity.ProcessTree(pid)
+        source = activity.make_source(
+            self.activity_spec, tree=tree, base_url=self.base_url, gpu_util=self._gpu_busy, say=self._say
+        )
+        try:
+            cpu_stats = activity.CpuMeter(tree, min_span_us=0)
+            cpu_stats.cores(mono_us())
+        except BaseException:
             source.close()
+            raise
+        mono = mono_us()
+        next_stats_us = mono + BUSY_WINDOW_US
+        return _MonitorState(tree, source, StepRate(), cpu_stats, tree.cores(), next_stats_us, m.busy_total_us, mono)
+
+    def _monitor_step(self, m: Membership, st: _MonitorState) -> None:
+        source, rate, tree = st.source, st.rate, st.tree
+        mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
+        t = mono / 1e6
+        source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
+        # DEMAND (spec §7). Proxied (llama-server), the proxy publishes it at each request's start
+        # and end, counting through stops. A sampled source (a gauge, CPU readings) cannot see the
+        # end of work exactly: a reading between two back-to-back requests reads 0 (measured: 40 %
+        # of a loaded 2:1 pair's samples lost DEMAND, and the pair ran 1.06:1), so its DEMAND
+        # follows its activity window, as v1's `active` does; kept while stopped (§7).
+        demand = source.is_active(mono)
+        if self.upstream is None and demand != self.in_flight and (demand or not self._stopped):
+            self.in_flight = demand
+            m.set_demand(demand)
+        n_work = source.take_work_total()
+        if source.is_active(mono):
+            m.mark_active(source.last_us)
+            if n_work is not None:  # rate windows span work only: idle time is not averaged in
+                rate.update(t, n_work, lambda: runs_alone(m.read_slots(), m.slot, wall_us()))
+        elif m.active:
+            m.mark_idle()
+            rate.idle()
+        if source.counts_work:  # None: working, first window not complete
+            self.engine_status.tok_s = rate.rate if m.active else 0.0
+            self.engine_status.solo_tok_s = rate.solo
+        if mono < st.next_stats_us:
+            return
+        st.next_stats_us = mono + BUSY_WINDOW_US
+        since_us = wall_us() - BUSY_WINDOW_US  # NVML samples carry wall-clock stamps
+        pids = tree.pids()
+        self._track_escaped(pids)
+        busy = self._gpu_busy(pids, since_us) if self._gpu_busy else None
+        used = st.cpu_stats.cores(mono_us())
+        frac = busy / 100 if busy is not None else min(1.0, (used or 0.0) / st.cores)
+        self.engine_status.busy_pct = 100 * frac
+        m.set_busy_ppm(int(frac * 1_000_000))
+        # The priority budget (spec §7) is judged on device time: the engine's continued time while
+        # working (busy_total_us) over the last second. Its CPU fraction of the machine's cores
+        # cannot be: a 1-thread engine on 2 cores reads at most 50 %, and at weight 1:1 (S = 0.5)
+        # never overran (measured: a flooding interactive engine kept 92-100 % of the steps).
+        total_us, at_us = m.busy_total_us, mono_us()
+        device_ppm = min(1_000_000, (total_us - st.busy_total_us) * 1_000_000 // max(1, at_us - st.busy_at_us))
+        st.busy_total_us, st.busy_at_us = total_us, at_us
+        if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
+            share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+            m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
+
+
+@dataclass
+class _MonitorState:
+    """What the monitor keeps between its steps (built once, in its thread)."""
+
+    tree: activity.ProcessTree
+    source: activity.ActivitySource
+    rate: StepRate
+    cpu_stats: activity.CpuMeter
+    cores: int
+    next_stats_us: int  # monotonic µs of the next busy/priority tick
+    busy_total_us: int  # device time at the last stats tick
+    busy_at_us: int
+
+
+def _pidfd_signal(pidfds: Sequence[int], *sigs: int) -> None:
+    """Each signal in turn to each process (one that exited is skipped: pruned at the next tree look)."""
+    for sig in sigs:
+        for fd in pidfds:
+            try:
+                signal.pidfd_send_signal(fd, sig)
+            except OSError:
+                pass
+
+
+def _reap(pids: Sequence[int]) -> None:
+    """Reap those of `pids` that are our exited children (adopted orphans: nobody else waits for them)."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process of `pidfd` exited (its pidfd reads ready; a zombie counts)."""
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return printable(f.read().strip())
+    except OSError:
+        return "?"
 
 
 def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US) -> tuple[bool, int]:

@@ -88,6 +88,11 @@ ENGINE_PROBE_DEADLINE_S = 0.25
 # vLLM's /metrics with every histogram bucket is ~50-200 KiB for one model; 4 MiB is far more than any
 # real exposition and bounds one that never ends.
 ENGINE_PROBE_MAX_BYTES = 4 * 2**20
+# What the monitor thread may spend on a sampled source's probes (fetching and parsing an exposition), as a
+# fraction of one core: a probe that cost more is followed by a longer wait (cost / this), so a 4 MB
+# exposition is probed less often instead of taking most of a core (it took 0.7-0.9 of one, parsed whole
+# every 50 ms). A gauge is found by scanning for its lines only; the rest is never parsed.
+SAMPLED_PROBE_CPU_FRACTION = 0.05
 # One readiness probe (--health-url) while the engine loads: it answers when its HTTP server is up.
 HEALTH_PROBE_DEADLINE_S = 1.0
 HEALTH_PROBE_MAX_BYTES = 64 * 2**10  # the body is not used: a /health reply is a few bytes
@@ -120,3 +125,24 @@ PROXY_ACCEPT_BACKOFF_S = 0.05  # after accept() failed for want of fds (EMFILE, 
 PROXY_PIPELINE_BUFFER_BYTES = 64 * 2**10
 PROXY_PROPS_MAX_BYTES = 256 * 2**10  # a /props reply parsed to add opencoti.gpu_share (~5-20 KiB); larger: unchanged
 PROXY_SEED_VIEW_MAX_AGE_S = 0.25  # /gpu/peers and /props share one read of the segment at most this old
+
+# -- who listens on an engine's port (core/host/sockets.py, core/engines/listener.py) ---------------------
+
+# The listening sockets come from the kernel's sock_diag dump (listening ones only: ~0.1 ms of CPU a look);
+# where that is refused, from /proc/net/tcp{,6}, which list every socket, listening ones first (~5 ms a
+# look: the kernel walks its whole connection hash). A dump or table is read up to this much (a table
+# only while its lines listen): a host with 10^5 connections has ~15 MB of table, ~150 bytes a line.
+LISTEN_TABLE_MAX_BYTES = 2 * 2**20
+LISTEN_TABLE_READ_BYTES = 1024  # a /proc table is read this much at a time, to stop at its first connection
+# fd links read for one engine tree when its sockets are looked for (vLLM holds a few hundred per process).
+TREE_FDS_MAX = 65536
+# A port found the engine's is believed this long before it is looked at again (a squatter can only take a
+# port the engine let go of; each look costs ~0.4 ms of CPU). A health probe looks at the answer that makes it ready.
+LISTENER_RECHECK_S = 1.0
+
+# -- an engine's process tree (core/engines/supervisor.py) -------------------------------------------------
+
+# Descendants that left the engine's process group (setsid, setpgid) paced and ended one by one, a pidfd
+# each (signals never reach a reused pid): more than this are not tracked (those still in the group are
+# paced with it whatever their number). vLLM and SGLang start a handful of workers, all in the group.
+ESCAPED_DESCENDANTS_MAX = 64

@@ -29,22 +29,28 @@ GpuUtil = Callable[[Sequence[int], int], float | None]  # (pids, since wall µs)
 
 
 def make_source(
-    spec: ActivitySpec, *, tree: ProcessTree, base_url: str | None = None, gpu_util: GpuUtil | None = None
+    spec: ActivitySpec,
+    *,
+    tree: ProcessTree,
+    base_url: str | None = None,
+    gpu_util: GpuUtil | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> ActivitySource:
     """The source `spec` declares (checked by declaration.check_activity). `base_url`: the engine's
     own HTTP root (llama: its /metrics is there unless `spec.metrics_url` says otherwise);
-    `gpu_util`: NVML per-process utilisation (the `gpu` source needs it). Build it in the thread
-    that polls it (an HTTP client is made here)."""
+    `gpu_util`: NVML per-process utilisation (the `gpu` source needs it). A /metrics answer is believed
+    only while its port's listener is the tree's (listener.PortCheck; `say` tells a squatter once).
+    Build it in the thread that polls it (an HTTP client is made here)."""
     if spec.source == "llama":
         from .llama import LlamaActivity
 
         url = spec.metrics_url or f"{base_url}/metrics"
-        return LlamaActivity(url, tree, spec.cpu_cores)
+        return LlamaActivity(url, tree, spec.cpu_cores, trusted=_trusted(url, tree, say))
     if spec.source == "metrics":
         from .metrics import GaugeActivity
 
         assert spec.metrics_url and spec.gauge  # check_activity
-        return GaugeActivity(spec.metrics_url, spec.gauge)
+        return GaugeActivity(spec.metrics_url, spec.gauge, trusted=_trusted(spec.metrics_url, tree, say))
     if spec.source == "cpu":
         from .cpu import CpuActivity
 
@@ -60,3 +66,11 @@ def make_source(
 
         return AlwaysActivity()
     raise ValueError(f"unknown activity source {spec.source!r}")
+
+
+def _trusted(url: str, tree: ProcessTree, say: Callable[[str], None] | None) -> Callable[[], bool] | None:
+    """Whether `url`'s listener is the tree's now (None: a URL with no host to look at)."""
+    from ..listener import PortCheck, url_address
+
+    where = url_address(url)
+    return PortCheck(*where, tree.pids, say=say).trusted if where is not None else None

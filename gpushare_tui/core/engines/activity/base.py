@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...host.budgets import SAMPLED_PROBE_CPU_FRACTION
 from ...registry import abi
 
 
@@ -21,6 +23,27 @@ class Tick:
     running: bool
     active: bool
     may_probe: Callable[[], bool]
+
+
+class ProbeCost:
+    """The CPU time (this thread's) one probe costs, fetch and parse, smoothed over the last few;
+    `interval_us(nominal_us)` stretches a probe interval so probes cost at most `fraction` of a core
+    (budgets.SAMPLED_PROBE_CPU_FRACTION)."""
+
+    def __init__(self, fraction: float = SAMPLED_PROBE_CPU_FRACTION) -> None:
+        self.fraction = fraction
+        self.cost_us: float | None = None
+        self._t0_ns = 0
+
+    def start(self) -> None:
+        self._t0_ns = time.thread_time_ns()
+
+    def stop(self) -> None:
+        cost_us = (time.thread_time_ns() - self._t0_ns) / 1000
+        self.cost_us = cost_us if self.cost_us is None else (self.cost_us + cost_us) / 2
+
+    def interval_us(self, nominal_us: int) -> int:
+        return nominal_us if self.cost_us is None else max(nominal_us, int(self.cost_us / self.fraction))
 
 
 class ActivitySource:

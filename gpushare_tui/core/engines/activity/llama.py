@@ -4,11 +4,13 @@ between probes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...host import probe
 from ...host.clock import mono_us
 from ...registry import abi
 from .. import llama_server as ls
-from .base import ActivitySource, Tick
+from .base import ActivitySource, ProbeCost, Tick
 from .tree import CpuMeter, ProcessTree
 
 CPU_ACTIVE_CORES = 0.25  # engine CPU use (in cores, while continued) that counts as decoding
@@ -35,11 +37,11 @@ class EngineActivity:
         self._probe_us: int | None = None  # the last answered probe
         self._attempt_us: int | None = None  # the last probe sent, answered or not
 
-    def probe_due(self, now_us: int, active: bool) -> bool:
+    def probe_due(self, now_us: int, active: bool, stretch: Callable[[int], int] = int) -> bool:
         """Whether to probe /metrics now. The cadence follows `active` as it is now,
         not as it was at the last probe: an engine that went idle (whoever dropped
-        the flag) is probed at the idle cadence at once."""
-        interval = self.active_probe_us if active else self.idle_probe_us
+        the flag) is probed at the idle cadence at once; `stretch`: ProbeCost.interval_us."""
+        interval = stretch(self.active_probe_us if active else self.idle_probe_us)
         return self._attempt_us is None or now_us - self._attempt_us >= interval
 
     def probe_sent(self, now_us: int) -> None:
@@ -66,27 +68,37 @@ class LlamaActivity(ActivitySource):
 
     name = "llama"
 
-    def __init__(self, metrics_url: str, tree: ProcessTree, cpu_cores: float | None = None) -> None:
+    def __init__(
+        self,
+        metrics_url: str,
+        tree: ProcessTree,
+        cpu_cores: float | None = None,
+        trusted: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__()
-        self.metrics_url = metrics_url
+        self.metrics_url, self._trusted = metrics_url, trusted
         self.cpu_cores = cpu_cores if cpu_cores is not None else CPU_ACTIVE_CORES
         self.window = EngineActivity()
         self._cpu = CpuMeter(tree)
         self._client = probe.new_client()
         self._n_decode: float | None = None
+        self.cost = ProbeCost()
 
     def poll(self, tick: Tick) -> None:
         cores = self._cpu.cores(tick.run_us)
         busy = cores is not None and cores >= self.cpu_cores
         self.window.on_cpu(tick.now_us, busy and tick.running, tick.active)
-        if self.window.probe_due(tick.now_us, tick.active) and tick.may_probe():
+        if self.window.probe_due(tick.now_us, tick.active, self.cost.interval_us) and tick.may_probe():
             self.window.probe_sent(tick.now_us)
+            self.cost.start()
             try:
                 status, body = probe.get(self._client, self.metrics_url)
+                met = ls.parse_metrics(body.decode("utf-8", "replace")) if status == 200 else None
             except probe.ProbeError:
-                status, body = 0, b""
-            if status == 200:
-                met = ls.parse_metrics(body.decode("utf-8", "replace"))
+                met = None
+            finally:
+                self.cost.stop()
+            if met is not None and (self._trusted is None or self._trusted()):  # the engine's own answer only
                 self.window.on_probe(mono_us(), met.n_decode_total, met.requests_processing)
                 self.in_flight = met.requests_processing > 0
                 self._n_decode = met.n_decode_total

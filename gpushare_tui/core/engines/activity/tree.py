@@ -56,6 +56,22 @@ class ProcessTree:
             procs[pid] = proc
         self._procs = procs
 
+    @staticmethod
+    def children_of(pid: int) -> list[int]:
+        """`pid`'s children now (every thread's: /proc/PID/task/TID/children); [] when gone."""
+        kids: list[int] = []
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return kids
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids += [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        return kids
+
     def pids(self) -> list[int]:
         """The tree's pids as last listed (the root first)."""
         self._refresh()
@@ -92,19 +108,9 @@ def _descendants(root_pid: int) -> list[int] | None:
     found: list[int] = []
     todo = [root_pid]
     while todo and len(found) < TREE_MAX_PROCESSES:
-        pid = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            found += kids
-            todo += kids
+        kids = ProcessTree.children_of(todo.pop())
+        found += kids
+        todo += kids
     return found
 
 
