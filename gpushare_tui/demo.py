@@ -255,13 +255,12 @@ def run_demo(
 ) -> None:
     """Start the engines, run the dashboard on them, clean up however it ends. DemoError if the
     engines could not be started."""
-    state: dict = {"app": None, "signals": 0}
+    state: dict = {"app": None}
 
     def on_signal(signum: int) -> None:
-        state["signals"] += 1
         app = state["app"]
         loop = getattr(app, "_loop", None) if app is not None else None
-        if state["signals"] == 1 and loop is not None and loop.is_running():
+        if loop is not None and loop.is_running():  # each time: an exception raised inside its loop is a traceback
             loop.call_soon_threadsafe(app.exit)  # leave the terminal tidy; `finally` cleans up
             return
         raise SystemExit(128 + signum)
