@@ -52,8 +52,10 @@ def entrypoint() -> None:
     from ..core.host import lifecycle
 
     lifecycle.guard_startup()
-    code = main()
-    lifecycle.ignore_termination()
+    try:
+        code = main()
+    finally:  # a SystemExit (a signal's) too: the interpreter's exit would put the default (death) back
+        lifecycle.ignore_termination()
     sys.exit(code)
 
 
