@@ -327,6 +327,8 @@ def run_once(cmd: Command, sig: int, point: Point, base: str) -> tuple[str, dict
             code = p.wait(EXIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return f"still running {EXIT_TIMEOUT_S:g} s after the signal:\n{started.text()}", facts
+        if code < 0:  # a death by the signal (Python ends an interrupted run so: exit_sigint) is 128 + it to a shell
+            code = 128 - code
         facts["exit_s"] = time.monotonic() - t_sig
         started._reader.join(5)
         text = started.text()
