@@ -40,6 +40,7 @@ def _children(pid: int) -> list[int]:
 def test_end_of_file_continues_the_whole_group(group) -> None:
     p, child = group
     wd = watchdog.start(p.pid)
+    wd.ready()  # the engine is ready and joined: the supervisor's death only continues it
     assert os.getsid(wd.pid) == wd.pid  # a session of its own: a terminal's Ctrl+C never reaches it
     os.killpg(p.pid, signal.SIGSTOP)
     wait_for(lambda: proc_state(p.pid) == proc_state(child) == "T", 5, what="the group stopped")
@@ -58,3 +59,39 @@ def test_an_orderly_close_leaves_the_group_alone(group) -> None:
     wd.close()
     assert wd.proc.returncode == 0 and proc_state(child) == "T"  # told to quit: no signal
     os.killpg(p.pid, signal.SIGCONT)
+
+
+def test_end_of_file_before_ready_ends_the_group(group) -> None:
+    """The supervisor gone while its engine still loads (never joined, nobody told of it): the group
+    is continued and ended, workers included, not left running unpaced for ever."""
+    p, child = group
+    wd = watchdog.start(p.pid)
+    os.killpg(p.pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(p.pid) == proc_state(child) == "T", 5, what="the group stopped")
+    wd.close(continue_group=True)  # what the supervisor's death does: its end of the pipe closes
+    wait_for(lambda: p.poll() is not None, 15, what="the loading engine ended")
+    wait_for(lambda: proc_state(child) in (None, "Z"), 15, what="its worker ended")
+
+
+def test_a_supervisor_killed_while_its_engine_loads_leaves_no_engine(procs, gpu_key, runtime_dir, tmp_path) -> None:
+    """`run` SIGKILLed (no cleanup of its own runs) while the engine loads: the watchdog ends the engine."""
+    import psutil
+
+    from testkit.cli import cli_argv
+
+    loading = os.path.join(os.path.dirname(__file__), "data", "loading_engine.py")
+    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--activity", "llama", "--", sys.executable, loading)
+    sup = procs.start([*argv, "-m", "x.gguf"], env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+
+    def engine() -> psutil.Process | None:
+        kids = psutil.Process(sup.pid).children()
+        return next((k for k in kids if k.cmdline()[1:2] == [loading]), None)
+
+    eng = wait_for(engine, 30, what="the loading engine")
+    try:
+        sup.kill()
+        sup.wait(10)
+        assert eng.wait(15) is not None or not eng.is_running()
+    finally:
+        if eng.is_running():
+            eng.kill()

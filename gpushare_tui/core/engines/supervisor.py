@@ -9,7 +9,8 @@ all idle is never stopped. Whether it is working comes from its activity source
 the supervisor never knows which engine it paces. Every exit path continues the
 group; if the supervisor is SIGKILLed, the kernel sends the engine SIGCONT
 (PR_SET_PDEATHSIG) and the watchdog (engines/watchdog.py) the rest of its group,
-so nothing of it is left stopped — it then runs on unpaced until someone stops it.
+so nothing of it is left stopped — it then runs on unpaced until someone stops it; one that
+was still loading (not yet joined) the watchdog ends (nobody was told of it).
 
 A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
 (core/engines/front_proxy.py) on the public --host/--port forwards to it and publishes DEMAND (spec §7)
@@ -160,7 +161,7 @@ class Supervisor:
             raise
         try:
             try:
-                self._watchdog = watchdog.start(self.proc.pid)  # before any SIGSTOP: the engine leads the group
+                dog = self._watchdog = watchdog.start(self.proc.pid)  # before any SIGSTOP: the engine leads the group
             except OSError as e:
                 raise EngineError(f"cannot start the engine's watchdog: {e.strerror or e}") from None
             ready = health.ready_check(spec, log_ready=log_ready)
@@ -184,6 +185,7 @@ class Supervisor:
                 interactive=self.klass == "interactive",
             )
             slot = self.membership.join()
+            dog.ready()  # joined: our death no longer ends the engine (it is only continued)
             if self.upstream is not None and self.args.port is not None:  # bound now (ProxyError if the port is taken)
                 public = (self.args.host, self.args.port)
                 self.proxy = FrontProxy(public, self.upstream, on_demand=self._proxy_demand)

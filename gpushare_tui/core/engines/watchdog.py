@@ -6,7 +6,10 @@ means (SIGKILL included). PR_SET_PDEATHSIG reaches only the engine itself: a wor
 of ours, ~10 MB) in a session of its own (a terminal's signals never reach it), its stdin the
 read end of a pipe whose only write end the supervisor holds. It blocks on that pipe (no
 polling): end of file means the supervisor is gone, and it sends SIGCONT to the group; a `q`
-line means the supervisor ended the engine in order, and it exits without a signal."""
+line means the supervisor ended the engine in order, and it exits without a signal. Until an `r`
+line (the engine is ready and joined: `Watchdog.ready()`) the supervisor's death also ends the
+group (SIGTERM, SIGKILL after END_GRACE_S): an engine still loading serves no one, nobody was
+told of it, and it would run on unpaced for ever."""
 
 from __future__ import annotations
 
@@ -14,9 +17,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 QUIT = b"q\n"
+READY = b"r\n"
 REAP_S = 2.0
+END_GRACE_S = 10.0  # as the supervisor's own STOP_GRACE_S: SIGTERM, then SIGKILL
 
 
 class Watchdog:
@@ -28,6 +34,14 @@ class Watchdog:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def ready(self) -> None:
+        """The engine is ready and joined: from now on the supervisor's death only continues the group."""
+        if self._fd >= 0:
+            try:
+                os.write(self._fd, READY)
+            except OSError:
+                pass
 
     def close(self, continue_group: bool = False) -> None:
         """Tell it to exit (`continue_group`: SIGCONT the group first, as on the supervisor's death) and reap it."""
@@ -80,11 +94,23 @@ def main(argv: list[str]) -> int:
         data += chunk
         if data.endswith(QUIT):
             return 0
-    try:
-        os.killpg(pgid, signal.SIGCONT)
-    except OSError:
-        pass  # the group is gone
+    _signal_group(pgid, signal.SIGCONT)
+    if READY not in data:  # still loading: end it
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + END_GRACE_S
+        while _signal_group(pgid, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal_group(pgid, signal.SIGKILL)
     return 0
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """`sig` to the group; whether it still exists."""
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        return False  # the group is gone
+    return True
 
 
 if __name__ == "__main__":
