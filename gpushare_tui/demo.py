@@ -30,7 +30,7 @@ from .core.engines.spawn import spawn, synth_argv
 from .core.engines.synthetic import calibrate_units
 from .core.host.clock import wall_us
 from .core.host.errors import GpushareError
-from .core.host.lifecycle import on_signals
+from .core.host.lifecycle import on_signals, termination_deferred
 from .core.host.logtail import tail_text
 from .core.pacing.control import is_managed
 from .core.registry.segment import Segment, SegmentError, shm_path
@@ -105,10 +105,12 @@ def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float =
             demo.logs.append(log)
             argv = synth_argv(gpu_key=demo.key, name=name, weight=weight, busy_idle=busy_idle, work_units=units)
             try:
-                demo.procs.append(spawn(argv, fd, parent_death=signal.SIGTERM))
+                with termination_deferred():  # started and recorded, or neither: stop_demo ends what is recorded
+                    demo.procs.append(spawn(argv, fd, parent_death=signal.SIGTERM))
             finally:
                 os.close(fd)
-        demo.janitor = _start_janitor(demo)
+        with termination_deferred():
+            demo.janitor = _start_janitor(demo)
         deadline = time.monotonic() + timeout_s
         # registered and serving their control sockets (the dashboard manages them at once)
         while not set(demo.pids) <= set(alive_peers(demo.key)) or not all(is_managed(p.pid) for p in demo.procs):
@@ -208,7 +210,13 @@ def stop_demo(demo: Demo, grace_s: float = 3.0) -> None:
     """End every engine (SIGTERM, then SIGCONT+SIGKILL by pid), remove the segment and logs. Idempotent.
 
     The segment stays if live peers other than the demo's engines use it (a --gpu-key shared
-    with real engines): unlinking it would put later joiners in a second registry."""
+    with real engines): unlinking it would put later joiners in a second registry. A termination
+    signal meanwhile takes effect once it is done (lifecycle.termination_deferred)."""
+    with termination_deferred():
+        _stop_demo(demo, grace_s)
+
+
+def _stop_demo(demo: Demo, grace_s: float) -> None:
     demo.stopped.set()
     for p in demo.procs:
         if p.poll() is None:
@@ -247,13 +255,12 @@ def run_demo(
 ) -> None:
     """Start the engines, run the dashboard on them, clean up however it ends. DemoError if the
     engines could not be started."""
-    state: dict = {"app": None, "signals": 0}
+    state: dict = {"app": None}
 
     def on_signal(signum: int) -> None:
-        state["signals"] += 1
         app = state["app"]
         loop = getattr(app, "_loop", None) if app is not None else None
-        if state["signals"] == 1 and loop is not None and loop.is_running():
+        if loop is not None and loop.is_running():  # each time: an exception raised inside its loop is a traceback
             loop.call_soon_threadsafe(app.exit)  # leave the terminal tidy; `finally` cleans up
             return
         raise SystemExit(128 + signum)

@@ -103,7 +103,9 @@ def test_ctrl_c_while_the_engine_loads_stops_what_launch_started(
     argv = cli_argv(
         "launch", "--gpu-key", gpu_key, "--activity", "llama", "--", sys.executable, LOADING_ENGINE, "-m", str(model)
     )
-    p = procs.start(argv, start_new_session=True)  # its own process group, as a shell's foreground job
+    # its own process group, as a shell's foreground job; SIGINT ignored, as a job started with `&` by a
+    # shell without job control inherits it: launch stops what it started on a Ctrl+C sent all the same
+    p = procs.start(argv, start_new_session=True, preexec_fn=_ignore_sigint)
     started: list[psutil.Process] = []
     try:
         engine = wait_for(lambda: _engine_of(p.pid), 30, what="the loading engine")
@@ -118,17 +120,24 @@ def test_ctrl_c_while_the_engine_loads_stops_what_launch_started(
         gone, alive = psutil.wait_procs(started, timeout=5)
         assert alive == [] and engine.pid in {g.pid for g in gone}
     finally:
-        for child in started:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                pass
+        for child in started:  # by pid, the engine too: a supervisor killed outright leaves it running
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    child.send_signal(sig)
+                except psutil.Error:
+                    break
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _engine_of(launch_pid: int) -> psutil.Process | None:
+    """The loading engine itself (the script this interpreter runs), not the supervisor whose
+    command line names it too (nor the supervisor forked but not yet exec'd: launch's own line)."""
     try:
         for child in psutil.Process(launch_pid).children(recursive=True):
-            if LOADING_ENGINE in child.cmdline():
+            if child.cmdline()[1:2] == [LOADING_ENGINE]:
                 return child
     except psutil.Error:
         pass

@@ -392,7 +392,7 @@ def test_sigterm_while_claiming_still_leaves_cleanly(gpu_key: str, monkeypatch) 
     strand the slot: the exit waits until join is done, then leave clears it."""
     from gpushare_tui.core.host.lifecycle import exit_on_termination
 
-    old_handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old_handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     exit_on_termination()
     real_cas = Segment.cas_pid
     fired: list[bool] = []

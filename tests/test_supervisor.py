@@ -185,7 +185,8 @@ def test_sigterm_soon_after_join_exits_cleanly_every_time(engines):
 
 def test_sigterm_before_the_engine_starts_stops_in_order(procs, gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F811
     """A SIGTERM as soon as `run` says which port it picked (before the engine starts, or while it
-    loads) ends it with one line and exit 1, never kills it outright (-15), and leaves no engine running."""
+    loads) ends it with one line and exit 128 + 15 (an Interrupted start-up), never kills it outright (-15),
+    and leaves no engine running."""
     argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--", llama_server, "-m", tiny_model, "-t", "1")
     for i in range(4):
         sup = procs.start(argv)
@@ -195,7 +196,7 @@ def test_sigterm_before_the_engine_starts_stops_in_order(procs, gpu_key, llama_s
         code = sup.wait(30)
         err = sup.stderr.read()
         # 0: the engine loaded and joined before the signal came (a tiny model loads in ~50 ms)
-        assert (code, "gpushare-tui: interrupted" in err or "joined" in err) in ((1, True), (0, True)), (
+        assert (code, "gpushare-tui: interrupted" in err or "joined" in err) in ((143, True), (0, True)), (
             f"run {i}: exit {code}\n{err}"
         )
         assert "Traceback" not in err, err

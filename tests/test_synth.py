@@ -14,6 +14,7 @@ import pytest
 from gpushare_tui.cli import main as cli_main
 from gpushare_tui.core.engines import synthetic
 from gpushare_tui.core.engines.synthetic import DutyPattern
+from gpushare_tui.core.host import lifecycle
 from gpushare_tui.core.pacing import control
 from gpushare_tui.core.registry.abi import WEIGHT_RULE
 from gpushare_tui.core.registry.segment import Segment
@@ -111,7 +112,7 @@ def test_work_units_scale() -> None:
 @pytest.mark.slow
 def test_serve_synth_joins_serves_and_leaves(gpu_key: str, runtime_dir: str) -> None:
     """The engine's life in-process: join, control socket while running, leave; nothing left after."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}  # it installs its own
+    handlers = {sig: signal.getsignal(sig) for sig in lifecycle.TERMINATION_SIGNALS}  # it installs its own
     said: list[str] = []
     replies: list[dict] = []
 

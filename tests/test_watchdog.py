@@ -92,3 +92,27 @@ def test_an_orderly_close_leaves_the_group_alone(group) -> None:
     wd.close()
     assert wd.proc.returncode == 0 and proc_state(child) == "T"  # told to quit: no signal
     os.killpg(p.pid, signal.SIGCONT)
+
+
+def test_a_supervisor_killed_while_its_engine_loads_leaves_no_engine(procs, gpu_key, runtime_dir, tmp_path) -> None:
+    """`run` SIGKILLed (no cleanup of its own runs) while the engine loads: the watchdog ends the engine."""
+    import psutil
+
+    from testkit.cli import cli_argv
+
+    loading = os.path.join(os.path.dirname(__file__), "data", "loading_engine.py")
+    argv = cli_argv("run", "--weight", "1", "--gpu-key", gpu_key, "--activity", "llama", "--", sys.executable, loading)
+    sup = procs.start([*argv, "-m", "x.gguf"], env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})
+
+    def engine() -> psutil.Process | None:
+        kids = psutil.Process(sup.pid).children()
+        return next((k for k in kids if k.cmdline()[1:2] == [loading]), None)
+
+    eng = wait_for(engine, 30, what="the loading engine")
+    try:
+        sup.kill()
+        sup.wait(10)
+        assert eng.wait(15) is not None or not eng.is_running()
+    finally:
+        if eng.is_running():
+            eng.kill()

@@ -3,35 +3,65 @@
 `entrypoint` (the console script, `python -m gpushare_tui`) serves a headless snapshot
 (`--once [--json] [--gpu-key KEY]`, cli/once.py) without importing typer, and hands every
 other command line to the typer application (cli/typer_app.py). Errors are one line on stderr:
-exit 2 for a UsageError (invalid input), 1 for any other GpushareError.
+exit 2 for a UsageError (invalid input), 1 for any other GpushareError, 128 + the signal's number
+for a start-up that a termination signal cut short.
+
+This module imports nothing of the package at its top: the entry point guards the termination
+signals (core/host/lifecycle.guard_startup) before the first import of the rest, so a signal at any
+moment of the start-up ends the command in order, never with a traceback.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ..core.host.errors import GpushareError
-from .common import report_error
-from .once import headless_args, once_report, print_once
+if TYPE_CHECKING:
+    from .once import once_report
 
 __all__ = ["entrypoint", "main", "once_report"]
+INTERRUPTED = 130  # common.ExitCode.INTERRUPTED, without importing it (and what it imports) first
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); its exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        headless = headless_args(args)
-        if headless is not None:
-            return print_once(*headless)
-        from .typer_app import run_app
+        from ..core.host.errors import GpushareError
 
-        return run_app(args)
-    except GpushareError as e:
-        return report_error(e)
+        try:
+            from .once import headless_args, print_once
+
+            headless = headless_args(args)
+            if headless is not None:
+                return print_once(*headless)
+            from .typer_app import run_app
+
+            return run_app(args)
+        except GpushareError as e:
+            from .common import report_error
+
+            return report_error(e)
+    except KeyboardInterrupt:  # a Ctrl+C before a command took over its signals: nothing was started
+        return INTERRUPTED
 
 
 def entrypoint() -> None:
-    """Console script: exit with `main()`'s code."""
-    sys.exit(main())
+    """Console script: the termination signals guarded first, then exit with `main()`'s code."""
+    from ..core.host import lifecycle
+
+    lifecycle.guard_startup()
+    try:
+        code = main()
+    finally:  # a SystemExit (a signal's) too: the interpreter's exit would put the default (death) back
+        lifecycle.ignore_termination()
+    sys.exit(code)
+
+
+def __getattr__(name: str) -> object:
+    if name == "once_report":
+        from .once import once_report
+
+        return once_report
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ import enum
 import math
 import sys
 
-from ..core.host.errors import GpushareError, UsageError
+from ..core.host.errors import GpushareError, Interrupted, UsageError
 from ..core.registry import abi
 from ..dashboard import MIN_INTERVAL_S
 
@@ -28,8 +28,12 @@ def error_line(msg: str) -> None:
     print(f"gpushare-tui: {msg}", file=sys.stderr, flush=True)
 
 
-def report_error(e: GpushareError) -> ExitCode:
-    """Show `e` (one line, then an engine log's tail if it has one); its exit code."""
+def report_error(e: GpushareError) -> int:
+    """Show `e` (one line, then an engine log's tail if it has one); its exit code (an
+    Interrupted start-up's: 128 + the signal's number)."""
+    if isinstance(e, Interrupted):
+        error_line(str(e))
+        return e.exit_code
     error_line(str(e) + (f"\n--- last lines of the engine log ---\n{e.log_tail}" if e.log_tail else ""))
     return ExitCode.USAGE if isinstance(e, UsageError) else ExitCode.ERROR
 

@@ -62,6 +62,9 @@ def dashboard(
         urls = [parse_remote_url(u) for u in remote]
     interval = checked_interval(interval)
     from ..app import run_dashboard
+    from ..core.host.lifecycle import default_termination
+
+    default_termination()  # the start-up guard's part is done: the dashboard keeps Python's own
 
     code = run_dashboard(
         gpu_key=key, interval_s=interval, readonly=readonly, remotes=urls, local=not no_local, all_owners=all_owners

@@ -11,8 +11,8 @@ from dataclasses import replace
 import typer
 
 from ..core.engines.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
-from ..core.host.errors import GpushareError, UsageError
-from .common import ExitCode, WaitProgress, checked_group, error_line, resolve_key
+from ..core.host.errors import GpushareError, Interrupted, UsageError
+from .common import WaitProgress, checked_group, resolve_key
 from .options import (
     ActivityOpt,
     ClassOpt,
@@ -77,20 +77,23 @@ def run(
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)
 
     While the engine loads it says what it waits for every few seconds (on a terminal), and once
-    when the engine is ready."""
+    when the engine is ready. SIGTERM, SIGINT or SIGHUP stops the engine and leaves the slot: during
+    the start-up with one line and exit 128 + the signal's number, later with the engine's exit code."""
     from ..core.engines.spawn import notify_failed, notify_ready
-    from ..core.host.lifecycle import on_signals
+    from ..core.host.lifecycle import Termination, on_signals
 
     # First of all: from here on a SIGTERM/SIGINT/SIGHUP stops us in order (nothing started, or the
     # engine ended and the slot left), never kills us half-way.
-    quit_event = threading.Event()
-    on_signals(lambda _signum: quit_event.set())
+    term = Termination()
+    on_signals(term)
     try:
         opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
         sup = _start_supervisor(
-            ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, quit_event, klass, not no_proxy
+            ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, term.event, klass, not no_proxy
         )
     except GpushareError as e:
+        if isinstance(e, Interrupted):
+            e.signum = term.signum  # its exit code: 128 + the signal's
         notify_failed(notify_fd, e)  # `launch` shows it (our stderr goes to a log there)
         raise
     assert sup.proc is not None and sup.membership is not None
@@ -227,10 +230,16 @@ def launch(
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed).
 
+    SIGTERM, SIGINT (Ctrl+C) or SIGHUP before then stops what it started: one line, exit 128 + the
+    signal's number.
+
     While the model loads it says what it waits for every few seconds (on a terminal), and once
     when the engine is ready (on stderr: --json's stdout stays one object)."""
-    from ..core.engines.launcher import LaunchInterrupted, LaunchSpec, launch_detached
+    from ..core.engines.launcher import LaunchSpec, launch_detached
+    from ..core.host.lifecycle import Termination, on_signals
 
+    term = Termination()  # SIGTERM/SIGINT/SIGHUP while it waits: what was started is stopped
+    on_signals(term)
     try:
         share_group = checked_group(share_group)
         opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
@@ -239,12 +248,10 @@ def launch(
         key = resolve_key(gpu_key, gpu)
         _check_gpu_source(sources, key)
         spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        reply = launch_detached(replace(spec, sources=opts, klass=klass, proxy=not no_proxy), progress=WaitProgress())
+        spec = replace(spec, sources=opts, klass=klass, proxy=not no_proxy)
+        reply = launch_detached(spec, progress=WaitProgress(), termination=term)
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))
-        if isinstance(e, LaunchInterrupted):  # Ctrl+C: what was started is stopped; the shell's code for it
-            error_line(str(e))
-            raise typer.Exit(ExitCode.INTERRUPTED) from None
         raise
     print(json.dumps(reply.to_json()) if as_json else reply.summary())

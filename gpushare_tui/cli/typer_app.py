@@ -13,7 +13,10 @@ app = typer.Typer(
     # plain help: typer's rich panels draw a `<bool>` type beside every flag
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="Share one GPU fairly between LLM servers, and watch it.\n\nExit codes: 0 ok, 1 runtime error, 2 usage error.",
+    help=(
+        "Share one GPU fairly between LLM servers, and watch it.\n\n"
+        "Exit codes: 0 ok, 1 runtime error, 2 usage error, 128+N a start-up cut short by signal N."
+    ),
 )
 app.callback(invoke_without_command=True)(dashboard.dashboard)
 app.command()(synth.synth)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 
-from ..core.host.lifecycle import on_signals
+from ..core.host.lifecycle import TERMINATION_SIGNALS, on_signals, termination_deferred
 from ..dashboard.source import LiveSource
 from .exporter import Exporter
 from .listen import bind_error, is_loopback, parse_listen
@@ -25,21 +24,25 @@ def open_server(listen: str, gpu_key: str | None = None, all_owners: bool = Fals
 
 
 def serve(listen: str, gpu_key: str | None = None, all_owners: bool = False) -> None:
-    """Serve until SIGINT or SIGTERM (then return). The first stderr line names the URL (port 0 resolved)."""
+    """Serve until SIGTERM, SIGINT or SIGHUP (then return, whenever it comes). The first stderr line
+    names the URL (port 0 resolved)."""
 
     def stop(_signum: int) -> None:
         raise KeyboardInterrupt
 
-    on_signals(stop, (signal.SIGTERM,))  # until the loop handles it (SIGINT is a KeyboardInterrupt already)
-    server = open_server(listen, gpu_key, all_owners)
-    host = server.server_address[0]
-    note = "" if is_loopback(host) else "  (not loopback: reachable from other hosts)"
-    print(f"gpushare-tui serve: listening on {server.url}{note}", file=sys.stderr, flush=True)
-
+    on_signals(stop)  # until the loop handles them; at the end of the start-up's section if it comes then
+    server: ExporterServer | None = None
     try:
-        server.serve_forever(stop_signals=(signal.SIGINT, signal.SIGTERM))
+        with termination_deferred():
+            server = open_server(listen, gpu_key, all_owners)
+            host = server.server_address[0]
+            note = "" if is_loopback(host) else "  (not loopback: reachable from other hosts)"
+            print(f"gpushare-tui serve: listening on {server.url}{note}", file=sys.stderr, flush=True)
+        server.serve_forever(stop_signals=TERMINATION_SIGNALS)
     except KeyboardInterrupt:
-        pass  # a SIGINT before the loop handles it
+        pass  # a signal before the loop handles it
     finally:
-        server.server_close()
-        server.exporter.close()
+        on_signals(lambda _signum: None)  # stopping already (the loop's handlers are gone with it)
+        if server is not None:
+            server.server_close()
+            server.exporter.close()

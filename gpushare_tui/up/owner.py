@@ -70,18 +70,25 @@ def check(path: str) -> tuple[UpConfig, dict[str, str]]:
 
 class Up:
     def __init__(self, path: str, say: Callable[[str], None] = _say_default) -> None:
+        """Check `path` and take its lock. From the first line on, SIGHUP is a reload and SIGTERM/SIGINT
+        a stop (flags `run` acts on): the lock's pid is what `up --reload` signals, at any moment."""
+        self._quit = self._reload = False
+        restore_signals = on_signals(self._on_signal)
         self.path = path
         self.say = say
-        self.cfg, keys = check(path)
-        check_socket_dir()
-        self.log_dir = paths.state_dir()
-        self.lock = UpLock(path)  # last: nothing after it may fail
+        try:
+            self.cfg, keys = check(path)
+            check_socket_dir()
+            self.log_dir = paths.state_dir()
+            self.lock = UpLock(path)  # last: nothing after it may fail
+        except BaseException:
+            restore_signals()
+            raise
         self.children: dict[str, Child] = {
             d.name: Child(d, keys[d.name], self.cfg, self.log_dir, say) for d in self.cfg.engines
         }
         self.serve: Child | None = self._serve_child(self.cfg)
         self._retiring: list[Child] = []  # a replaced serve, until it has stopped
-        self._quit = self._reload = False
         self._notified_ready = False
 
     def _serve_child(self, cfg: UpConfig) -> Child | None:
@@ -103,12 +110,13 @@ class Up:
     def run(self) -> int:
         """Until SIGTERM/SIGINT; 0 once every engine is stopped and its slot left."""
         wakeup = SignalWakeup()
-        on_signals(self._on_signal)
         try:
             self.say(
                 f"{self.path}: {len(self.children)} engine(s){', serve' if self.serve else ''} (pid {os.getpid()})"
             )
             for c in self._all():
+                if self._quit:  # stopped while starting: start no more
+                    break
                 c.start()
             while not self._quit:
                 fds = [wakeup.fd] + [fd for c in self._all() for fd in c.wait_fds()]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from ..host.budgets import HEALTH_LOG_READ_MAX_BYTES, HEALTH_PROBE_DEADLINE_S, HEALTH_PROBE_MAX_BYTES
-from ..host.errors import EngineError
+from ..host.errors import EngineError, Interrupted
 from ..host.logtail import LogError, LogFollower, tail_text
 from .declaration import HealthSpec
 from .spawn import Progress
@@ -100,10 +100,10 @@ def wait_ready(
     owned: Callable[[], bool] | None = None,
 ) -> None:
     """Poll `ready()` every POLL_S until true. EngineError (with the log's tail) if the engine exits
-    first, is not ready after `timeout_s`, or `quit_event` is set meanwhile. `progress` (spawn.Progress)
-    is called before every poll with `waiting_for` and the time waited, and once ready. `owned`: asked
-    once `ready()` is true, whether what answered is the engine's (listener.PortCheck.ready: False
-    while nobody listens, an EngineError when another process does); not ready until it is."""
+    first or is not ready after `timeout_s`; Interrupted if `quit_event` is set meanwhile. `progress`
+    (spawn.Progress) is called before every poll with `waiting_for` and the time waited, and once ready.
+    `owned`: asked once `ready()` is true, whether what answered is the engine's (listener.PortCheck.ready:
+    False while nobody listens, an EngineError when another process does); not ready until it is."""
     started = time.monotonic()
     deadline = started + timeout_s
     unowned = False
@@ -129,7 +129,7 @@ def wait_ready(
                 raise EngineError(f"engine not {what} after {timeout_s:.0f} s{why}", tail_text(log_path))
             if quit_event is not None:
                 if quit_event.wait(POLL_S):
-                    raise EngineError("interrupted while the engine was loading", tail_text(log_path))
+                    raise Interrupted("interrupted while the engine was loading")
             else:
                 time.sleep(POLL_S)
     finally:

@@ -6,8 +6,10 @@ of its own (it outlives the caller) and waits on a pipe for the supervisor's one
 could not be started). The pipe closing without a notice means the supervisor died first.
 A synthetic engine (`spec.synth`) is started as `gpushare-tui synth` instead, detached the same way;
 it is ready once it has joined and serves its control socket.
-A Ctrl+C (KeyboardInterrupt) during that wait stops what was started: the supervisor gets
-SIGTERM and ends its engine (LaunchInterrupted).
+A termination signal during that wait (`termination`: a lifecycle.Termination the caller's handlers
+feed, the command line's SIGTERM/SIGINT/SIGHUP) stops what was started: the supervisor gets SIGTERM
+and ends its engine (LaunchInterrupted). It is checked once the start returned too, so a signal
+that comes while the supervisor is being started stops it as well.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from ..host.errors import EngineError, GpushareError, UsageError
+from ..host.errors import EngineError, GpushareError, Interrupted, UsageError
+from ..host.lifecycle import Termination
 from ..host.paths import file_name_part, state_dir
 from . import spawn
 from .declaration import SourceOptions, SynthDecl
@@ -35,8 +38,8 @@ SYNTH_NAME = "synth"  # a synthetic engine's name when the spec gives none
 SYNTH_WHAT = "synthetic engine"
 
 
-class LaunchInterrupted(GpushareError):
-    """The launch was interrupted (Ctrl+C) and what it started was stopped; exit 130."""
+class LaunchInterrupted(Interrupted):
+    """The launch was interrupted (a termination signal) and what it started was stopped; exit 128 + signum."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ def launch_detached(
     cancelled: Callable[[], bool] = lambda: False,
     started: Started | None = None,
     progress: spawn.Progress | None = None,
+    termination: Termination | None = None,
 ) -> LaunchReply:
     """Start the supervisor of `spec` (or its synthetic engine) detached and wait until the engine is
     healthy or failed; `started` is told what was started at once (the demo ends it with itself).
@@ -93,9 +97,11 @@ def launch_detached(
     unusable; EngineError with the engine log's tail when the engine could not be started.
     If `cancelled()` turns true meanwhile, the wait ends (GpushareError) and the launch goes
     on unobserved. `progress` (spawn.Progress) is called every POLL_S of the wait with the load
-    timeout as the time allowed, and once the engine is ready; it prints, not this."""
+    timeout as the time allowed, and once the engine is ready; it prints, not this. Once
+    `termination` has had a signal, what was started is stopped: LaunchInterrupted."""
+    term = termination or Termination()
     if spec.synth is not None:
-        return _launch_synth(spec, spec.synth, cancelled, started)
+        return _launch_synth(spec, spec.synth, cancelled, started, term)
     if not spec.engine_argv:
         raise UsageError("no engine command given (use: -- llama-server ARGS...)")
     sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
@@ -127,15 +133,15 @@ def launch_detached(
     what = f"{os.path.basename(spec.engine_argv[0])} to load and join (supervisor {proc.pid})"
     t0 = time.monotonic()
     try:
-        while not select.select([read_fd], [], [], POLL_S)[0]:
+        while not select.select([read_fd], [], [], 0 if term.event.is_set() else POLL_S)[0]:
+            if term.event.is_set():
+                raise LaunchInterrupted(_stop_supervisor(proc, sup_log, term), term.signum)
             if progress is not None:
                 progress(what, time.monotonic() - t0, spec.load_timeout_s, False)
             if cancelled():
                 _reap_later(proc)
                 raise GpushareError(f"stopped waiting: supervisor {proc.pid} goes on (log {sup_log})")
         notice = spawn.read_notice(read_fd)
-    except KeyboardInterrupt:
-        raise LaunchInterrupted(_stop_supervisor(proc, sup_log)) from None
     except spawn.NoticeError:
         _reap_later(proc)
         raise GpushareError(f"supervisor {proc.pid} sent a bad notice; see {sup_log}") from None
@@ -156,7 +162,7 @@ def launch_detached(
 
 
 def _launch_synth(
-    spec: LaunchSpec, synth: SynthDecl, cancelled: Callable[[], bool], started: Started | None
+    spec: LaunchSpec, synth: SynthDecl, cancelled: Callable[[], bool], started: Started | None, term: Termination
 ) -> LaunchReply:
     """`gpushare-tui synth` detached (its own session, its output to a log in the state directory),
     ready once it serves its control socket (it has joined then); EngineError with its log's tail
@@ -182,19 +188,18 @@ def _launch_synth(
     if started is not None:
         started(proc.pid, log)
     deadline = time.monotonic() + SYNTH_READY_TIMEOUT_S
-    try:
-        while not control.is_managed(proc.pid):
-            if proc.poll() is not None:
-                raise EngineError(f"synthetic engine exited (code {proc.returncode}) before it joined", tail_text(log))
-            if cancelled():
-                _reap_later(proc)
-                raise GpushareError(f"stopped waiting: synthetic engine {proc.pid} goes on (log {log})")
-            if time.monotonic() > deadline:
-                _stop_supervisor(proc, log, SYNTH_WHAT)
-                raise EngineError(f"{SYNTH_WHAT} not ready within {SYNTH_READY_TIMEOUT_S:g} s: stopped", tail_text(log))
-            time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        raise LaunchInterrupted(_stop_supervisor(proc, log, SYNTH_WHAT)) from None
+    while not control.is_managed(proc.pid):
+        if term.event.is_set():
+            raise LaunchInterrupted(_stop_supervisor(proc, log, term, SYNTH_WHAT), term.signum)
+        if proc.poll() is not None:
+            raise EngineError(f"synthetic engine exited (code {proc.returncode}) before it joined", tail_text(log))
+        if cancelled():
+            _reap_later(proc)
+            raise GpushareError(f"stopped waiting: synthetic engine {proc.pid} goes on (log {log})")
+        if time.monotonic() > deadline:
+            _stop_supervisor(proc, log, None, SYNTH_WHAT)
+            raise EngineError(f"{SYNTH_WHAT} not ready within {SYNTH_READY_TIMEOUT_S:g} s: stopped", tail_text(log))
+        time.sleep(POLL_S)
     _reap_later(proc)
     slot = None
     try:
@@ -204,19 +209,25 @@ def _launch_synth(
     return LaunchReply(proc.pid, 0, "", log, slot, proc.pid, supervisor_log=log)
 
 
-def _stop_supervisor(proc: subprocess.Popen, sup_log: str, what: str = "supervisor") -> str:
-    """SIGTERM the supervisor (it ends its engine in order) and wait for it; one line saying so.
-    `what`: what `proc` is (a synthetic engine is its own)."""
+def _stop_supervisor(proc: subprocess.Popen, sup_log: str, term: Termination | None, what: str = "supervisor") -> str:
+    """SIGTERM the supervisor (it ends its engine in order) and wait for it, up to
+    INTERRUPT_STOP_WAIT_S, or until a second signal reaches `term` (it has been told already: don't
+    wait); one line saying so. `what`: what `proc` is (a synthetic engine is its own)."""
+    told = term.count if term is not None else 0
     try:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(INTERRUPT_STOP_WAIT_S)
-    except subprocess.TimeoutExpired:
-        _reap_later(proc)
-        waited = f"{INTERRUPT_STOP_WAIT_S:g} s"
-        return f"interrupted: {what} {proc.pid} told to stop, still ending after {waited} (log {sup_log})"
-    except KeyboardInterrupt:  # a second Ctrl+C: it has been told already; don't wait
-        _reap_later(proc)
-        return f"interrupted: {what} {proc.pid} told to stop (log {sup_log})"
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + INTERRUPT_STOP_WAIT_S
+    while proc.poll() is None:
+        if term is not None and term.count > told:
+            _reap_later(proc)
+            return f"interrupted: {what} {proc.pid} told to stop (log {sup_log})"
+        if time.monotonic() > deadline:
+            _reap_later(proc)
+            waited = f"{INTERRUPT_STOP_WAIT_S:g} s"
+            return f"interrupted: {what} {proc.pid} told to stop, still ending after {waited} (log {sup_log})"
+        time.sleep(POLL_S / 4)
     return f"interrupted: {what} {proc.pid}{' and its engine' if what == 'supervisor' else ''} stopped"
 
 

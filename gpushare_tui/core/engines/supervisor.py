@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ..host import paths, sockets
 from ..host.budgets import ESCAPED_DESCENDANTS_MAX
 from ..host.clock import mono_us, wall_us
-from ..host.errors import EngineError
+from ..host.errors import EngineError, Interrupted
 from ..host.text import counted, printable
 from ..observe.accounting import BusyFromMarks
 from ..observe.snapshot import own_peer, runs_alone
@@ -145,9 +145,10 @@ class Supervisor:
     # -- public ------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine, wait until healthy, join, serve control. EngineError on failure."""
+        """Start the engine, wait until healthy, join, serve control. EngineError on failure; Interrupted
+        when `quit_event` is set meanwhile (the engine is stopped then)."""
         if self._quit.is_set():
-            raise EngineError("interrupted before the engine was started")
+            raise Interrupted("interrupted before the engine was started")
         spec = shown = self.health_spec
         if spec.kind == "http" and spec.url is None:
             spec = shown = HealthSpec("http", url=f"{self.base_url}/health")  # llama-server's, on the port it is given

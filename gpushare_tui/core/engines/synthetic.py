@@ -255,18 +255,20 @@ def serve_synth(
 
     GpushareError before joining if no control socket can be bound here (ControlError) or no
     slot can be had (RegistryFullError, SegmentError); a ControlError or StatusFileError later
-    is raised after leaving. SIGTERM/SIGHUP become SystemExit(128 + signum), and however it
-    ends, neither the slot nor the socket file is left behind. `klass`: its latency class (spec §7).
+    is raised after leaving. SIGTERM/SIGHUP become SystemExit(128 + signum), SIGINT a
+    KeyboardInterrupt (it returns), at any moment (one during the start-up once it has joined), and
+    however it ends, neither the slot nor the socket file is left behind. `klass`: its latency class (spec §7).
     """
     exit_on_termination()
     stats = SynthStats()
     share = _SynthShare(stats, owner, key, weight, name, share_group, klass)
     try:
-        share.open()  # binds the control socket too: a ControlError here leaves nothing behind
-        say(
-            f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{key} slot {share.slot} "
-            f"(weight {share.weight:g}, {counted(share.membership.peers_alive(), 'peer')} alive)"
-        )
+        with termination_deferred():  # the start-up: a signal meanwhile ends it once joined (then `finally`)
+            share.open()  # binds the control socket too: a ControlError here leaves nothing behind
+            say(
+                f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{key} slot {share.slot} "
+                f"(weight {share.weight:g}, {counted(share.membership.peers_alive(), 'peer')} alive)"
+            )
         run_synth(
             share,
             step_ms=step_ms,

@@ -31,3 +31,16 @@ class EngineError(GpushareError, RuntimeError):
     def __init__(self, msg: str, log_tail: str = "") -> None:
         super().__init__(msg)
         self.log_tail = log_tail
+
+
+class Interrupted(GpushareError):
+    """A start-up cut short by a termination signal (`signum`, once the command knows it): what was
+    started is stopped, and no log tail is shown (nothing failed). Exit 128 + signum."""
+
+    def __init__(self, msg: str, signum: int | None = None) -> None:
+        super().__init__(msg)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or 2)  # SIGINT's when not known: the shell's code for a Ctrl+C

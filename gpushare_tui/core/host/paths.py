@@ -29,7 +29,6 @@ from .errors import ControlError
 APP_DIR = "gpushare-tui"
 CREATE_DEPTH = 64  # a missing runtime or state directory is made, parents included (under a trusted part)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class UntrustedPathError(ControlError):
@@ -223,45 +222,43 @@ def state_dir() -> str:
 
 def open_log(path: str) -> int:
     """A write-only, appending descriptor of the log file `path` in a trusted directory: created
-    0600 if missing, never through a symbolic link (O_NOFOLLOW relative to the checked directory's
-    fd), and only a regular file of ours with one link. UntrustedPathError (one line) otherwise."""
-    directory, name = os.path.split(os.path.abspath(path))
-    with trusted_dir(directory) as dfd:
-        try:
-            fd = os.open(name, _LOG_FLAGS, 0o600, dir_fd=dfd)
-        except OSError as e:
-            why = "is a symbolic link (not followed)" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
-            raise UntrustedPathError(f"log {path} {why}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-            raise UntrustedPathError(f"log {path} is not a regular file of ours with one link")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    0600 if missing, never through a symbolic link, and only a regular file of ours with one link
+    (open_in_trusted). UntrustedPathError (one line) otherwise."""
+    return open_in_trusted(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, label="log", one_link=True)
 
 
 def open_lock(path: str) -> int:
-    """A read-write descriptor of the lock file `path` in a trusted directory (created 0600), on
-    the same terms as `open_log`."""
-    return _open_in_trusted(path, os.O_RDWR | os.O_CREAT)
+    """A read-write descriptor of the lock file `path` in a trusted directory (created 0600); the
+    open's OSError as it is (open_in_trusted)."""
+    return open_in_trusted(path, os.O_RDWR | os.O_CREAT)
 
 
 def open_existing_lock(path: str) -> int:
     """`open_lock` without creating: FileNotFoundError when the lock is missing."""
-    return _open_in_trusted(path, os.O_RDWR)
+    return open_in_trusted(path, os.O_RDWR)
 
 
-def _open_in_trusted(path: str, flags: int) -> int:
+def open_in_trusted(path: str, flags: int, *, label: str | None = None, one_link: bool = False) -> int:
+    """The one opener of a file in a trusted directory: a blocking descriptor of `path` opened with
+    `flags` (0600 if O_CREAT creates it) relative to the checked directory's fd, never through a
+    symbolic link (O_NOFOLLOW), and only a regular file of ours; with `one_link` (the link rule), only
+    one with a single hard link. `label` (the error text): the open's OSError becomes an
+    UntrustedPathError naming `{label} {path}` and why; without one it is raised as it is (a
+    caller tells FileNotFoundError apart). UntrustedPathError when the file is not one of ours."""
     directory, name = os.path.split(os.path.abspath(path))
+    named = f"{label} {path}" if label else path
     with trusted_dir(directory) as dfd:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o600, dir_fd=dfd)
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o600, dir_fd=dfd)
+        except OSError as e:
+            if label is None:
+                raise
+            why = "is a symbolic link (not followed)" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+            raise UntrustedPathError(f"{named} {why}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise UntrustedPathError(f"{path} is not a regular file of ours")
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or (one_link and st.st_nlink != 1):
+            raise UntrustedPathError(f"{named} is not a regular file of ours{' with one link' if one_link else ''}")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -111,25 +111,28 @@ class GpuShare:
 
     def open(self) -> GpuShare:
         """Join the registry and start serving the control socket. Returns self; a no-op when open
-        (so `with GpuShare(...).open() as share:` holds one slot)."""
+        (so `with GpuShare(...).open() as share:` holds one slot). A termination signal meanwhile
+        (lifecycle.termination_deferred) takes effect once it is open, and `close()` registered."""
         if self.state == "running":
             return self
         if self._control:
             socket_path(os.getpid())  # an unusable runtime dir fails here, before joining
-        # each GpuShare of a process serves its own socket (`<pid>.sock`, then `<pid>.1.sock`, ...)
-        self._membership.join()
-        try:
-            if self._control:
-                with termination_deferred():  # a signal between bind() and the assignment would leave the socket
+        # One section: a handler's exit raised half-way (between a thread's creation and its start, a
+        # bind() and the assignment) would leave what close() cannot see, or join a thread never started.
+        with termination_deferred():
+            # each GpuShare of a process serves its own socket (`<pid>.sock`, then `<pid>.1.sock`, ...)
+            self._membership.join()
+            try:
+                if self._control:
                     self._server = ControlServer(os.getpid(), control_handlers(self, self._owner))
-        except BaseException:
-            self._membership.leave()
-            raise
-        self._started_mono_us = mono_us()
-        self.state = "running"
-        self._demand_thread = threading.Thread(target=self._demand_loop, name="gpushare-demand", daemon=True)
-        self._demand_thread.start()
-        atexit.register(self.close)  # a loop that never calls close() leaves no socket file behind
+            except BaseException:
+                self._membership.leave()
+                raise
+            self._started_mono_us = mono_us()
+            self.state = "running"
+            self._demand_thread = threading.Thread(target=self._demand_loop, name="gpushare-demand", daemon=True)
+            self._demand_thread.start()
+            atexit.register(self.close)  # a loop that never calls close() leaves no socket file behind
         return self
 
     def close(self) -> None:
@@ -141,8 +144,9 @@ class GpuShare:
             with self._demand_cv:
                 self._demand_until = -1.0  # the watcher ends
                 self._demand_cv.notify_all()
-            if self._demand_thread is not None and self._demand_thread is not threading.current_thread():
-                self._demand_thread.join(timeout=2)
+            thread = self._demand_thread
+            if thread is not None and thread is not threading.current_thread() and thread.ident is not None:
+                thread.join(timeout=2)  # (only a started thread can be joined)
             self._demand_thread = None
             self._membership.leave()
         atexit.unregister(self.close)
