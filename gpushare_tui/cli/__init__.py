@@ -3,7 +3,9 @@
 `entrypoint` (the console script, `python -m gpushare_tui`) serves a headless snapshot
 (`--once [--json] [--gpu-key KEY]`, cli/once.py) without importing typer, and hands every
 other command line to the typer application (cli/typer_app.py). Errors are one line on stderr:
-exit 2 for a UsageError (invalid input), 1 for any other GpushareError.
+exit 2 for a UsageError (invalid input), 1 for any other GpushareError. Our own arguments
+(those before `--`) must be text: an invalid UTF-8 byte in one is a UsageError before any
+command sees it (`check_argv_text`); the engine's argv after `--` passes through as bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from ..core.host.errors import GpushareError
-from .common import report_error
+from .common import check_argv_text, report_error
 from .once import headless_args, once_report, print_once
 
 __all__ = ["entrypoint", "main", "once_report"]
@@ -22,6 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); its exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        check_argv_text(args)
         headless = headless_args(args)
         if headless is not None:
             return print_once(*headless)

@@ -34,6 +34,23 @@ def report_error(e: GpushareError) -> ExitCode:
     return ExitCode.USAGE if isinstance(e, UsageError) else ExitCode.ERROR
 
 
+def check_argv_text(args: list[str]) -> None:
+    """UsageError naming the first of our own arguments (those before `--`) that is not valid UTF-8.
+
+    Python hands argv bytes that do not decode as lone surrogates (surrogateescape); every name,
+    key, path and value we take is text, so such a word is refused here, once, before a command
+    encodes it (a name check, a socket path, an error line) and fails deep inside. The engine's
+    own argv after `--` is not ours: it passes through to the engine byte for byte."""
+    for i, arg in enumerate(args, 1):
+        if arg == "--":
+            return
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = arg.encode("utf-8", "surrogateescape")
+            raise UsageError(f"argument {i} is not valid UTF-8 text: {raw!r}") from None
+
+
 def checked_key(key: str | None) -> str | None:
     """A valid --gpu-key, or None; BadKeyError (a UsageError) otherwise."""
     return None if key is None else abi.validate_gpu_key(key)
