@@ -24,8 +24,12 @@ class ExitCode(enum.IntEnum):
 
 
 def error_line(msg: str) -> None:
-    """`gpushare-tui: <msg>` on stderr: how every error reaches the user."""
-    print(f"gpushare-tui: {msg}", file=sys.stderr, flush=True)
+    """`gpushare-tui: <msg>` on stderr: how every error reaches the user. An error may quote
+    untrusted text (a peer's name, an engine's reply, a log's tail): each line is made printable."""
+    from ..core.host.text import printable
+
+    text = "\n".join(printable(line.expandtabs()) for line in msg.split("\n"))
+    print(f"gpushare-tui: {text}", file=sys.stderr, flush=True)
 
 
 def report_error(e: GpushareError) -> ExitCode:
