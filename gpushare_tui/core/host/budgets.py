@@ -23,6 +23,14 @@ CONTROL_BUSY_BACKOFF_MAX_S = 0.5  # no wait longer than this: the flood may clea
 # our runtime directory for their `status`, one after another: at most this many are asked.
 CONTROL_NAME_LOOKUP_MAX = 256
 
+# -- accounting: what peers' busy counters may add (core/observe/accounting.py) -----------------------
+
+# A peer's busy_total_us is published at heartbeats (~0.5 s), so between two reads it may rise by more
+# than the time between them: by up to this much more, once. The GPU's busy total (the sum of every
+# peer's rise) is a bucket of wall time with at most this carried over: over any span T it rises by at
+# most T + ACCOUNTING_BUSY_SLACK_S, whatever a peer writes (a counter jumping by 1e15 a second).
+ACCOUNTING_BUSY_SLACK_S = 1.0
+
 # -- HTTP: `serve`'s clients --------------------------------------------------------------------------------
 
 SERVE_HEADER_DEADLINE_S = 2.0  # request line + headers: a scraper sends them in one packet; a slowloris never does
