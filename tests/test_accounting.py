@@ -276,8 +276,8 @@ def test_busy_from_marks() -> None:
 
 
 def test_in_window_us() -> None:
-    from gpushare_tui.core.observe.accounting import in_window_us
     from gpushare_tui.core.schedule import v1 as schedule
+    from gpushare_tui.core.schedule.v1 import in_window_us
 
     sched = schedule.build_schedule([(0, 2.0), (1, 1.0)])  # 120 ms: slot 0 [0, 80 ms), slot 1 [80, 120 ms)
     assert sched is not None and sched.window_of(1) == (80_000, 120_000)

@@ -131,6 +131,7 @@ class Supervisor:
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
         self._resumed_us = mono_us()
         self.in_flight = False  # work in flight, as last published (DEMAND): the proxy's, else the activity source's
+        self.hold_off = schedule_ext1.HoldOffCheck()  # how long priority stopped us: over budget, not believed
         self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
 
     # -- public ------------------------------------------------------------
@@ -364,6 +365,8 @@ class Supervisor:
         owed_us = 0  # run time still owed since the last stopped spell
         busy = BusyFromMarks(BUSY_MARK_GAP_US)
         stopped_mono_us = last_mono_us = mono_us()
+        waited = False  # the last round stopped the engine for a priority member
+        wait_since_us = last_mono_us  # ... since then
         while not self._quit.is_set() and proc.poll() is None:
             if m.lost is not None:  # shrunk under us by another user (SegmentError): run() shuts down
                 raise m.lost
@@ -375,7 +378,12 @@ class Supervisor:
             last_mono_us = mono
             slot = m.slot
             decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+            # the holders' budget, verified (`waited`: the last round stopped us for priority)
+            decision = self.hold_off.judge(decision, m.slot, reader.slots, now, mono, waited=waited)
             self.decision = decision
+            if decision.waits(m.slot) and not waited:
+                wait_since_us = mono
+            waited = decision.waits(m.slot)
             sched = decision.schedule
             at_edge = sched is prev  # not a membership change, which acts at once, off any edge
             prev = sched
@@ -388,7 +396,7 @@ class Supervisor:
                     stopped_mono_us = mono
                 owed_us = 0  # §5's floor over time: waiting for priority owes nothing (its budget bounds it)
                 stopped_mono_us = mono  # nor does the wait count as a §5 stopped spell afterwards
-                wait_us = schedule_ext1.WAIT_REREAD_US  # only to resume: stopping is what must be fast
+                wait_us = schedule_ext1.wait_slice_us(mono - wait_since_us)  # to resume: 4 ms, up to 20 ms
             elif sched is None or slot is None or slot not in sched.slots:
                 self._window_end_us = None
                 self._resume()
@@ -472,6 +480,8 @@ class Supervisor:
         cores = tree.cores()
         next_stats = time.monotonic() + BUSY_WINDOW_US / 1e6
         busy_total_us, busy_at_us = m.busy_total_us, mono_us()  # device time at the last stats tick
+        device = schedule_ext1.BusyMeter(BUSY_WINDOW_US)  # device time over the last second: the priority budget
+        device_total_us = busy_total_us
         try:
             while not self._quit.is_set() and proc.poll() is None:
                 mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
@@ -515,6 +525,17 @@ class Supervisor:
                     if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
                         share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
                         m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
+                # ... and judged at every tick too, on the last second's device time (a bucketed meter): an
+                # interactive engine that overstays its budget clears its bit within a tick, not up to a
+                # second later, so a waiting member's check of the budget (HoldOffCheck) never trips on it
+                now_total_us, now_mono_us = m.busy_total_us, mono_us()
+                device.add(now_mono_us, now_total_us - device_total_us)
+                device_total_us = now_total_us
+                if m.interactive and m.slot is not None and m.priority:
+                    ppm = device.ppm(now_mono_us)
+                    share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+                    if not schedule_ext1.next_priority(True, ppm, share):
+                        m.set_priority(False, ppm)
                 time.sleep(MONITOR_TICK_S)
         finally:
             source.close()

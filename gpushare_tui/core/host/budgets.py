@@ -31,6 +31,15 @@ CONTROL_NAME_LOOKUP_MAX = 256
 # most T + ACCOUNTING_BUSY_SLACK_S, whatever a peer writes (a counter jumping by 1e15 a second).
 ACCOUNTING_BUSY_SLACK_S = 1.0
 
+# -- Extension 1: what a priority peer may take from a waiting member (core/schedule/ext1.py) ----------
+
+# A member kept waiting by PRIORITY allows the holders S_P of its own windows over the last second plus
+# this much before it decides without their priority (registry-abi.md §7, HoldOffCheck): an honest owner
+# clears its bit within a step or a 50 ms tick of overstaying, and a burst may land on our windows more
+# than on others'. Smaller is a floor sooner against a liar; it must stay above what an honest holder
+# overshoots (measured: never tripped by honest holders in tests/test_schedule_ext1.py, test_ext1_interop).
+PRIORITY_HELD_OFF_SLACK_US = 50_000
+
 # -- HTTP: `serve`'s clients --------------------------------------------------------------------------------
 
 SERVE_HEADER_DEADLINE_S = 2.0  # request line + headers: a scraper sends them in one packet; a slowloris never does

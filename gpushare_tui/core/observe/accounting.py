@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 from ..host.budgets import ACCOUNTING_BUSY_SLACK_S
 from ..host.clock import ClockUs, mono_us
-from ..schedule.v1 import Schedule
 from .energy import EnergyReading, energy_delta_j, split_energy
 from .snapshot import GpuSnapshot, PeerSnapshot
 
@@ -204,26 +203,6 @@ class Accountant:
         keep = set(segments)
         for k in [k for k in self._gpus if k not in keep]:
             del self._gpus[k]
-
-
-def _window_time_before(t_us: int, start_us: int, length_us: int, period_us: int) -> int:
-    """µs of the periodic window [start, start + length) (+ n × period) before t (from phase 0 at t = 0)."""
-    n, pos = divmod(t_us, period_us)
-    return n * length_us + min(max(pos - start_us, 0), length_us)
-
-
-def in_window_us(sched: Schedule | None, slot: int | None, start_us: int, end_us: int) -> int:
-    """The part of [start_us, end_us) (wall µs) inside `slot`'s windows of `sched`: a pacer's step
-    counts as busy only there (its overshoot past the window is the next member's window, which
-    counts it). All of it without a schedule, or when `slot` is not in it."""
-    if end_us <= start_us:
-        return 0
-    window = sched.window_of(slot) if sched is not None and slot is not None else None
-    if sched is None or window is None:
-        return end_us - start_us
-    s, e = window
-    before = _window_time_before
-    return before(end_us, s, e - s, sched.period_us) - before(start_us, s, e - s, sched.period_us)
 
 
 class BusyFromMarks:
