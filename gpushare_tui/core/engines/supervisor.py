@@ -41,6 +41,7 @@ from ..pacing.rate import StepRate
 from ..registry import abi
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
+from ..registry.segment import SegmentError
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import v1 as schedule
 from . import activity, command, health, watchdog
@@ -368,8 +369,11 @@ class Supervisor:
         waited = False  # the last round stopped the engine for a priority member
         wait_since_us = last_mono_us  # ... since then
         while not self._quit.is_set() and proc.poll() is None:
-            if m.lost is not None:  # shrunk under us by another user (SegmentError): run() shuts down
-                raise m.lost
+            if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
+                self._window_end_us = None
+                self._resume()
+                time.sleep(UNTHROTTLED_POLL_S)
+                continue
             now, mono = wall_us(), mono_us()
             if not self._stopped:
                 owed_us = max(0, owed_us - (mono - last_mono_us))
@@ -377,7 +381,12 @@ class Supervisor:
             m.add_busy_us(busy.mark(m.last_active_us))  # busy_total_us (spec §7): continued while working
             last_mono_us = mono
             slot = m.slot
-            decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+            try:
+                decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+            except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
+                reader = RegistryReader()
+                m.recover(e)
+                continue
             # the holders' budget, verified (`waited`: the last round stopped us for priority)
             decision = self.hold_off.judge(decision, m.slot, reader.slots, now, mono, waited=waited)
             self.decision = decision

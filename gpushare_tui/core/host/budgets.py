@@ -31,6 +31,13 @@ CONTROL_NAME_LOOKUP_MAX = 256
 # most T + ACCOUNTING_BUSY_SLACK_S, whatever a peer writes (a counter jumping by 1e15 a second).
 ACCOUNTING_BUSY_SLACK_S = 1.0
 
+# -- a joined segment a group member shrinks under us (core/registry/membership.py) -----------------------
+
+# An engine whose (group-shared) segment is truncated under it re-extends it, rewrites its header and
+# re-claims its slot, one line each time; a member truncating it again and again gets this many repairs a
+# minute, after which the engine runs unpaced (one line) rather than spend itself on the fight.
+SEGMENT_REPAIRS_PER_MIN_MAX = 10
+
 # -- Extension 1: what a priority peer may take from a waiting member (core/schedule/ext1.py) ----------
 
 # A member kept waiting by PRIORITY allows the holders S_P of its own windows over the last second plus

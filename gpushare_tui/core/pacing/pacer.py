@@ -10,7 +10,7 @@ from ..host.clock import ClockUs, mono_us, wall_us
 from ..registry import abi
 from ..registry.abi import SlotRecord
 from ..registry.membership import Membership
-from ..registry.segment import Segment
+from ..registry.segment import Segment, SegmentError
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import v1 as schedule
 
@@ -161,11 +161,22 @@ class Pacer:
         """Returns the µs slept (0 when we may keep running).
 
         `step_us` is the step's busy time; by default the time since the
-        previous `step_done` returned. SegmentError once the segment became unusable under us
-        (another user shrank it): the engine should leave.
+        previous `step_done` returned. A segment a group member shrank under us is re-extended and our
+        slot re-claimed (Membership.recover, one line); past SEGMENT_REPAIRS_PER_MIN_MAX a minute, or when
+        that fails, the engine carries on unpaced (one line), never ended by it.
         """
-        if self._m.lost is not None:
-            raise self._m.lost
+        if self._m.say_lost_once():  # the segment is beyond repair: the engine carries on unpaced
+            return 0
+        try:
+            return self._step_done(step_us)
+        except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
+            self._reader = RegistryReader()
+            self._decision = None
+            if not self._m.recover(e):
+                self._m.say_lost_once()
+            return 0
+
+    def _step_done(self, step_us: int | None) -> int:
         now, mono = self._clock(), self._mono()
         step = (mono - self._last_return_us) if step_us is None else step_us
         if not self._m.active:
