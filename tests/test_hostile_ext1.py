@@ -14,7 +14,11 @@ from serve_env import start_serve
 
 from gpushare_tui.core.host.budgets import SERVE_MODEL_MAX_AGE_S
 from gpushare_tui.core.observe.accounting import BUSY_DELTA_SLACK_S
+from gpushare_tui.core.registry.segment import Segment
+from testkit.cli import cli_argv
 from testkit.paths import REPO
+from testkit.shm import shm_file
+from testkit.wait import wait_for
 
 HOSTILE = str(REPO / "tests" / "hostile_ext1_peer.py")
 GPU_BUSY = "gpushare_gpu_busy_seconds_total"
@@ -88,3 +92,46 @@ def test_a_lying_priority_peer_leaves_our_batch_engine_the_floor_in_every_second
     # spell may do too (0.2 s in against the constant liar; about 0.5 s against the toggler, whose bit our
     # reads see set ~70 % of the time). Every second after it holds the floor.
     assert min(per_s[1:]) >= FLOOR, per_s
+
+
+@pytest.mark.slow
+def test_a_lying_priority_peer_leaves_a_supervised_batch_engine_the_floor(procs, gpu_key: str, runtime_dir) -> None:
+    """The same liar beside a supervised engine (`run`, SIGSTOP/SIGCONT): its continued time (busy_total_us,
+    activity `always`) is >= f of every 2 s after the first second. It stayed stopped before."""
+    start_hostile(procs, gpu_key, "priority")
+    p = procs.start(
+        cli_argv(
+            "run",
+            "--weight",
+            "1",
+            "--gpu-key",
+            gpu_key,
+            "--activity",
+            "always",
+            "--no-health",
+            "--name",
+            "victim",
+            "--",
+            sys.executable,
+            "-c",
+            "while True: pass",
+        )
+    )
+    path = shm_file(gpu_key)
+
+    def victim():
+        with Segment.attach_readonly(path) as seg:
+            return next((r for r in seg.read_slots() if r.pid and r.name == "victim"), None)
+
+    wait_for(lambda: victim() is not None or p.poll() is not None, 30, what="the supervisor joined")
+    assert p.poll() is None, p.stderr.read()
+    time.sleep(1.0)  # the first second is the transient (docs/registry-abi.md §7)
+    samples = []
+    for _ in range(5):
+        r = victim()
+        assert r is not None
+        samples.append((time.monotonic(), r.busy_total_us))
+        time.sleep(2.0)
+    rates = [(b1 - b0) / 1e6 / (t1 - t0) for (t0, b0), (t1, b1) in zip(samples, samples[1:])]
+    print(f"supervised: continued fraction per 2 s {[round(x, 3) for x in rates]}")
+    assert min(rates) >= FLOOR, rates
