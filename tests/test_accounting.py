@@ -8,12 +8,14 @@ import os
 import pytest
 
 from gpushare_tui.core.observe.accounting import (
+    BUSY_DELTA_SLACK_S,
     SOURCE_BUSY_PPM,
     SOURCE_COUNTER,
     Accountant,
     BusyFromMarks,
     GpuAccountant,
     PeerAccount,
+    TimeBudget,
 )
 from gpushare_tui.core.observe.energy import (
     EnergyCounter,
@@ -89,6 +91,40 @@ def test_gpu_total_caps_a_hostile_delta() -> None:
     a = acc.update([peer(0, 1e9)], S, None)
     assert a.of(peer(0)).busy_s == 1e9  # its own counter, as it says
     assert a.busy_s <= 1.0 + 1.0  # the GPU's: at most the interval plus the heartbeat slack
+
+
+@pytest.mark.parametrize("refresh_s", [0.1, 0.5, 1.0, 3.0])
+def test_gpu_total_never_outruns_time_beside_a_jumping_peer(refresh_s: float) -> None:
+    """A peer whose busy_total_us jumps by 1e15 a second, beside an honest one: over any span the
+    GPU's total rises at most by the span plus BUSY_DELTA_SLACK_S (a per-peer cap alone: 2-11x)."""
+    acc = GpuAccountant()
+    step_us = round(refresh_s * S)
+    energy_j = 0.0
+    totals = []
+    for i in range(200):
+        t = i * step_us
+        energy_j += 100.0 * refresh_s  # 100 W
+        a = acc.update([peer(0, 1e9 * t / S), peer(1, 0.3 * t / S)], t, nvml(energy_j))
+        totals.append((t, a.busy_s))
+    for j in range(len(totals)):
+        for k in range(j, len(totals), 7):
+            span_s = (totals[k][0] - totals[j][0]) / S
+            assert totals[k][1] - totals[j][1] <= span_s + BUSY_DELTA_SLACK_S + 1e-9
+    assert totals[-1][1] >= 0.99 * totals[-1][0] / S - 1e-9  # all it may have: the device was "busy"
+    spent = energy_j - 100.0 * refresh_s  # from the first reading on
+    attributed = a.of(peer(0)).energy_j + a.of(peer(1)).energy_j + a.idle_energy_j
+    assert attributed == pytest.approx(spent)  # energy: never more than the device's counter says
+
+
+def test_time_budget_grants_at_most_the_time_plus_the_slack() -> None:
+    b = TimeBudget(1.0)
+    assert b.take(5.0, 0) == 1.0  # the slack, at once (a counter from before the first read)
+    assert b.take(5.0, S) == 1.0  # then the time since
+    assert b.take(0.2, 2 * S) == pytest.approx(0.2)  # 0.8 s carried over ...
+    assert b.take(5.0, 3 * S) == pytest.approx(1.8)  # ... and spent
+    assert b.take(0.0, 10 * S) == 0.0
+    assert b.take(9.0, 11 * S) == pytest.approx(2.0)  # the carry is capped at the slack
+    assert b.take(1.0, 10 * S) == 0.0  # a clock that goes back grants nothing
 
 
 def test_v1_peer_is_integrated_from_busy_ppm() -> None:
@@ -240,8 +276,8 @@ def test_busy_from_marks() -> None:
 
 
 def test_in_window_us() -> None:
-    from gpushare_tui.core.observe.accounting import in_window_us
     from gpushare_tui.core.schedule import v1 as schedule
+    from gpushare_tui.core.schedule.v1 import in_window_us
 
     sched = schedule.build_schedule([(0, 2.0), (1, 1.0)])  # 120 ms: slot 0 [0, 80 ms), slot 1 [80, 120 ms)
     assert sched is not None and sched.window_of(1) == (80_000, 120_000)

@@ -202,3 +202,46 @@ def test_gc_dry_run_in_dev_shm_keeps_a_live_engine(procs, gpu_key: str, runtime_
     assert r.returncode == 0, r.stderr
     name = os.path.basename(shm_file(gpu_key))
     assert f"kept /{name}: slot 0 live (pid {p.pid}, gcme)" in r.stdout.splitlines(), r.stdout
+
+
+SIZES = {"short": abi.HEADER_SIZE + abi.SLOT_COUNT * abi.SLOT_SIZE - 1, "4k-1": 4095, "8k": 8192, "1g": 1 << 30}
+
+
+@pytest.mark.slow
+def test_gc_judges_size_by_the_spec_at_least_rule(shm_dir: str) -> None:
+    """§1a: a file at least its layout's size (header_size + slot_count*slot_size, 2112 bytes) is a
+    segment whatever its size (4 KiB − 1, 8 KiB, 1 GiB sparse), judged by its slots: a live holder
+    keeps it. A shorter one is corrupt, removable, unless what slots its bytes hold has a live one."""
+    beats = []
+    paths = {}
+    try:
+        for tag, size in SIZES.items():
+            for holder in ("live", "none"):
+                path = paths[tag, holder] = os.path.join(shm_dir, f"{PREFIX}{tag}-{holder}")
+                write_segment(path, segment_bytes())
+                os.truncate(path, size)  # 1 GiB: sparse, one page written
+                if holder == "live":
+                    beats.append(Heartbeat(path))  # slot 0: this (running) process, heartbeat every 0.3 s
+        time.sleep(NEW_GRACE_S + 0.2)
+        r = run_cli("gc", "--dry-run", "--shm-dir", shm_dir)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        short = SIZES["short"]
+        live = f"slot 0 live (pid {os.getpid()}, live)"
+        expected = [
+            f"kept /{PREFIX}short-live: corrupt (wrong size {short} (expected 4096)), but {live}",
+            f"would remove /{PREFIX}short-none: corrupt (wrong size {short} (expected 4096))",
+        ]
+        for tag in ("4k-1", "8k", "1g"):
+            expected += [
+                f"kept /{PREFIX}{tag}-live: {live}",
+                f"would remove /{PREFIX}{tag}-none: no live slot (no slot used)",
+            ]
+        assert sorted(r.stdout.splitlines()) == sorted(expected), r.stdout
+
+        r = run_cli("gc", "--shm-dir", shm_dir)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert sorted(os.listdir(shm_dir)) == sorted(f"{PREFIX}{tag}-live" for tag in SIZES), r.stdout
+        assert os.path.getsize(paths["1g", "live"]) == 1 << 30  # kept as it was
+    finally:
+        for b in beats:
+            b.stop()

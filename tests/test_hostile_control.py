@@ -546,3 +546,61 @@ def _closed_by_peer(s: socket.socket) -> bool:
         pass
     s.close()
     return True
+
+
+# -- SO_PEERCRED: another uid is closed with no reply, whatever the modes ---------------------------
+
+PEER_PROBE = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect(sys.argv[1])
+try:
+    s.sendall(json.dumps({"cmd": sys.argv[2], "weight": 7}).encode() + b"\n")
+except OSError:
+    pass
+data = b""
+try:
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+except OSError as e:
+    data = ("error " + type(e).__name__).encode()
+print(json.dumps({"reply": data.decode("latin-1")}))
+"""
+
+
+@pytest.mark.slow
+def test_another_uid_is_closed_with_no_reply_even_with_loosened_modes(
+    procs, gpu_key: str, runtime_dir: str, other_user
+) -> None:
+    """The modes loosened on purpose (directory 0711, socket 0666): uid 65534 can connect, and is
+    closed at once with no reply; `set_weight` from it changes nothing. Our own requests still work."""
+    p, path = _synth(procs, runtime_dir, gpu_key)
+    base, rdir = runtime_dir, os.path.dirname(path)
+    modes = {d: os.stat(d).st_mode & 0o777 for d in (base, rdir)}
+    try:
+        os.chmod(base, 0o711)
+        os.chmod(rdir, 0o711)
+        os.chmod(path, 0o666)
+        for cmd in ("status", "set_weight"):
+            r = other_user(PEER_PROBE, path, cmd)
+            assert json.loads(r.stdout)["reply"] in ("", "error ConnectionResetError"), r.stdout
+    finally:
+        for d, m in modes.items():
+            os.chmod(d, m)
+        os.chmod(path, 0o600)
+    reply = _raw(path, b'{"cmd": "status"}\n')  # root (us) is served as before
+    assert reply["ok"] and reply["weight"] == 1.0, reply  # the other uid's set_weight never ran
+    assert p.poll() is None
+
+
+def test_peer_allowed_is_our_uid_or_root() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b:
+        assert control.peer_uid(a) == os.geteuid() and control.peer_allowed(a)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with udp:
+        assert control.peer_uid(udp) is None and not control.peer_allowed(udp)  # no credentials: refused

@@ -27,7 +27,7 @@ from testkit.cli import cli_argv
 from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON
 from testkit.procs import Procs
 from testkit.shm import shm_file
-from testkit.wait import wait_for
+from testkit.wait import read_json_file, wait_for
 
 # Stdlib helpers for the attacker's scripts (its interpreter has no access to this package).
 LIB = r"""
@@ -632,28 +632,100 @@ def test_joiner_refuses_our_own_segment_when_others_may_write_it(gpu_key: str, m
 # -- a group segment shrunk by its owner after we joined (issue 17) ---------------------
 
 
+def _steps(status: str) -> int:
+    return (read_json_file(status) or {}).get("steps_total", 0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("size", [0, 64])
-def test_a_joined_engine_leaves_cleanly_when_the_owner_truncates(
-    other_user, procs, gpu_key: str, runtime_dir: str, size: int
+def test_a_joined_engine_carries_on_when_a_group_member_truncates(
+    other_user, procs, gpu_key: str, runtime_dir: str, size: int, tmp_path
 ) -> None:
-    """Never a SIGBUS: the engine says why in one line, exits non-zero, and leaves no socket behind."""
+    """Never a SIGBUS, never the end of our engine (it was exit 1 before issue 27): it re-extends the
+    segment, re-claims its slot, says so in one line and keeps pacing."""
     _need_group()
     path = shm_file(gpu_key)
     _attacker_segment(other_user, path, mode=0o660)
+    status = str(tmp_path / "synth.json")
     p = procs.start(
-        cli_argv("synth", "--weight", "1", "--gpu-key", gpu_key, "--share-group", GROUP, "--duration", "60", "-q")
+        cli_argv(
+            "synth",
+            "--weight",
+            "1",
+            "--gpu-key",
+            gpu_key,
+            "--share-group",
+            GROUP,
+            "--duration",
+            "60",
+            "-q",
+            "--status-file",
+            status,
+        )
     )
     sock = os.path.join(runtime_dir, "gpushare-tui", f"{p.pid}.sock")
     wait_for(lambda: os.path.exists(sock) or p.poll() is not None, 30, what="synth joined")
     assert p.poll() is None, p.stderr.read()
     other_user("import os, sys; os.truncate(sys.argv[1], int(sys.argv[2]))", path, str(size))
-    _, err = _communicate(p, 20, "synth after the truncation")
-    assert p.returncode > 0, f"rc {p.returncode} (-7 is SIGBUS): {err}"
+    wait_for(lambda: os.path.getsize(path) == abi.SEGMENT_SIZE, 10, what="the segment re-extended")
+    before = _steps(status)
+    wait_for(lambda: _steps(status) > before + 20, 20, what="synth stepping after the truncation")
+    assert p.poll() is None, f"rc {p.returncode} (-7 is SIGBUS): {p.stderr.read()}"
+    with Segment.attach_readonly(path) as ro:  # a valid segment again, our slot live in it
+        assert any(r.pid == p.pid and r.is_alive(wall_us()) for r in ro.read_slots())
+    assert os.path.exists(sock)
+    p.terminate()
+    _, err = _communicate(p, 20, "synth after SIGTERM")
     lines = [line for line in err.strip().splitlines() if "joined /" not in line]
     assert "Traceback" not in err and len(lines) == 1, err
-    assert "shrunk" in lines[0] and abi.segment_name(gpu_key) in lines[0], lines[0]
-    assert not os.path.exists(sock)
+    assert "re-extended it and re-claimed slot" in lines[0] and abi.segment_name(gpu_key) in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_a_group_member_truncating_again_and_again_leaves_our_engine_unpaced(
+    other_user, procs, gpu_key: str, runtime_dir: str, tmp_path
+) -> None:
+    """More than SEGMENT_REPAIRS_PER_MIN_MAX truncations in a minute: our engine stops repairing, says so
+    in one line and runs on unpaced (still never ended by a group member)."""
+    from gpushare_tui.core.host.budgets import SEGMENT_REPAIRS_PER_MIN_MAX
+
+    _need_group()
+    path = shm_file(gpu_key)
+    _attacker_segment(other_user, path, mode=0o660)
+    status = str(tmp_path / "synth.json")
+    p = procs.start(
+        cli_argv(
+            "synth",
+            "--weight",
+            "1",
+            "--gpu-key",
+            gpu_key,
+            "--share-group",
+            GROUP,
+            "--duration",
+            "60",
+            "-q",
+            "--status-file",
+            status,
+        )
+    )
+    wait_for(lambda: _steps(status) > 0 or p.poll() is not None, 30, what="synth stepping")
+    for _ in range(SEGMENT_REPAIRS_PER_MIN_MAX):
+        other_user("import os, sys; os.truncate(sys.argv[1], 0)", path)
+        wait_for(lambda: os.path.getsize(path) == abi.SEGMENT_SIZE or p.poll() is not None, 10, what="re-extended")
+        time.sleep(0.2)
+    other_user("import os, sys; os.truncate(sys.argv[1], 0)", path)
+    time.sleep(1.5)
+    assert os.path.getsize(path) == 0  # no more repairs
+    before = _steps(status)
+    wait_for(lambda: _steps(status) > before + 20, 20, what="synth stepping, unpaced")
+    assert p.poll() is None, p.stderr.read()
+    p.terminate()
+    _, err = _communicate(p, 20, "synth after SIGTERM")
+    assert "Traceback" not in err, err
+    lines = [line for line in err.strip().splitlines() if "joined /" not in line]
+    assert sum("re-extended it" in line for line in lines) == SEGMENT_REPAIRS_PER_MIN_MAX, err
+    assert sum("running unpaced" in line for line in lines) == 1, err
 
 
 # -- a spoofed "managed" row (issue 17) ---------------------------------------------

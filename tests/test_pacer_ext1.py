@@ -100,8 +100,9 @@ def test_a_batch_member_waits_for_a_priority_member_and_resumes(
 
     clock.on_sleep = leave_after_50ms
     slept = pacer.step_done(1_000)
-    assert clock.sleeps == [schedule_ext1.WAIT_REREAD_US / 1e6] * 5
-    assert slept == 5 * schedule_ext1.WAIT_REREAD_US == pacer.total_waited_us
+    # slices of 4 ms at first, about doubling with the wait, at most WAIT_REREAD_US (wait_slice_us)
+    assert clock.sleeps == [0.004, 0.004, 0.008, 0.016, schedule_ext1.WAIT_REREAD_US / 1e6]
+    assert slept == 52_000 == pacer.total_waited_us
     assert _flags(gpu_key, 0) & abi.FLAG_DEMAND  # it kept DEMAND while waiting
     assert pacer.step_done(1_000) == 0  # alone again: runs
 

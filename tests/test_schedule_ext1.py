@@ -156,3 +156,76 @@ def test_the_snapshot_shows_the_decision(case: dict) -> None:
     for p in snap.peers:
         assert (list(p.window_us) if p.window_us else None) == exp["windows"].get(str(p.slot))
         assert (p.share_pct > 0) == (p.slot in exp["members"])
+
+
+# -- the waiting member verifies the budget (HoldOffCheck) -------------------------------------------
+
+HOLDER_FLAGS = abi.FLAG_EXT1 | abi.FLAG_INTERACTIVE | abi.FLAG_DEMAND | abi.FLAG_PRIORITY
+BATCH_FLAGS = abi.FLAG_EXT1 | abi.FLAG_DEMAND
+T0 = 1_700_000_000_000_000  # wall µs
+
+
+def _pair(now_us: int, holder_flags: int = HOLDER_FLAGS) -> list[SlotRecord]:
+    def slot(i: int, flags: int) -> SlotRecord:
+        return SlotRecord(i, 100 + i, 0, 1, 1.0, 1, now_us, 0, b"\0" * abi.NAME_BYTES, flags=flags)
+
+    return [slot(0, holder_flags), slot(1, BATCH_FLAGS)]
+
+
+def _simulate(holder_has_priority, seconds: float, tick_us: int = 4_000) -> tuple[float, int]:
+    """The batch member (slot 1) as the pacer runs it: a re-read at every tick (a step) while it may
+    run, every WAIT_REREAD_US while it waits; `holder_has_priority(t)`: the holder's bit at t.
+    Returns (the fraction of its own §5 windows it ran in, how often it judged the holder over budget)."""
+    check = schedule_ext1.HoldOffCheck()
+    waited = False
+    ran = owned = 0
+    t = next_read = 0
+    d = None
+    while t < seconds * 1e6:
+        now = T0 + t
+        flags = HOLDER_FLAGS if holder_has_priority(t) else HOLDER_FLAGS & ~abi.FLAG_PRIORITY
+        slots = _pair(now, flags)
+        if t >= next_read:
+            d = check.judge(schedule_ext1.decide(slots, now), 1, slots, now, t, waited=waited)
+            waited = d.waits(1)
+            next_read = t + (schedule_ext1.WAIT_REREAD_US if waited else tick_us)
+        fair = schedule_ext1.decide(slots, now, ignore_priority=True).schedule
+        if schedule.may_run(fair, 1, now):
+            owned += tick_us
+            if not waited and d is not None and d.may_run(1, now):
+                ran += tick_us
+        t += tick_us
+    return ran / owned, check.tripped
+
+
+def test_a_holder_that_never_lets_go_is_judged_over_budget() -> None:
+    """PRIORITY forever with busy 0: believed for S_P of our windows plus the slack, then not; our
+    windows are ours again (§5's floor), and the liar believed only within that allowance."""
+    ran, tripped = _simulate(lambda t: True, 10.0)
+    assert tripped >= 1
+    # 1:1: our windows are half the time; the holder may take S_P = 1/2 of them plus 0.1 s a second:
+    # believed again only once the wait is back under half the allowance: we run ~0.5 of them, 0.25 of
+    # the time (>= f = 0.1), and the holder is believed no more than an honest one would be (< 0.75)
+    assert 0.3 <= ran <= 0.75
+
+
+def test_a_holder_flipping_priority_fast_is_judged_over_budget() -> None:
+    ran, tripped = _simulate(lambda t: (t // 300) % 2 == 0, 10.0)  # 1,667 flips a second
+    assert tripped >= 1 and ran >= 0.25
+
+
+def test_an_honest_holder_within_its_budget_is_always_believed() -> None:
+    """Bursts of 150 ms every 750 ms (20 % of the time, budget 50 %): never judged over budget."""
+    ran, tripped = _simulate(lambda t: t % 750_000 < 150_000, 10.0)
+    assert tripped == 0
+    assert 0.7 <= ran <= 0.9  # it waited through every burst: the holder's priority was believed
+
+
+def test_decide_ignoring_priority_is_section_5_over_every_member() -> None:
+    slots = _pair(T0)
+    d = schedule_ext1.decide(slots, T0)
+    assert d.mode == schedule_ext1.MODE_PRIORITY and d.priority == (0,) and d.priority_share == 0.5
+    fair = schedule_ext1.decide(slots, T0, ignore_priority=True)
+    assert fair.mode == schedule_ext1.MODE_EXT1 and fair.priority == () and fair.over_budget == (0,)
+    assert fair.schedule == schedule.build_schedule([(0, 1.0), (1, 1.0)])
+    assert schedule_ext1.held_off_allowance_us(0.5, 400_000) == 200_000 + schedule_ext1.HELD_OFF_SLACK_US

@@ -4,7 +4,9 @@
 (`--once [--json] [--gpu-key KEY]`, cli/once.py) without importing typer, and hands every
 other command line to the typer application (cli/typer_app.py). Errors are one line on stderr:
 exit 2 for a UsageError (invalid input), 1 for any other GpushareError, 128 + the signal's number
-for a start-up that a termination signal cut short.
+for a start-up that a termination signal cut short. Our own arguments (those before `--`) must be
+text: an invalid UTF-8 byte in one is a UsageError before any command sees it (`check_argv_text`);
+the engine's argv after `--` passes through as bytes.
 
 This module imports nothing of the package at its top: the entry point guards the termination
 signals (core/host/lifecycle.guard_startup) before the first import of the rest, so a signal at any
@@ -31,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..core.host.errors import GpushareError
 
         try:
+            from .common import check_argv_text
+
+            check_argv_text(args)
             from .once import headless_args, print_once
 
             headless = headless_args(args)

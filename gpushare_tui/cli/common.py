@@ -24,8 +24,12 @@ class ExitCode(enum.IntEnum):
 
 
 def error_line(msg: str) -> None:
-    """`gpushare-tui: <msg>` on stderr: how every error reaches the user."""
-    print(f"gpushare-tui: {msg}", file=sys.stderr, flush=True)
+    """`gpushare-tui: <msg>` on stderr: how every error reaches the user. An error may quote
+    untrusted text (a peer's name, an engine's reply, a log's tail): each line is made printable."""
+    from ..core.host.text import printable
+
+    text = "\n".join(printable(line.expandtabs()) for line in msg.split("\n"))
+    print(f"gpushare-tui: {text}", file=sys.stderr, flush=True)
 
 
 def report_error(e: GpushareError) -> int:
@@ -36,6 +40,23 @@ def report_error(e: GpushareError) -> int:
         return e.exit_code
     error_line(str(e) + (f"\n--- last lines of the engine log ---\n{e.log_tail}" if e.log_tail else ""))
     return ExitCode.USAGE if isinstance(e, UsageError) else ExitCode.ERROR
+
+
+def check_argv_text(args: list[str]) -> None:
+    """UsageError naming the first of our own arguments (those before `--`) that is not valid UTF-8.
+
+    Python hands argv bytes that do not decode as lone surrogates (surrogateescape); every name,
+    key, path and value we take is text, so such a word is refused here, once, before a command
+    encodes it (a name check, a socket path, an error line) and fails deep inside. The engine's
+    own argv after `--` is not ours: it passes through to the engine byte for byte."""
+    for i, arg in enumerate(args, 1):
+        if arg == "--":
+            return
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = arg.encode("utf-8", "surrogateescape")
+            raise UsageError(f"argument {i} is not valid UTF-8 text: {raw!r}") from None
 
 
 def checked_key(key: str | None) -> str | None:

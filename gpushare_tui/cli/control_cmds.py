@@ -58,7 +58,9 @@ def _status_value(value: object) -> str:
     """One `status` field for a person: a float to 2 places, the signal lateness in words."""
     if isinstance(value, dict):  # the only nested field: signal_lateness
         return lateness_text(value)
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
+    from ..core.host.text import printable
+
+    return f"{value:.2f}" if isinstance(value, float) else printable(str(value))
 
 
 def lateness_text(lateness: dict) -> str:

@@ -11,11 +11,11 @@ import math
 import os
 import re
 import shutil
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from ..host.errors import UsageError
+from ..host.text import printable
 from ..registry import abi
 
 RESTART_POLICIES = ("always", "on-failure", "never")
@@ -53,10 +53,14 @@ def check_name(name: object, *, label: str = "name") -> str:
     longer would be truncated), no control characters."""
     if not isinstance(name, str) or not name.strip():
         raise DeclarationError("name", name, "must be a non-empty string", label=label)
-    if len(name.encode("utf-8")) > abi.NAME_BYTES:
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON's "\\udcff", or argv's undecodable byte
+        raise DeclarationError("name", name, "must be valid UTF-8 text", label=label) from None
+    if len(encoded) > abi.NAME_BYTES:
         raise DeclarationError("name", name, f"must be at most {abi.NAME_BYTES} bytes (UTF-8)", label=label)
-    if any(unicodedata.category(c) == "Cc" for c in name):
-        raise DeclarationError("name", name, "must not contain control characters", label=label)
+    if printable(name) != name:  # what a view would replace, refused in our own names at once
+        raise DeclarationError("name", name, "must not contain control or format characters", label=label)
     return name
 
 

@@ -44,6 +44,7 @@ from ..pacing.rate import StepRate
 from ..registry import abi
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
+from ..registry.segment import SegmentError
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import v1 as schedule
 from . import activity, command, health, listener, spawn, watchdog
@@ -140,6 +141,7 @@ class Supervisor:
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
         self._resumed_us = mono_us()
         self.in_flight = False  # work in flight, as last published (DEMAND): the proxy's, else the activity source's
+        self.hold_off = schedule_ext1.HoldOffCheck()  # how long priority stopped us: over budget, not believed
         self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
 
     # -- public ------------------------------------------------------------
@@ -457,9 +459,14 @@ class Supervisor:
         owed_us = 0  # run time still owed since the last stopped spell
         busy = BusyFromMarks(BUSY_MARK_GAP_US)
         stopped_mono_us = last_mono_us = mono_us()
+        waited = False  # the last round stopped the engine for a priority member
+        wait_since_us = last_mono_us  # ... since then
         while not self._quit.is_set() and proc.poll() is None:
-            if m.lost is not None:  # shrunk under us by another user (SegmentError): run() shuts down
-                raise m.lost
+            if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
+                self._window_end_us = None
+                self._resume()
+                time.sleep(UNTHROTTLED_POLL_S)
+                continue
             now, mono = wall_us(), mono_us()
             if not self._stopped:
                 owed_us = max(0, owed_us - (mono - last_mono_us))
@@ -467,8 +474,18 @@ class Supervisor:
             m.add_busy_us(busy.mark(m.last_active_us))  # busy_total_us (spec §7): continued while working
             last_mono_us = mono
             slot = m.slot
-            decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+            try:
+                decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+            except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
+                reader = RegistryReader()
+                m.recover(e)
+                continue
+            # the holders' budget, verified (`waited`: the last round stopped us for priority)
+            decision = self.hold_off.judge(decision, m.slot, reader.slots, now, mono, waited=waited)
             self.decision = decision
+            if decision.waits(m.slot) and not waited:
+                wait_since_us = mono
+            waited = decision.waits(m.slot)
             sched = decision.schedule
             at_edge = sched is prev  # not a membership change, which acts at once, off any edge
             prev = sched
@@ -481,7 +498,7 @@ class Supervisor:
                     stopped_mono_us = mono
                 owed_us = 0  # §5's floor over time: waiting for priority owes nothing (its budget bounds it)
                 stopped_mono_us = mono  # nor does the wait count as a §5 stopped spell afterwards
-                wait_us = schedule_ext1.WAIT_REREAD_US  # only to resume: stopping is what must be fast
+                wait_us = schedule_ext1.wait_slice_us(mono - wait_since_us)  # to resume: 4 ms, up to 20 ms
             elif sched is None or slot is None or slot not in sched.slots:
                 self._window_end_us = None
                 self._resume()
@@ -597,7 +614,18 @@ class Supervisor:
             raise
         mono = mono_us()
         next_stats_us = mono + BUSY_WINDOW_US
-        return _MonitorState(tree, source, StepRate(), cpu_stats, tree.cores(), next_stats_us, m.busy_total_us, mono)
+        return _MonitorState(
+            tree,
+            source,
+            StepRate(),
+            cpu_stats,
+            tree.cores(),
+            next_stats_us,
+            m.busy_total_us,
+            mono,
+            schedule_ext1.BusyMeter(BUSY_WINDOW_US),
+            m.busy_total_us,
+        )
 
     def _monitor_step(self, m: Membership, st: _MonitorState) -> None:
         source, rate, tree = st.source, st.rate, st.tree
@@ -624,6 +652,17 @@ class Supervisor:
         if source.counts_work:  # None: working, first window not complete
             self.engine_status.tok_s = rate.rate if m.active else 0.0
             self.engine_status.solo_tok_s = rate.solo
+        # The priority budget is judged at every tick too, on the last second's device time (a bucketed
+        # meter): an interactive engine that overstays its budget clears its bit within a tick, not up to a
+        # second later, so a waiting member's check of the budget (HoldOffCheck) never trips on it
+        now_total_us, now_mono_us = m.busy_total_us, mono_us()
+        st.device.add(now_mono_us, now_total_us - st.device_total_us)
+        st.device_total_us = now_total_us
+        if m.interactive and m.slot is not None and m.priority:
+            ppm = st.device.ppm(now_mono_us)
+            share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+            if not schedule_ext1.next_priority(True, ppm, share):
+                m.set_priority(False, ppm)
         if mono < st.next_stats_us:
             return
         st.next_stats_us = mono + BUSY_WINDOW_US
@@ -659,6 +698,8 @@ class _MonitorState:
     next_stats_us: int  # monotonic µs of the next busy/priority tick
     busy_total_us: int  # device time at the last stats tick
     busy_at_us: int
+    device: schedule_ext1.BusyMeter  # device time over the last second, bucketed: the priority budget
+    device_total_us: int  # device time at the last tick
 
 
 def _pidfd_signal(pidfds: Sequence[int], *sigs: int) -> None:

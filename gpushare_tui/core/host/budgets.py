@@ -23,6 +23,30 @@ CONTROL_BUSY_BACKOFF_MAX_S = 0.5  # no wait longer than this: the flood may clea
 # our runtime directory for their `status`, one after another: at most this many are asked.
 CONTROL_NAME_LOOKUP_MAX = 256
 
+# -- accounting: what peers' busy counters may add (core/observe/accounting.py) -----------------------
+
+# A peer's busy_total_us is published at heartbeats (~0.5 s), so between two reads it may rise by more
+# than the time between them: by up to this much more, once. The GPU's busy total (the sum of every
+# peer's rise) is a bucket of wall time with at most this carried over: over any span T it rises by at
+# most T + ACCOUNTING_BUSY_SLACK_S, whatever a peer writes (a counter jumping by 1e15 a second).
+ACCOUNTING_BUSY_SLACK_S = 1.0
+
+# -- a joined segment a group member shrinks under us (core/registry/membership.py) -----------------------
+
+# An engine whose (group-shared) segment is truncated under it re-extends it, rewrites its header and
+# re-claims its slot, one line each time; a member truncating it again and again gets this many repairs a
+# minute, after which the engine runs unpaced (one line) rather than spend itself on the fight.
+SEGMENT_REPAIRS_PER_MIN_MAX = 10
+
+# -- Extension 1: what a priority peer may take from a waiting member (core/schedule/ext1.py) ----------
+
+# A member kept waiting by PRIORITY allows the holders S_P of its own windows over the last second plus
+# this much before it decides without their priority (registry-abi.md §7, HoldOffCheck): an honest owner
+# clears its bit within a step or a 50 ms tick of overstaying, and a burst may land on our windows more
+# than on others'. Smaller is a floor sooner against a liar; it must stay above what an honest holder
+# overshoots (measured: never tripped by honest holders in tests/test_schedule_ext1.py, test_ext1_interop).
+PRIORITY_HELD_OFF_SLACK_US = 50_000
+
 # -- HTTP: `serve`'s clients --------------------------------------------------------------------------------
 
 SERVE_HEADER_DEADLINE_S = 2.0  # request line + headers: a scraper sends them in one packet; a slowloris never does

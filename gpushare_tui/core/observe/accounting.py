@@ -12,8 +12,12 @@ Pure: the monotonic clock is passed in and the energy readings are given (core.e
   the same); a series that stayed at 0 is all a switch leaves behind.
 - Per owner (slot, pid, boot_us): a new owner of a slot is a new account. Within one, the counter never
   goes down here even if the slot's does (a bad writer).
-- The GPU's busy time is the sum of its peers' busy deltas since this reader started (each delta capped
-  at the time since that peer was last read plus BUSY_DELTA_SLACK_S: a bad writer cannot inflate it).
+- The GPU's busy time is the sum of its peers' busy deltas since this reader started, and it never
+  outruns time: each delta is capped at the time since that peer was last read plus
+  BUSY_DELTA_SLACK_S, and their SUM by a bucket of wall time (`TimeBudget`: each refresh adds the time
+  since the last one, at most BUSY_DELTA_SLACK_S carried over). Over any span T the total rises by at
+  most T + BUSY_DELTA_SLACK_S, whatever the peers write (one whose busy_total_us jumps by 1e15 a second
+  included; a per-peer cap alone let the slack of every refresh through: 2.4x wall time).
 - Energy: each interval between two readings is split among the peers in proportion to their busy
   deltas over the same interval, the rest to idle (core.energy.split_energy). A peer that left during
   the interval is not read at its end: its part goes to idle. A reading that cannot be compared (reset)
@@ -25,15 +29,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..host.budgets import ACCOUNTING_BUSY_SLACK_S
 from ..host.clock import ClockUs, mono_us
-from ..schedule.v1 import Schedule
 from .energy import EnergyReading, energy_delta_j, split_energy
 from .snapshot import GpuSnapshot, PeerSnapshot
 
 SOURCE_COUNTER = "counter"
 SOURCE_BUSY_PPM = "busy_ppm"
 V1_EVIDENCE_S = 1.0  # busy_ppm integrated while active with no counter rising: a v1 owner (source busy_ppm)
-BUSY_DELTA_SLACK_S = 1.0  # a counter published at heartbeats (~0.5 s) may rise by more than the time between reads
+BUSY_DELTA_SLACK_S = ACCOUNTING_BUSY_SLACK_S  # a counter published at heartbeats may rise by more than dt (budgets.py)
 
 MAX_SPANS = 256  # BusyFromMarks: continued spans kept after the last mark (one per stop/continue cycle)
 
@@ -81,12 +85,33 @@ def _no_counter_yet(p: PeerSnapshot) -> bool:
     return not p.ext1 and p.busy_total_us == 0 and p.busy_pct > 0
 
 
+class TimeBudget:
+    """A bucket of wall time (pure, monotonic µs): `take(want_s, now)` grants at most the time since
+    the last take plus what earlier takes left, that carry capped at `slack_s` (it starts full: a
+    counter published at heartbeats may show, at a reader's first interval, busy time from before).
+    Over any span T the grants sum to at most T + slack_s: one device is busy at most all the time."""
+
+    def __init__(self, slack_s: float) -> None:
+        self.slack_s = slack_s
+        self._carry_s = slack_s
+        self._last_us: int | None = None
+
+    def take(self, want_s: float, now_us: int) -> float:
+        elapsed_s = 0.0 if self._last_us is None else max(0, now_us - self._last_us) / 1e6
+        self._last_us = now_us if self._last_us is None else max(self._last_us, now_us)
+        available_s = self._carry_s + elapsed_s
+        granted_s = min(max(0.0, want_s), available_s)
+        self._carry_s = min(self.slack_s, available_s - granted_s)
+        return granted_s
+
+
 class GpuAccountant:
     """The accounts of one segment's peers across refreshes (`update` once per refresh)."""
 
     def __init__(self) -> None:
         self._owners: dict[OwnerKey, _Owner] = {}
         self._busy_s = 0.0
+        self._busy_budget = TimeBudget(BUSY_DELTA_SLACK_S)  # the sum of the deltas: at most wall time
         self._energy_prev: tuple[EnergyReading, int] | None = None
         self._idle_j: float | None = None
         self._energy_source: str | None = None
@@ -125,7 +150,7 @@ class GpuAccountant:
             o.last_mono_us, o.last_busy_pct = now_mono_us, p.busy_pct
         for gone in set(self._owners) - present:
             del self._owners[gone]
-        self._busy_s += sum(deltas.values())
+        self._busy_s += self._busy_budget.take(sum(deltas.values()), now_mono_us)
         self._attribute(energy, now_mono_us, deltas)
         return GpuAccount(
             tuple((k, self._account(o)) for k, o in self._owners.items()),
@@ -178,26 +203,6 @@ class Accountant:
         keep = set(segments)
         for k in [k for k in self._gpus if k not in keep]:
             del self._gpus[k]
-
-
-def _window_time_before(t_us: int, start_us: int, length_us: int, period_us: int) -> int:
-    """µs of the periodic window [start, start + length) (+ n × period) before t (from phase 0 at t = 0)."""
-    n, pos = divmod(t_us, period_us)
-    return n * length_us + min(max(pos - start_us, 0), length_us)
-
-
-def in_window_us(sched: Schedule | None, slot: int | None, start_us: int, end_us: int) -> int:
-    """The part of [start_us, end_us) (wall µs) inside `slot`'s windows of `sched`: a pacer's step
-    counts as busy only there (its overshoot past the window is the next member's window, which
-    counts it). All of it without a schedule, or when `slot` is not in it."""
-    if end_us <= start_us:
-        return 0
-    window = sched.window_of(slot) if sched is not None and slot is not None else None
-    if sched is None or window is None:
-        return end_us - start_us
-    s, e = window
-    before = _window_time_before
-    return before(end_us, s, e - s, sched.period_us) - before(start_us, s, e - s, sched.period_us)
 
 
 class BusyFromMarks:

@@ -1,7 +1,9 @@
 """Per-engine control socket: one JSON request line, one JSON reply line.
 
 Socket (core/pacing/sockets.py): `<runtime dir>/<engine pid>.sock`, mode 0600, in the 0700 per-user runtime
-directory (core/host/paths.py). A process that serves several engines' sockets under one pid (two
+directory (core/host/paths.py); besides the modes, every connection's peer must be our euid or root
+(SO_PEERCRED, `peer_allowed`): any other is closed with no reply, before it takes a worker.
+A process that serves several engines' sockets under one pid (two
 `GpuShare` in one Python process) names the others `<pid>.<n>.sock` (n = 1, 2, ...: the lowest
 number this process does not hold); each is reachable and closes alone. A client finds them all
 by the pid (`socket_paths`); with more than one it picks the engine by its gpu key and slot
@@ -26,6 +28,7 @@ import math
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -205,6 +208,25 @@ def control_handlers(engine: ManagedEngine, owner: Owner | None = None) -> dict[
     return owner.wrap(handlers) if owner else handlers
 
 
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a connected Unix socket (SO_PEERCRED), or None."""
+    try:
+        _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except (OSError, struct.error):
+        return None
+    return uid if uid >= 0 else None  # -1: no credentials (not a connected Unix socket)
+
+
+def peer_allowed(conn: socket.socket) -> bool:
+    """Whether a control connection may be served: its peer is our euid or root (SO_PEERCRED), checked
+    besides the modes (socket 0600 in a 0700 directory), so a mode loosened by mistake lets no one in."""
+    uid = peer_uid(conn)
+    return uid is not None and uid in (os.geteuid(), 0)
+
+
 class ControlServer:
     """Serves `handlers[cmd](request) -> reply fields`: one accept thread, and one worker
     thread per connection, at most MAX_CONNECTIONS at once. Every request gets one reply
@@ -300,6 +322,9 @@ class ControlServer:
                 # EMFILE/ENFILE/ENOBUFS: the connection stays queued and poll() keeps saying
                 # so; wait for descriptors to be freed instead of spinning on it.
                 self._pause(ACCEPT_BACKOFF_S)
+                continue
+            if not peer_allowed(conn):  # another uid (the modes were loosened): closed, no reply, no worker
+                conn.close()
                 continue
             if not self._slots.acquire(blocking=False):
                 self._refuse(conn, f"busy: {self._max_connections} control connections open, try again")

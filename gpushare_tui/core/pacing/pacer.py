@@ -7,11 +7,10 @@ from collections import deque
 from collections.abc import Callable
 
 from ..host.clock import ClockUs, mono_us, wall_us
-from ..observe.accounting import in_window_us
 from ..registry import abi
 from ..registry.abi import SlotRecord
 from ..registry.membership import Membership
-from ..registry.segment import Segment
+from ..registry.segment import Segment, SegmentError
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import v1 as schedule
 
@@ -60,10 +59,14 @@ class Pacer:
 
     Extension 1 (spec §7; schedule_ext1.decide is the schedule): each step raises DEMAND at once
     (the owner drops it when its work ends: GpuShare.idle, or its timeout). A member that must wait
-    for a priority member sleeps in WAIT_REREAD_US slices, re-reading, until it may run; while any
+    for a priority member sleeps in slices (schedule_ext1.wait_slice_us: 4 ms, up to 20 ms), re-reading,
+    until it may run; while any
     alive peer is INTERACTIVE a running member re-reads at every step (RegistryReader: < 1 µs unchanged).
     An interactive owner keeps its PRIORITY bit by the hysteresis (schedule_ext1.next_priority) on
     its busy over the last second, idle included (BusyMeter), which is also the busy_ppm it publishes.
+    A waiting member verifies that budget (schedule_ext1.HoldOffCheck): held off for longer than the
+    holders' plain shares allow over the last second, it paces by §5 over every member, whatever
+    they publish, until its wait is back within the allowance.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class Pacer:
         self._owed_us = 0  # run time still owed since the last sleep (the floor over time)
         self._decision: schedule_ext1.Decision | None = None
         self._meter = schedule_ext1.BusyMeter(BUSY_WINDOW_US)
+        self.hold_off = schedule_ext1.HoldOffCheck()  # how long priority held us off: over budget, not believed
         self.total_waited_us = 0  # of total_slept_us: waiting for a priority member (Extension 1)
         self._trim = trim_edges
         self._step_est_us = 0.0  # mean step (EWMA) of steps no longer than TRIM_STEP_MAX_US
@@ -111,9 +115,11 @@ class Pacer:
         """The schedule (and why) as of the last re-read; None before the first step."""
         return self._decision
 
-    def _reread(self, now: int, mono: int, force: bool = False) -> schedule_ext1.Decision:
+    def _reread(self, now: int, mono: int, force: bool = False, waited: bool = False) -> schedule_ext1.Decision:
         """The decision, re-read from the registry when due (reread_us; every step while an
-        INTERACTIVE peer is alive) or `force`d. An interactive owner's PRIORITY is updated here."""
+        INTERACTIVE peer is alive) or `force`d. An interactive owner's PRIORITY is updated here, and a
+        waiting member's check of the holders' budget (`waited`: the time since the last re-read was a
+        wait for priority) made."""
         d = self._decision
         every = self._reread_us
         if d is not None and d.interactive_alive:  # every step: a re-read of unchanged bytes costs < 1 µs
@@ -126,6 +132,7 @@ class Pacer:
         if self._update_priority(now, mono):  # our own bit changed: decide on what we now publish
             d = self._reader.read(seg, now, mono, force=True)
             self._slots = self._reader.slots
+        d = self.hold_off.judge(d, self._m.slot, self._slots, now, mono, waited=waited)  # their budget, verified
         self._decision = d
         self._sched = d.schedule
         self._sched_mono_us = mono
@@ -154,11 +161,22 @@ class Pacer:
         """Returns the µs slept (0 when we may keep running).
 
         `step_us` is the step's busy time; by default the time since the
-        previous `step_done` returned. SegmentError once the segment became unusable under us
-        (another user shrank it): the engine should leave.
+        previous `step_done` returned. A segment a group member shrank under us is re-extended and our
+        slot re-claimed (Membership.recover, one line); past SEGMENT_REPAIRS_PER_MIN_MAX a minute, or when
+        that fails, the engine carries on unpaced (one line), never ended by it.
         """
-        if self._m.lost is not None:
-            raise self._m.lost
+        if self._m.say_lost_once():  # the segment is beyond repair: the engine carries on unpaced
+            return 0
+        try:
+            return self._step_done(step_us)
+        except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
+            self._reader = RegistryReader()
+            self._decision = None
+            if not self._m.recover(e):
+                self._m.say_lost_once()
+            return 0
+
+    def _step_done(self, step_us: int | None) -> int:
         now, mono = self._clock(), self._mono()
         step = (mono - self._last_return_us) if step_us is None else step_us
         if not self._m.active:
@@ -171,7 +189,8 @@ class Pacer:
             self._owed_us = 0
         self._busy_us += step
         # busy_total_us (spec §7): the step's time in our window (all of it in an owed run, or unthrottled)
-        self._m.add_busy_us(step if self._owed_us else in_window_us(self._sched, self._m.slot, now - step, now))
+        ours_us = step if self._owed_us else schedule.in_window_us(self._sched, self._m.slot, now - step, now)
+        self._m.add_busy_us(ours_us)
         self._owed_us = max(0, self._owed_us - step)
         self._meter.add(mono, step)
         if self._m.flags & abi.FLAG_EXT1:
@@ -183,11 +202,11 @@ class Pacer:
         while d.waits(slot) and self._m.slot == slot:  # a priority member holds the device: wait, re-reading
             # the floor over time is §5's: a wait for priority owes nothing (the priority budget bounds it)
             self._owed_us = 0
-            self._sleep(schedule_ext1.WAIT_REREAD_US / 1e6)
+            self._sleep(schedule_ext1.wait_slice_us(slept) / 1e6)
             after = self._mono()
             slept, self.total_waited_us = slept + after - mono, self.total_waited_us + after - mono
             mono, now = after, self._clock()
-            d = self._reread(now, mono, force=True)
+            d = self._reread(now, mono, force=True, waited=True)
         sched = d.schedule if d.paced(slot) else None
         if self._trim and 0 < step <= TRIM_STEP_MAX_US:
             self._step_est_us += TRIM_EWMA * (step - self._step_est_us)

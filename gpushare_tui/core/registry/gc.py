@@ -6,8 +6,14 @@ A segment is removed only when all of these hold, checked on the open file (O_NO
 - a regular file, not a symlink (never followed), owned by our euid and writable by nobody else
   (core/registry/segment.py's trust rule for joiners: a group-shared segment is left to its group);
 - no slot is live (spec §4: pid set, heartbeat within 3 s), torn, or held by a pid that still runs
-  (a stopped engine's heartbeat goes stale, yet it comes back), or the segment is corrupt (bad size
-  or header); and it was created more than NEW_GRACE_S ago (its creator claims a slot right after);
+  (a stopped engine's heartbeat goes stale, yet it comes back); and it was created more than
+  NEW_GRACE_S ago (its creator claims a slot right after);
+- the size rule is the spec's (§1a, "at least"): a file at least as long as its header's layout
+  (`header_size + slot_count*slot_size`: 2112 bytes for v1's) is judged by its slots whatever its
+  size (4095 bytes, 8 KiB, 1 GiB sparse: only the layout is read). A shorter one, or one with a bad
+  header, is corrupt for every reader, but gc still reads what v1's layout puts in the bytes it has:
+  a slot there that is live or held by a running pid keeps it (never one whose holder still runs);
+  else it is removable;
 - just before the unlink, the same checks again on a fresh open of the path, and the path still names
   that file (same device and inode).
 
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from . import abi
 from .segment import JOIN_WAIT_S, SHM_DIR, Segment, SegmentError, SlotsRead, list_segment_paths
 
 # A segment created this recently is kept: its creator writes the magic last and claims its slot right
@@ -78,7 +85,7 @@ def judge(path: str, now_us: int) -> Verdict | None:
     try:
         seg = Segment.attach_readonly(path)
     except SegmentError as e:
-        verdict = Verdict(path, True, f"corrupt ({e.why})", (st.st_dev, st.st_ino))
+        verdict = _judge_raw(path, e.why, now_us, (st.st_dev, st.st_ino))
     else:
         with seg:
             opened = seg.fstat()
@@ -109,6 +116,43 @@ def _judge_slots(path: str, read: SlotsRead, now_us: int, ident: tuple[int, int]
             return Verdict(path, False, f"slot {r.index} held by a running process ({who}; heartbeat stale)")
     dead = counted(len(held), "dead slot") if held else "no slot used"
     return Verdict(path, True, f"no live slot ({dead})", ident)
+
+
+def _judge_raw(path: str, why: str, now_us: int, ident: tuple[int, int]) -> Verdict:
+    """A segment the registry's reader refused (`why`): judged here by the spec's size rule (§1a).
+
+    Its first bytes are read (at most abi.SEGMENT_SIZE: a 1 GiB sparse file costs one page), and the
+    slots that v1's layout puts in them are judged as any segment's: one live or held by a running pid
+    keeps the file (never one whose holder still runs), else it is removable. A valid header whose
+    layout fits in the file (at least `header_size + slot_count*slot_size` bytes: 4095, 8 KiB, 1 GiB)
+    is no corrupt segment: its verdict is its slots'. Anything else (too short, bad header) is corrupt."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        return Verdict(path, False, f"corrupt ({why}); cannot open: {e.strerror}")
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != ident:
+            return Verdict(path, False, "replaced while reading")
+        data = os.pread(fd, abi.SEGMENT_SIZE, 0)
+    except OSError as e:
+        return Verdict(path, False, f"corrupt ({why}); cannot read: {e.strerror}")
+    finally:
+        os.close(fd)
+    whole = min(abi.SLOT_COUNT, max(0, (len(data) - abi.HEADER_SIZE) // abi.SLOT_SIZE))
+    offsets = [abi.HEADER_SIZE + i * abi.SLOT_SIZE for i in range(whole)]
+    slots = [abi.unpack_slot(i, data[off : off + abi.SLOT_SIZE]) for i, off in enumerate(offsets)]
+    by_slots = _judge_slots(path, SlotsRead(tuple(slots), ()), now_us, ident)
+    header = abi.unpack_header(data[: abi.HEADER_SIZE]) if len(data) >= abi.HEADER_SIZE else None
+    if (
+        header is not None
+        and abi.header_problem(header, opened.st_size) is None  # its layout fits: "at least" its size
+        and (header.header_size, header.slot_size, header.slot_count) == (abi.HEADER_SIZE, abi.SLOT_SIZE, whole)
+    ):
+        return by_slots
+    if not by_slots.removable:
+        return Verdict(path, False, f"corrupt ({why}), but {by_slots.why}")
+    return Verdict(path, True, f"corrupt ({why})", ident)
 
 
 def mode_shared(st: os.stat_result) -> bool:

@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from ..host.budgets import SEGMENT_REPAIRS_PER_MIN_MAX
 from ..host.clock import ClockUs, mono_us, wall_us
 from ..host.errors import GpushareError
 from ..host.lifecycle import termination_deferred
@@ -78,6 +79,8 @@ class Membership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: SegmentError | None = None  # why the segment became unusable under us (shrunk by another user)
+        self._repairs_mono_us: list[int] = []  # when we re-extended a shrunk segment (SEGMENT_REPAIRS_PER_MIN_MAX)
+        self._lost_said = False
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -140,7 +143,7 @@ class Membership:
                     )
                     seg.cas_pid(slot, self.pid, 0)
             except SegmentError as e:  # shrunk under us: nothing left to clear
-                self.lost = self.lost or e
+                self.lost = self.lost or e  # leaving: not repaired
             self._slot = None
             self._segment = None
             seg.close()
@@ -183,7 +186,8 @@ class Membership:
             try:
                 return self._segment.read_slots()
             except SegmentError as e:
-                self.lost = e
+                if self.recover(e):
+                    return self._segment.read_slots()
                 return ()
 
     def peers_alive(self) -> int:
@@ -291,8 +295,8 @@ class Membership:
         if self._slot is not None and self._segment is not None and self.lost is None:
             try:
                 self._write(self._clock() if now is None else now)
-            except SegmentError as e:  # shrunk under us: the pacer or supervisor reading it says so, once
-                self.lost = e
+            except SegmentError as e:  # shrunk under us: re-extended, or the pacer or supervisor says so, once
+                self.recover(e)
 
     def _write(self, now: int) -> None:
         assert self._segment is not None and self._slot is not None
@@ -308,6 +312,42 @@ class Membership:
             busy_total_us=self._busy_total_us,
         )
 
+    def recover(self, e: SegmentError) -> bool:
+        """The segment failed under us (`e`: a group member shrank it). Re-extend it and re-claim a slot,
+        saying so in one line, at most SEGMENT_REPAIRS_PER_MIN_MAX times a minute; True when that worked.
+        Otherwise `lost` is set: the engine carries on unpaced (the pacer and the supervisor say so once)."""
+        with self._lock:
+            seg = self._segment
+            if seg is None or self.lost is not None:
+                return False
+            now = self._mono()
+            self._repairs_mono_us = [t for t in self._repairs_mono_us if now - t < 60_000_000]
+            if len(self._repairs_mono_us) >= SEGMENT_REPAIRS_PER_MIN_MAX:
+                self.lost = SegmentError(seg.name, f"{e.why}; shrunk {len(self._repairs_mono_us)} times in a minute")
+                return False
+            self._repairs_mono_us.append(now)
+            old = self._slot
+            try:
+                seg.repair()
+                self._slot = None
+                new = self._claim()
+            except (SegmentError, RegistryFullError) as e2:
+                self._slot = old
+                self.lost = SegmentError(seg.name, f"{e.why}; {getattr(e2, 'why', e2)}")
+                return False
+            self._log(f"gpushare-tui: segment {seg.name}: {e.why}; re-extended it and re-claimed slot {new}")
+            return True
+
+    def say_lost_once(self) -> bool:
+        """When `lost`: one line, the first time (the engine carries on unpaced); True when it is lost."""
+        with self._lock:
+            if self.lost is None:
+                return False
+            if not self._lost_said:
+                self._lost_said = True
+                self._log(f"gpushare-tui: {self.lost}; running unpaced from now on")
+            return True
+
     def _still_mine(self, slot: int) -> bool:
         rec = self.segment.read_slot(slot)
         return rec.pid == self.pid and rec.boot_us == self.boot_us
@@ -320,8 +360,8 @@ class Membership:
                 return
             try:
                 self._heartbeat_locked()
-            except SegmentError as e:  # shrunk under us: stop writing; its pacer or supervisor says so, once
-                self.lost = e
+            except SegmentError as e:  # shrunk under us: re-extended and re-claimed, or lost (unpaced)
+                self.recover(e)
 
     def _heartbeat_locked(self) -> None:
         now = self._clock()

@@ -310,6 +310,25 @@ class Segment:
         """The open file's status now (owner, mode, size)."""
         return os.fstat(self._fd)
 
+    def repair(self) -> None:
+        """A writable segment shrunk under us (a group member truncated it): re-extend the file to its
+        size and, where its header no longer reads as it did when we opened it, write that header back
+        (magic last, as at creation), so every peer's next read sees a valid, empty segment in which each
+        re-claims its slot (spec §4, eviction). SegmentError if the file was replaced or cannot be written."""
+        if not self.writable:
+            raise SegmentError(self.name, "cannot repair a segment opened read-only")
+        if self.replaced():
+            raise SegmentError(self.name, "replaced under us (not the file we joined)")
+        try:
+            if os.fstat(self._fd).st_size < abi.SEGMENT_SIZE:
+                os.ftruncate(self._fd, abi.SEGMENT_SIZE)
+            if os.pread(self._fd, abi.HEADER_SIZE, 0) != self._header_raw:
+                magic = len(abi.MAGIC)
+                os.pwrite(self._fd, self._header_raw[magic:], magic)
+                os.pwrite(self._fd, self._header_raw[:magic], 0)
+        except OSError as e:
+            raise SegmentError(self.name, f"cannot repair: {e.strerror}") from None
+
     def replaced(self) -> bool:
         """True when the path no longer names the file we have open (unlinked, recreated or renamed over)."""
         try:

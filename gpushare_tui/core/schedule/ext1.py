@@ -5,14 +5,17 @@ views may show): any §4 member lacking EXT1 puts everyone on §5 unchanged; oth
 the alive slots with a valid weight and DEMAND, the ones holding priority (INTERACTIVE, PRIORITY set,
 published busy within their plain share) run by §5 over themselves alone, and every other member
 waits. `next_priority` is an interactive owner's PRIORITY hysteresis; `BusyMeter` the busy fraction
-over the last second it is judged on.
+over the last second it is judged on. `HoldOffCheck` is the waiting member's side of that budget: it
+measures how long priority held it off over the last second and, past what the holders' budget
+allows (`held_off_allowance_us`), decides as if none of them had priority (§7, "the victim verifies").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..host.budgets import PRIORITY_HELD_OFF_SLACK_US
 from ..registry import abi
 from ..registry.abi import SlotRecord
 from . import v1 as schedule
@@ -25,6 +28,13 @@ BUDGET_PPM = 1_000_000  # busy_ppm of a full budget: priority while busy_ppm <= 
 RESET_FRACTION = 0.9  # ... and, once lost, again only below RESET_FRACTION * BUDGET_PPM * S_i
 REREAD_US = 4_000  # a member that may run re-reads this often while an INTERACTIVE peer is alive (§7: 5 ms)
 WAIT_REREAD_US = 20_000  # a member waiting for a priority member re-reads this often: only to resume (§7)
+WAIT_FIRST_REREAD_US = 4_000  # ... after a first wait this short, doubling up to WAIT_REREAD_US (wait_slice_us)
+HELD_OFF_WINDOW_US = 1_000_000  # a waiting member measures its wait for priority over the last second ...
+# ... and allows the holders S_P of its own windows plus this much (core/host/budgets.py says why)
+HELD_OFF_SLACK_US = PRIORITY_HELD_OFF_SLACK_US
+HELD_OFF_RESET_FRACTION = 0.5  # over budget until the wait is back under this much of the allowance
+HELD_OFF_BUCKETS = 50  # the waiting member's meters: 20 ms buckets
+HELD_OFF_GAP_US = 500_000  # a longer time between two re-reads (an idle spell, a stall) is not metered
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,8 @@ class Decision:
     priority: tuple[int, ...] = ()
     v1_peer: int | None = None
     interactive_alive: bool = False
+    priority_share: float = 0.0  # S_P: the priority members' plain shares summed (their budget, §7 rule 2)
+    over_budget: tuple[int, ...] = ()  # priority members a waiting member judged over budget (HoldOffCheck)
 
     def waits(self, slot: int | None) -> bool:
         """True when `slot` is a member that may not run at all now: a priority member exists and it
@@ -57,6 +69,14 @@ class Decision:
         return slot is None or schedule.may_run(self.schedule, slot, now_us)
 
 
+def wait_slice_us(waited_us: int) -> int:
+    """How long a member that has waited `waited_us` for priority sleeps before its next re-read:
+    WAIT_FIRST_REREAD_US at first, about doubling with the wait, at most WAIT_REREAD_US. A short
+    priority burst (or a bit flipped faster than we read) costs a few ms, not 20; a long wait
+    re-reads every 20 ms (§7: under 2 % of a core)."""
+    return max(WAIT_FIRST_REREAD_US, min(WAIT_REREAD_US, waited_us))
+
+
 def _has_demand(s: SlotRecord, now_us: int) -> bool:
     return bool(s.flags & abi.FLAG_DEMAND) and s.is_alive(now_us) and abi.weight_is_valid(s.weight)
 
@@ -72,8 +92,10 @@ def _within_budget(s: SlotRecord, share: float) -> bool:
     return s.busy_ppm <= BUDGET_PPM * share
 
 
-def decide(slots: Iterable[SlotRecord], now_us: int) -> Decision:
-    """The schedule every peer computes from these slots at `now_us` (spec §7, compatibility first)."""
+def decide(slots: Iterable[SlotRecord], now_us: int, *, ignore_priority: bool = False) -> Decision:
+    """The schedule every peer computes from these slots at `now_us` (spec §7, compatibility first).
+    `ignore_priority`: a waiting member that judged the priority members over budget (HoldOffCheck)
+    decides as if none had priority: §5 over every member (their slots in `over_budget`)."""
     ordered = sorted(slots, key=lambda s: s.index)
     interactive = any(s.flags & abi.FLAG_INTERACTIVE and s.is_alive(now_us) for s in ordered)
     v1 = [s for s in ordered if s.is_member(now_us) and not s.ext1]
@@ -93,6 +115,10 @@ def decide(slots: Iterable[SlotRecord], now_us: int) -> Decision:
         for s in members
         if s.flags & abi.FLAG_INTERACTIVE and s.flags & abi.FLAG_PRIORITY and _within_budget(s, float(s.weight) / total)
     ]
+    prio_share = sum(float(s.weight) for s in prio) / total if prio else 0.0
+    voided = tuple(s.index for s in prio) if ignore_priority else ()
+    if ignore_priority:
+        prio = []
     chosen = prio or members
     return Decision(
         MODE_PRIORITY if prio else MODE_EXT1,
@@ -100,6 +126,8 @@ def decide(slots: Iterable[SlotRecord], now_us: int) -> Decision:
         tuple(s.index for s in members),
         priority=tuple(s.index for s in prio),
         interactive_alive=interactive,
+        priority_share=prio_share,
+        over_budget=voided,
     )
 
 
@@ -142,3 +170,82 @@ class BusyMeter:
         """Busy fraction over the last window, parts per million (0..1 000 000)."""
         self._advance(now_us)
         return max(0, min(BUDGET_PPM, sum(self._busy) * BUDGET_PPM // self.window_us))
+
+
+def held_off_allowance_us(priority_share: float, window_open_us: int) -> int:
+    """How long priority members of plain shares summing to `priority_share` (S_P) may hold a waiting
+    member off inside its own windows, over the last HELD_OFF_WINDOW_US in which those windows (of §5
+    over every member) were open `window_open_us`: S_P of them (each holds priority only while its busy
+    over the last second is within its S_i, so it takes at most S_P of anyone's time), plus
+    HELD_OFF_SLACK_US."""
+    return int(priority_share * window_open_us) + HELD_OFF_SLACK_US
+
+
+class HoldOffCheck:
+    """The waiting member's check of the priority budget (§7, "the victim verifies"). Pure: the caller
+    gives the times (wall µs for the schedule's phase, monotonic µs for the meters).
+
+    `judge(decision, slot, slots, now_wall, now, waited=...)` is called at every re-read; `waited`
+    says the time since the previous call was spent waiting for priority. Over the last
+    HELD_OFF_WINDOW_US it meters how long `slot`'s own windows (of §5 over every member, priority
+    ignored) were open, and how much of that it spent waiting. Once the wait exceeds what the
+    holders' budget allows (held_off_allowance_us), their PRIORITY is over budget whatever they
+    publish: the decision is made again without it (§5 over every member: the floor holds again).
+    It is believed again once the wait is back under HELD_OFF_RESET_FRACTION of the allowance. Only its own
+    windows count: a peer flipping PRIORITY faster than we read takes our window slices while
+    leaving the rest alone. Honest holders never trip it: one that overstays clears its own bit. With
+    no history yet (`_seed`) the windows count as open at our share for the last second."""
+
+    def __init__(self) -> None:
+        self._held = BusyMeter(HELD_OFF_WINDOW_US, HELD_OFF_BUCKETS)
+        self._open = BusyMeter(HELD_OFF_WINDOW_US, HELD_OFF_BUCKETS)
+        self._last: tuple[int, int] | None = None  # (wall, mono) µs of the previous judge
+        self.distrusted = False
+        self.tripped = 0  # how many times the holders were judged over budget (status, tests)
+
+    def _seed(self, fair: Decision, slot: int, now_us: int) -> None:
+        """No history (a first re-read, or none for a whole window): as if our windows had been open,
+        at our share of §5 over every member, for the last window, and never waited in. So a holder is
+        allowed S_P of a whole second at first, as an honest one may take it at once after an idle spell."""
+        window = fair.schedule.window_of(slot) if fair.schedule is not None else None
+        share = 1.0 if fair.schedule is None or window is None else (window[1] - window[0]) / fair.schedule.period_us
+        bucket_us = HELD_OFF_WINDOW_US // HELD_OFF_BUCKETS
+        for k in range(HELD_OFF_BUCKETS - 1, 0, -1):  # the past buckets, oldest first (not the current one)
+            self._open.add(now_us - k * bucket_us, int(share * bucket_us))
+
+    def held_off_us(self, now_us: int) -> int:
+        """µs of our own windows spent waiting for priority over the last window."""
+        return self._held.ppm(now_us) * HELD_OFF_WINDOW_US // BUDGET_PPM
+
+    def window_open_us(self, now_us: int) -> int:
+        return self._open.ppm(now_us) * HELD_OFF_WINDOW_US // BUDGET_PPM
+
+    def judge(
+        self,
+        d: Decision,
+        slot: int | None,
+        slots: Sequence[SlotRecord],
+        now_wall_us: int,
+        now_us: int,
+        *,
+        waited: bool = False,
+    ) -> Decision:
+        last, self._last = self._last, (now_wall_us, now_us)
+        kept = d.mode == MODE_PRIORITY and slot is not None and slot in d.members and slot not in d.priority
+        fair = decide(slots, now_wall_us, ignore_priority=True) if kept else d  # §5 over every member
+        if slot is not None and (last is None or now_us - last[1] >= HELD_OFF_WINDOW_US):
+            self._seed(fair, slot, now_us)
+        elif last is not None and slot is not None and 0 < now_us - last[1] <= HELD_OFF_GAP_US:
+            ours = schedule.in_window_us(fair.schedule, slot, last[0], now_wall_us) if slot in fair.members else 0
+            self._open.add(now_us, ours)
+            if waited:
+                self._held.add(now_us, ours)
+        if not kept:
+            return d  # not kept waiting by priority: nothing to verify (the meters keep their history)
+        allowed = held_off_allowance_us(d.priority_share, self.window_open_us(now_us))
+        held = self.held_off_us(now_us)
+        was = self.distrusted
+        self.distrusted = held > (HELD_OFF_RESET_FRACTION * allowed if was else allowed)
+        if self.distrusted and not was:
+            self.tripped += 1
+        return fair if self.distrusted else d

@@ -167,3 +167,23 @@ def owed_run_us(schedule: Schedule, slept_us: int) -> int:
     the schedule says meanwhile: f / (1 - f) of the sleep past FLOOR_SLACK_US."""
     f = floor_share(len(schedule.slots))
     return math.floor(max(0, slept_us - FLOOR_SLACK_US) * f / (1.0 - f))
+
+
+def _window_time_before(t_us: int, start_us: int, length_us: int, period_us: int) -> int:
+    """µs of the periodic window [start, start + length) (+ n × period) before t (from phase 0 at t = 0)."""
+    n, pos = divmod(t_us, period_us)
+    return n * length_us + min(max(pos - start_us, 0), length_us)
+
+
+def in_window_us(sched: Schedule | None, slot: int | None, start_us: int, end_us: int) -> int:
+    """The part of [start_us, end_us) (wall µs) inside `slot`'s windows of `sched`: a pacer's step
+    counts as busy only there (its overshoot past the window is the next member's window, which
+    counts it). All of it without a schedule, or when `slot` is not in it."""
+    if end_us <= start_us:
+        return 0
+    window = sched.window_of(slot) if sched is not None and slot is not None else None
+    if sched is None or window is None:
+        return end_us - start_us
+    s, e = window
+    before = _window_time_before
+    return before(end_us, s, e - s, sched.period_us) - before(start_us, s, e - s, sched.period_us)
