@@ -94,3 +94,14 @@ HEALTH_PROBE_MAX_BYTES = 64 * 2**10  # the body is not used: a /health reply is 
 # --health-log: the log is read incrementally, at most this much per 0.1 s poll (a burst skips ahead to
 # its last bytes, as `logs -f` does); a line longer than logtail.MAX_LINE_BYTES is matched in pieces.
 HEALTH_LOG_READ_MAX_BYTES = 1024 * 1024
+
+# -- other users' processes (Extension 2, spec registry-abi.md §8.1: core/observe/users.py) ----------------
+
+# A slot's user is the real uid of its pid from /proc/<pid>/status. Its Uid: and NSpid: lines come after
+# Name/Umask/State/Tgid/Ngid/Pid/PPid/TracerPid (~250 bytes; Name is at most 64 escaped bytes) and the
+# Groups: line, which root can make long (65,536 groups): a status read stops here, and lines not within it
+# make the slot unverifiable (Extension 2 falls back), never a longer read.
+PROC_STATUS_MAX_BYTES = 4096
+# A slot's verified user is read again this often while its (pid, boot_us) is unchanged (a process may
+# change its real uid): at most 16 status reads per second per reader, ~20 µs each.
+USER_RECHECK_S = 1.0
