@@ -131,6 +131,7 @@ class Supervisor:
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
         self._resumed_us = mono_us()
         self.in_flight = False  # work in flight, as last published (DEMAND): the proxy's, else the activity source's
+        self._registry = RegistryReader()  # the pace loop's (its slots and their users: the monitor's budget)
         self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
 
     # -- public ------------------------------------------------------------
@@ -360,7 +361,7 @@ class Supervisor:
         assert m is not None and proc is not None
         seg = m.segment
         prev: schedule.Schedule | None = None
-        reader = RegistryReader()
+        reader = self._registry = RegistryReader()
         owed_us = 0  # run time still owed since the last stopped spell
         busy = BusyFromMarks(BUSY_MARK_GAP_US)
         stopped_mono_us = last_mono_us = mono_us()
@@ -374,7 +375,9 @@ class Supervisor:
             m.add_busy_us(busy.mark(m.last_active_us))  # busy_total_us (spec §7): continued while working
             last_mono_us = mono
             slot = m.slot
-            decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+            decision = reader.read(seg, now, mono)  # §5, Extension 1's (spec §7) or Extension 2's (§8)
+            if reader.sync_users_bit(m, now):  # our USERS bit changed (§8.2): decide on what we now publish
+                decision = reader.read(seg, now, mono, force=True)
             self.decision = decision
             sched = decision.schedule
             at_edge = sched is prev  # not a membership change, which acts at once, off any edge
@@ -513,7 +516,7 @@ class Supervisor:
                     device_ppm = min(1_000_000, (total_us - busy_total_us) * 1_000_000 // max(1, at_us - busy_at_us))
                     busy_total_us, busy_at_us = total_us, at_us
                     if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
-                        share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+                        share = self._registry.own_share(m.read_slots(), m.slot, m.weight, wall_us())  # §7 rule 2, §8.3
                         m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
                 time.sleep(MONITOR_TICK_S)
         finally:
