@@ -121,6 +121,7 @@ class Pacer:
         self._reader = RegistryReader()
         self._slots: tuple[SlotRecord, ...] = ()
         self._owed_us = 0  # run time still owed since the last sleep (the floor over time)
+        self._owed_until_us = 0  # mono µs the owed run ends, however late we woke (the OS's lateness is no peer's)
         self._decision: schedule_ext2.Decision | None = None
         self._meter = schedule_ext1.BusyMeter(BUSY_WINDOW_US)
         self.total_waited_us = 0  # of total_slept_us: waiting for a priority member (Extension 1)
@@ -193,6 +194,8 @@ class Pacer:
             step = step if step_us is not None else 0
             self._window_start_us, self._busy_us, self._early = mono - step, 0, True
             self._owed_us = 0
+        if self._owed_us and mono - step >= self._owed_until_us:
+            self._owed_us = 0  # past the owed run's end: a late wake-up is not owed again outside our window
         self._busy_us += step
         # busy_total_us (spec §7): the step's time in our window (all of it in an owed run, or unthrottled)
         self._m.add_busy_us(step if self._owed_us else in_window_us(self._sched, self._m.slot, now - step, now))
@@ -229,7 +232,11 @@ class Pacer:
                 late = after - mono - ask
                 self._lead_us += TRIM_EWMA * (min(max(late, 0), TRIM_LEAD_MAX_US) - self._lead_us)
                 self.wake_late_us.append(late)
-            self._owed_us = schedule.owed_run_us(sched, after - mono)
+            # owed: f/(1-f) of the sleep the schedule asked (not of the OS's lateness), run from the planned
+            # wake-up: under an honest schedule it lies inside our window however late we woke, and a small
+            # window (Extension 2's user shares) does not spill into the next one on a loaded host
+            self._owed_us = schedule.owed_run_us(sched, min(after - mono, want))
+            self._owed_until_us = mono + want + self._owed_us
             slept, mono = slept + after - mono, after
         self.total_slept_us += slept
         self._last_return_us = mono
