@@ -34,6 +34,9 @@ GPU_TYPES = {
     "writable_by_others": bool,
     "schedule_mode": str,  # Extension 1 (issue 20): "v1" | "ext1" | "priority"
     "v1_peer": (int, type(None)),
+    "users_applied": bool,  # Extension 2 (issue 29)
+    "users_fallback": (str, type(None)),
+    "users": list,
 }
 PEER_TYPES = {
     "slot": int,
@@ -52,6 +55,9 @@ PEER_TYPES = {
     "class": (str, type(None)),  # Extension 1 (issue 20); null for a v1 peer
     "demand": (bool, type(None)),
     "priority": (bool, type(None)),
+    "uid": (int, type(None)),  # Extension 2 (issue 29): the real uid of its pid, null when not verifiable
+    "user": (str, type(None)),
+    "user_share_pct": (float, type(None)),
     "busy_total_s": (float, type(None)),  # accounting (issue 21)
     "busy_source": (str, type(None)),
     "energy_j": (float, type(None)),
@@ -187,6 +193,9 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
         "class": None,  # written as a v1 peer: no Extension 1 fields
         "demand": None,
         "priority": None,
+        "uid": None,  # its pid names no process: no user (Extension 2, §8.1)
+        "user": None,
+        "user_share_pct": None,
         "busy_total_s": 0.0,  # written as a v1 peer (idle): a counter at 0 until it shows busy_ppm > 0
         "busy_source": "counter",
         "energy_j": None,

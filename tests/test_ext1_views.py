@@ -121,7 +121,7 @@ def test_once_table_and_metrics() -> None:
     assert "schedule v1 compat (slot 1)" in table.splitlines()[0]
     assert table.splitlines()[2].split()[-1] == "int+" and table.splitlines()[3].split()[-1] == "v1"
     text = render_metrics(lambda: model).decode()
-    labels = 'class="interactive",gpu_key="mix",name="p0",pid="1000",slot="0"'
+    labels = 'class="interactive",gpu_key="mix",name="p0",pid="1000",slot="0",user=""'  # user: not verifiable here
     assert f"gpushare_peer_demand{{{labels}}} 1.0" in text
     assert f"gpushare_peer_priority{{{labels}}} 0.0" in text  # v1 compat: no priority
     demand_lines = [line for line in text.splitlines() if line.startswith("gpushare_peer_demand{")]

@@ -80,7 +80,8 @@ def test_a_step_raises_demand_and_ext1(gpu_key: str, clock: Clock, me: Membershi
     pacer = Pacer(me, clock_us=clock, mono_us=clock, sleep_s=clock.sleep)
     assert _flags(gpu_key, 0) == abi.FLAG_EXT1
     pacer.step_done(1_000)
-    assert _flags(gpu_key, 0) == abi.FLAG_EXT1 | abi.FLAG_DEMAND
+    # alone, it knows every other slot's user (there is none): USERS (Extension 2, §8.2) too
+    assert _flags(gpu_key, 0) == abi.FLAG_EXT1 | abi.FLAG_DEMAND | abi.FLAG_USERS
     assert pacer.decision is not None and pacer.decision.mode == "ext1"
 
 

@@ -172,7 +172,7 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
     Unless `show_idle`, segments with no live peer are left out (counted in a last line). Names, keys and
     errors are untrusted: every cell goes through `printable` (the JSON form keeps them, escaped)."""
     from ..core.host.text import printable
-    from ..dashboard.columns import COLUMNS, legend, schedule_note
+    from ..dashboard.columns import COLUMNS, legend, schedule_note, users_note
 
     lines = []
     views = [(h, v) for h, v in data.views if show_idle or any(r.peer.alive for r in v.rows)]
@@ -187,6 +187,8 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
             f"{where}{printable(g.segment)}  owner {printable(g.owner)}  mode {g.mode:04o}  "
             f"period {period}  peers {len(g.peers)}{warn}"
         )
+        if note := users_note(g):  # Extension 2: a line per GPU with two users or more
+            lines.append(printable(note))
         cells = [[_cell(c, r) for c in COLUMNS] for r in v.rows]
         widths = [max([len(c.label)] + [_cells(row[i]) for row in cells]) for i, c in enumerate(COLUMNS)]
         lines.append(_line([c.label for c in COLUMNS], widths))

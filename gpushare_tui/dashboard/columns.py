@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.host.text import counted
 from ..core.observe.accounting import SOURCE_BUSY_PPM
 from ..core.observe.snapshot import GpuSnapshot
 from ..core.pacing.pacer import BUSY_WINDOW_US
@@ -142,12 +143,29 @@ def schedule_note(g: GpuSnapshot) -> str:
     while priority members run first), "" for a v1-only segment."""
     if g.schedule_mode == "priority":
         slots = ", ".join(map(str, g.priority_slots))
-        return f"ext1 priority ({'slot' if len(g.priority_slots) == 1 else 'slots'} {slots})"
+        users = " users" if g.users_applied else ""
+        return f"ext1{users} priority ({'slot' if len(g.priority_slots) == 1 else 'slots'} {slots})"
     if g.schedule_mode == "ext1":
-        return "ext1"
+        return "ext1 users" if g.users_applied else "ext1"
     if g.v1_peer is not None and any(p.alive and p.klass is not None for p in g.peers):
         return f"v1 compat (slot {g.v1_peer})"
     return ""
+
+
+def users_note(g: GpuSnapshot) -> str:
+    """A GPU's per-user line (Extension 2, spec §8), "" unless its alive peers are of two users or more:
+    whether the device is split between users ("fair between users") or per engine (and why), then per
+    user its engines, share of the period, achieved share and busy."""
+    rows = g.users
+    if len(rows) < 2:
+        return ""
+    how = "fair between users" if g.users_applied else f"per engine ({g.users_fallback or 'no members'})"
+    parts = [
+        f"{u.user}: {counted(u.engines, 'engine')}, share {fmt_pct(u.share_pct)}%, "
+        f"ach {fmt_pct(u.achieved_pct)}%, busy {fmt_pct(u.busy_pct)}%"
+        for u in rows
+    ]
+    return f"users {how} · " + " · ".join(parts)
 
 
 # -- accounting (issue 21): device time and energy per engine (core.accounting) ------------------------
@@ -252,6 +270,19 @@ COLUMNS: tuple[Column, ...] = (
         lambda r: r.peer.name or "",
         lambda r: (r.peer.name.lower(), r.peer.slot),
         help="the name it registered",
+    ),
+    Column(
+        "user",
+        "USER",
+        7,
+        lambda r: r.peer.user if r.peer.user is not None else "-",
+        lambda r: (r.peer.user or "~", r.peer.slot),
+        drop=4,
+        help=(
+            "whose engine it is: the user of its process as the kernel says (/proc: its real uid, never what "
+            "it writes); - when this reader cannot verify it. With Extension 2 the users share the GPU "
+            "equally and each user's engines share the user's part by weight"
+        ),
     ),
     Column(
         "weight",
@@ -398,7 +429,7 @@ COLUMNS: tuple[Column, ...] = (
         4,
         class_text,
         _class_order,
-        drop=4,
+        drop=5,
         help="latency class (int/bat; * holds priority, + work in flight; v1: no Extension 1)",
     ),
 )

@@ -243,6 +243,9 @@ def _bool(d: dict, key: str) -> bool:
     return v
 
 
+UID_MAX = 2**32 - 2  # (uid_t)-1 is no uid
+
+
 def peer_from_json(d: object) -> PeerSnapshot:
     """One peer (untrusted): every value in the spec's range (RemoteError otherwise); its window is checked
     against the period by gpu_from_json."""
@@ -276,7 +279,16 @@ def peer_from_json(d: object) -> PeerSnapshot:
         klass=d.get("class") if d.get("class") in ("interactive", "batch") else None,  # Extension 1: absent, null
         demand=_opt_flag(d, "demand"),
         priority=_opt_flag(d, "priority"),
+        uid=_opt_int(d, "uid", 0, UID_MAX),  # Extension 2 (§8): absent or null for an older serve
+        user=_opt_text(d, "user"),
+        user_share_pct=_opt_num(d, "user_share_pct", 0, 100),
     )
+
+
+def _opt_text(d: dict, key: str) -> str | None:
+    """A string cut at REMOTE_MAX_TEXT_CHARS; None when absent, null or not a string."""
+    v = d.get(key)
+    return v[:REMOTE_MAX_TEXT_CHARS] if isinstance(v, str) else None
 
 
 def _with_window_pcts(peers: tuple[PeerSnapshot, ...]) -> tuple[PeerSnapshot, ...]:
@@ -346,6 +358,8 @@ def gpu_from_json(d: object, now_us: int = 0) -> GpuSnapshot:
         mode=mode_bits,
         schedule_mode=mode if (mode := d.get("schedule_mode")) in ("ext1", "priority") else "v1",
         v1_peer=v1 if type(v1 := d.get("v1_peer")) is int and 0 <= v1 < abi.SLOT_COUNT else None,
+        users_applied=d.get("users_applied") is True,
+        users_fallback=_opt_text(d, "users_fallback"),
     )
 
 

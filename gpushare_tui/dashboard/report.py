@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from ..core.observe.snapshot import SegmentProblem
+from ..core.observe.snapshot import SegmentProblem, UserSnapshot
 from .model import DashboardModel, GpuView, PeerRow
 
 SCHEMA_VERSION = 1
@@ -92,6 +92,19 @@ def peer_json(row: PeerRow) -> dict:
     return d
 
 
+def user_json(u: UserSnapshot) -> dict:
+    """One user of a GPU (spec §8): uid, name, engines, window share, user share, achieved and busy (%)."""
+    return {
+        "uid": u.uid,
+        "user": u.user,
+        "engines": u.engines,
+        "share_pct": _json_number(u.share_pct),
+        "user_share_pct": _json_number(u.user_share_pct),
+        "achieved_pct": _json_number(u.achieved_pct),
+        "busy_pct": _json_number(u.busy_pct),
+    }
+
+
 def gpu_json(view: GpuView, host: str | None = None, self_slot: int | None = None) -> dict:
     """One GPU's entry (the body of `/gpu/peers?gpu_key=K`), with `host` when named; `self` is the peer in
     `self_slot` (an engine's own port answers for it), else null (an observer's)."""
@@ -109,6 +122,10 @@ def gpu_json(view: GpuView, host: str | None = None, self_slot: int | None = Non
         "writable_by_others": g.writable_by_others,
         "schedule_mode": g.schedule_mode,  # "v1" | "ext1" | "priority" (spec §7, schedule_ext1.decide)
         "v1_peer": g.v1_peer,  # the slot that puts everyone on §5, or null
+        # Extension 2 (spec §8): the user shares are in force, or why not (null: no members, nothing to say)
+        "users_applied": g.users_applied,
+        "users_fallback": g.users_fallback,
+        "users": [user_json(u) for u in g.users],
     }
     return doc if host is None else {**doc, "host": host}
 

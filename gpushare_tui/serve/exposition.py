@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from ..dashboard.model import DashboardModel, GpuView, PeerRow
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PEER_LABELS = ["gpu_key", "slot", "pid", "name"]
+PEER_LABELS = ["gpu_key", "slot", "pid", "name", "user"]  # user: of its pid (spec §8.1), "" when not verifiable
 GPU_LABELS = ["gpu_key"]
 MIB = 2**20
 
@@ -71,6 +71,8 @@ ACCOUNTING_METRICS = {
     "gpushare_peer_energy_joules_total": "Device energy attributed to the peer (by its busy time in each "
     "interval) since this exporter first saw it.",
     "gpushare_gpu_busy_seconds_total": "Sum of the peers' busy time since this exporter started.",
+    "gpushare_user_busy_seconds_total": "Device time of one user's peers (the real uid of each peer's pid; "
+    "user=\"?\": not verifiable here) since this exporter started.",
     "gpushare_gpu_idle_energy_joules_total": "Device energy not attributed to any peer (the idle fraction) since "
     "this exporter started; only where an energy counter exists (NVML, or RAPL on a CPU host).",
 }
@@ -100,11 +102,14 @@ def _accounting(model: DashboardModel) -> list[Metric]:
     busy = _counter("gpushare_peer_busy_seconds_total", [*PEER_LABELS, "source"])
     energy = _counter("gpushare_peer_energy_joules_total", PEER_LABELS)
     gpu_busy = _counter("gpushare_gpu_busy_seconds_total", GPU_LABELS)
+    user_busy = _counter("gpushare_user_busy_seconds_total", [*GPU_LABELS, "user"])
     idle = _counter("gpushare_gpu_idle_energy_joules_total", GPU_LABELS)
     for g in model.gpus:
         if g.account is None:
             continue
         gpu_busy.add_metric([g.gpu_key], g.account.busy_s)
+        for user, busy_s in g.account.users:
+            user_busy.add_metric([g.gpu_key, user], busy_s)
         if g.account.idle_energy_j is not None:
             idle.add_metric([g.gpu_key], g.account.idle_energy_j)
         for r in g.rows:
@@ -115,12 +120,12 @@ def _accounting(model: DashboardModel) -> list[Metric]:
                 busy.add_metric([*_peer_labels(g, r), a.source], a.busy_s)
             if a.energy_j is not None:
                 energy.add_metric(_peer_labels(g, r), a.energy_j)
-    return [busy, energy, gpu_busy, idle]
+    return [busy, energy, gpu_busy, user_busy, idle]
 
 
 def _peer_labels(g: GpuView, r: PeerRow) -> list[str]:
     p = r.peer
-    return [g.gpu_key, str(p.slot), str(p.pid), p.name]
+    return [g.gpu_key, str(p.slot), str(p.pid), p.name, p.user or ""]
 
 
 def families(model: DashboardModel) -> list[Metric]:

@@ -10,7 +10,7 @@ from ..core.host.clock import ClockUs, wall_us
 from ..core.host.text import counted
 from ..core.observe.gpu import DeviceStats
 from ..core.observe.snapshot import GpuSnapshot
-from ..dashboard.columns import schedule_note
+from ..dashboard.columns import schedule_note, users_note
 from ..dashboard.model import GpuView
 from .text_line import TextLine
 from .timeline import Timeline
@@ -100,6 +100,7 @@ class GpuPanel(Vertical):
     }
     GpuPanel.-selected { border: round $accent; }
     GpuPanel > .gpu-info { height: 1; }
+    GpuPanel > .gpu-users { height: 1; }
     """
 
     def __init__(self, view: GpuView, *, clock: ClockUs = wall_us, **kwargs) -> None:
@@ -107,11 +108,14 @@ class GpuPanel(Vertical):
         self.gpu_key = view.gpu_key
         self._view = view
         self._info = InfoLine(view, classes="gpu-info")
+        self._users = TextLine(users_note(view.snapshot), classes="gpu-users")  # Extension 2: two users or more
+        self._users.display = bool(users_note(view.snapshot))
         self._timeline = Timeline(view.snapshot, clock=clock)
         self._set_titles(view)
 
     def compose(self) -> ComposeResult:
         yield self._info
+        yield self._users
         yield self._timeline
 
     def _set_titles(self, view: GpuView) -> None:
@@ -126,4 +130,7 @@ class GpuPanel(Vertical):
         if old.device != view.device or (o.segment, o.owner, o.mode) != (n.segment, n.owner, n.mode):
             self._set_titles(view)
         self._info.show(view)
+        note = users_note(view.snapshot)
+        self._users.set_text(Text(note))
+        self._users.display = bool(note)
         self._timeline.show(view.snapshot)

@@ -46,6 +46,7 @@ from ..registry.membership import Membership
 from ..registry.ownership import Owner
 from ..registry.segment import SegmentError
 from ..schedule import ext1 as schedule_ext1
+from ..schedule import ext2 as schedule_ext2
 from ..schedule import v1 as schedule
 from . import activity, command, health, listener, spawn, watchdog
 from . import llama_server as ls
@@ -142,6 +143,7 @@ class Supervisor:
         self._resumed_us = mono_us()
         self.in_flight = False  # work in flight, as last published (DEMAND): the proxy's, else the activity source's
         self.hold_off = schedule_ext1.HoldOffCheck()  # how long priority stopped us: over budget, not believed
+        self._registry = RegistryReader()  # the pace loop's (its slots and their users: the monitor's budget)
         self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
 
     # -- public ------------------------------------------------------------
@@ -455,7 +457,7 @@ class Supervisor:
         assert m is not None and proc is not None
         seg = m.segment
         prev: schedule.Schedule | None = None
-        reader = RegistryReader()
+        reader = self._registry = RegistryReader()
         owed_us = 0  # run time still owed since the last stopped spell
         busy = BusyFromMarks(BUSY_MARK_GAP_US)
         stopped_mono_us = last_mono_us = mono_us()
@@ -475,13 +477,16 @@ class Supervisor:
             last_mono_us = mono
             slot = m.slot
             try:
-                decision = reader.read(seg, now, mono)  # §5, or Extension 1's (spec §7)
+                decision = reader.read(seg, now, mono)  # §5, Extension 1's (spec §7) or Extension 2's (§8)
+                if reader.sync_users_bit(m, now):  # our USERS bit changed (§8.2): decide on what we now publish
+                    decision = reader.read(seg, now, mono, force=True)
             except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
                 reader = RegistryReader()
                 m.recover(e)
                 continue
             # the holders' budget, verified (`waited`: the last round stopped us for priority)
-            decision = self.hold_off.judge(decision, m.slot, reader.slots, now, mono, waited=waited)
+            believed = self.hold_off.judge(decision, m.slot, reader.slots, now, mono, waited=waited)
+            decision = schedule_ext2.judged(decision, believed)
             self.decision = decision
             if decision.waits(m.slot) and not waited:
                 wait_since_us = mono
@@ -660,7 +665,7 @@ class Supervisor:
         st.device_total_us = now_total_us
         if m.interactive and m.slot is not None and m.priority:
             ppm = st.device.ppm(now_mono_us)
-            share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+            share = self._registry.own_share(m.read_slots(), m.slot, m.weight, wall_us())  # §7 rule 2, §8.3
             if not schedule_ext1.next_priority(True, ppm, share):
                 m.set_priority(False, ppm)
         if mono < st.next_stats_us:
@@ -682,7 +687,7 @@ class Supervisor:
         device_ppm = min(1_000_000, (total_us - st.busy_total_us) * 1_000_000 // max(1, at_us - st.busy_at_us))
         st.busy_total_us, st.busy_at_us = total_us, at_us
         if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
-            share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
+            share = self._registry.own_share(m.read_slots(), m.slot, m.weight, wall_us())  # §7 rule 2, §8.3
             m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
 
 

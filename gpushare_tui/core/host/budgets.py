@@ -170,3 +170,14 @@ LISTENER_RECHECK_S = 1.0
 # each (signals never reach a reused pid): more than this are not tracked (those still in the group are
 # paced with it whatever their number). vLLM and SGLang start a handful of workers, all in the group.
 ESCAPED_DESCENDANTS_MAX = 64
+
+# -- other users' processes (Extension 2, spec registry-abi.md §8.1: core/observe/users.py) ----------------
+
+# A slot's user is the real uid of its pid from /proc/<pid>/status. Its Uid: and NSpid: lines come after
+# Name/Umask/State/Tgid/Ngid/Pid/PPid/TracerPid (~250 bytes; Name is at most 64 escaped bytes) and the
+# Groups: line, which root can make long (65,536 groups): a status read stops here, and lines not within it
+# make the slot unverifiable (Extension 2 falls back), never a longer read.
+PROC_STATUS_MAX_BYTES = 4096
+# A slot's verified user is read again this often while its (pid, boot_us) is unchanged (a process may
+# change its real uid): at most 16 status reads per second per reader, ~20 µs each.
+USER_RECHECK_S = 1.0

@@ -61,6 +61,9 @@ class GpuAccount:
     busy_s: float = 0.0  # Σ of the peers' busy time since this reader started
     idle_energy_j: float | None = None  # None: no energy source (yet)
     energy_source: str | None = None  # "nvml" / "rapl" when known
+    # (user, busy s since this reader started) per user (spec §8.1: the real uid of each peer's pid; the
+    # peers whose user is not verifiable here count under UNVERIFIED_USER): device time per person
+    users: tuple[tuple[str, float], ...] = ()
 
     def of(self, p: PeerSnapshot) -> PeerAccount | None:
         key = owner_key(p)
@@ -105,6 +108,9 @@ class TimeBudget:
         return granted_s
 
 
+UNVERIFIED_USER = "?"  # the user label of busy time whose peer's user this reader could not verify
+
+
 class GpuAccountant:
     """The accounts of one segment's peers across refreshes (`update` once per refresh)."""
 
@@ -112,6 +118,7 @@ class GpuAccountant:
         self._owners: dict[OwnerKey, _Owner] = {}
         self._busy_s = 0.0
         self._busy_budget = TimeBudget(BUSY_DELTA_SLACK_S)  # the sum of the deltas: at most wall time
+        self._user_busy_s: dict[str, float] = {}  # kept when a peer leaves: a counter per person
         self._energy_prev: tuple[EnergyReading, int] | None = None
         self._idle_j: float | None = None
         self._energy_source: str | None = None
@@ -119,11 +126,13 @@ class GpuAccountant:
     def update(self, peers: Iterable[PeerSnapshot], now_mono_us: int, energy: EnergyReading | None) -> GpuAccount:
         present: set[OwnerKey] = set()
         deltas: dict[OwnerKey, float] = {}
+        user_of: dict[OwnerKey, str] = {}
         for p in peers:
             if p.pid == 0:
                 continue
             key = owner_key(p)
             present.add(key)
+            user_of[key] = p.user if p.user is not None else UNVERIFIED_USER
             o = self._owners.get(key)
             if o is None:
                 self._owners[key] = _Owner(SOURCE_COUNTER, p.busy_total_us, now_mono_us, p.busy_pct)
@@ -150,13 +159,18 @@ class GpuAccountant:
             o.last_mono_us, o.last_busy_pct = now_mono_us, p.busy_pct
         for gone in set(self._owners) - present:
             del self._owners[gone]
-        self._busy_s += self._busy_budget.take(sum(deltas.values()), now_mono_us)
+        granted_s = self._busy_budget.take(sum(deltas.values()), now_mono_us)
+        self._busy_s += granted_s
+        scale = granted_s / sum(deltas.values()) if sum(deltas.values()) > 0 else 0.0  # users' busy sums to the GPU's
+        for key, d in deltas.items():
+            self._user_busy_s[user_of[key]] = self._user_busy_s.get(user_of[key], 0.0) + d * scale
         self._attribute(energy, now_mono_us, deltas)
         return GpuAccount(
             tuple((k, self._account(o)) for k, o in self._owners.items()),
             self._busy_s,
             self._idle_j,
             self._energy_source,
+            tuple(sorted(self._user_busy_s.items())),
         )
 
     def _attribute(self, energy: EnergyReading | None, now_mono_us: int, deltas: dict[OwnerKey, float]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ..host.budgets import FOREIGN_READ_BUDGET_ALL_OWNERS_S, FOREIGN_READ_BUDGET_S, FOREIGN_SEGMENTS_SHOWN_MAX
@@ -21,7 +21,9 @@ from ..registry.segment import (
     user_name,
 )
 from ..schedule import ext1 as schedule_ext1
+from ..schedule import ext2 as schedule_ext2
 from ..schedule import v1 as schedule
+from .users import UserReader, user_label
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class PeerSnapshot:
     def ext1(self) -> bool:
         """Its owner implements Extension 1 (§7): it has a latency class."""
         return self.klass is not None
+
     # Extension 1 (spec §7), each None for a v1 peer (its flags lack EXT1): its latency class
     # ("interactive" | "batch"), whether it has work in flight (DEMAND), and whether it holds priority now
     klass: str | None = None
@@ -60,6 +63,25 @@ class PeerSnapshot:
     priority: bool | None = None
     # Extension 1 (§7): µs busy since it claimed the slot (0 from a v1 owner)
     busy_total_us: int = 0
+    # Extension 2 (§8): the real uid of its pid as this reader read it (None: not verifiable here, or dead),
+    # that uid's user name, and its user share e_i in % (None unless the user shares are in force)
+    uid: int | None = None
+    user: str | None = None
+    user_share_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class UserSnapshot:
+    """One user's members of a GPU's schedule (spec §8): how many engines (alive peers of that uid), the
+    share of the period their windows are, their user shares (None unless in force), achieved and busy."""
+
+    uid: int
+    user: str
+    engines: int
+    share_pct: float
+    user_share_pct: float | None
+    achieved_pct: float | None
+    busy_pct: float
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,14 @@ class GpuSnapshot:
     schedule_mode: str = field(default="v1", compare=False)
     v1_peer: int | None = field(default=None, compare=False)
     priority_slots: tuple[int, ...] = field(default=(), compare=False)
+    # Extension 2 (§8): the user shares are in force; else why not (None: no members, or nothing to say)
+    users_applied: bool = field(default=False, compare=False)
+    users_fallback: str | None = field(default=None, compare=False)
+
+    @property
+    def users(self) -> tuple[UserSnapshot, ...]:
+        """Per user (by uid, in order of first slot) of the alive peers whose user is known here."""
+        return user_rows(self.peers)
 
     @property
     def writable_by_others(self) -> bool:
@@ -100,16 +130,20 @@ def build_gpu_snapshot(
     owner: str = "",
     owner_uid: int = -1,
     mode: int = 0,
+    uids: Mapping[int, int | None] | None = None,
 ) -> GpuSnapshot:
-    """Pure: shares and windows per spec §5, or Extension 1's schedule (§7: schedule_ext1.decide), from
+    """Pure: shares and windows per spec §5, Extension 1's schedule (§7) or Extension 2's (§8:
+    schedule_ext2.decide, on `uids`: slot -> the real uid this reader read, None when unverifiable), from
     consistent slot records (owner and mode as given)."""
     slots = tuple(slots)
-    decision = schedule_ext1.decide(slots, now_us)
+    uids = uids or {}
+    decision = schedule_ext2.decide(slots, now_us, uids)
     weight_of = {s.index: float(s.weight) for s in slots}
     members = [(i, weight_of[i]) for i in decision.members]
     sched = decision.schedule
     shares = dict(zip((s for s, _ in members), schedule.share_pct([w for _, w in members]))) if members else {}
-    windows = window_pcts(members)
+    user_shares = dict(decision.user_shares)
+    windows = window_pcts(decision.user_shares if decision.users_applied else members)
     achieved = achieved_pcts(slots, [s for s, _ in members])
     peers = []
     for rec in slots:
@@ -134,6 +168,9 @@ def build_gpu_snapshot(
                 demand=bool(rec.flags & FLAG_DEMAND) if rec.ext1 else None,
                 priority=(rec.index in decision.priority) if rec.ext1 else None,
                 busy_total_us=rec.busy_total_us,
+                uid=(uid := uids.get(rec.index)),
+                user=user_label(uid) if uid is not None else None,
+                user_share_pct=100.0 * user_shares[rec.index] if rec.index in user_shares else None,
             )
         )
     period = sched.period_ms if sched else None
@@ -150,6 +187,33 @@ def build_gpu_snapshot(
         schedule_mode=decision.mode if any(r.ext1 and r.is_alive(now_us) for r in slots) else "v1",
         v1_peer=decision.v1_peer,
         priority_slots=decision.priority,
+        users_applied=decision.users_applied,
+        users_fallback=decision.fallback,
+    )
+
+
+def user_rows(peers: Iterable[PeerSnapshot]) -> tuple[UserSnapshot, ...]:
+    """Per uid of the alive peers whose user is known: engines, shares summed over its members."""
+    rows: dict[int, list[PeerSnapshot]] = {}
+    for p in peers:
+        if p.alive and p.uid is not None:
+            rows.setdefault(p.uid, []).append(p)
+
+    def total(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    return tuple(
+        UserSnapshot(
+            uid=uid,
+            user=ps[0].user or str(uid),
+            engines=len(ps),
+            share_pct=sum(p.window_pct or 0.0 for p in ps),
+            user_share_pct=total([p.user_share_pct for p in ps]),
+            achieved_pct=total([p.achieved_pct for p in ps]),
+            busy_pct=sum(p.busy_pct for p in ps),
+        )
+        for uid, ps in rows.items()
     )
 
 
@@ -272,6 +336,7 @@ class SegmentReader:
         # per trusted segment: its file's identity, and its slots' last consistent copies
         self._last_good: dict[str, tuple[tuple[int, int], dict[int, bytes]]] = {}
         self._trust: dict[str, tuple[int, bool]] = {}  # path -> (inode, trusted) at the last listing
+        self._users = UserReader()  # whose process each slot names (spec §8.1), within its budgets
 
     def read(self, now_us: int) -> tuple[list[GpuSnapshot], list[SegmentProblem]]:
         """Snapshots and errors (read_all's, without the counts)."""
@@ -352,6 +417,7 @@ class SegmentReader:
             owner=user_name(st.st_uid),
             owner_uid=st.st_uid,
             mode=stat.S_IMODE(st.st_mode),
+            uids=self._users.uids(read.slots, now_us),
         )
         return snap, read.torn
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..host.clock import ClockUs, mono_us, wall_us
+from ..observe.users import UserReader
 from ..registry import abi
 from ..registry.abi import SlotRecord
 from ..registry.membership import Membership
 from ..registry.segment import Segment, SegmentError
 from ..schedule import ext1 as schedule_ext1
+from ..schedule import ext2 as schedule_ext2
 from ..schedule import v1 as schedule
 
 BUSY_WINDOW_US = 1_000_000  # busy_ppm is the busy fraction over consecutive windows this long (pacer and supervisor)
@@ -23,27 +25,48 @@ DECIDE_TTL_US = 100_000  # unchanged slot bytes: the decision is re-made this of
 
 
 class RegistryReader:
-    """The slots and schedule_ext1.decide's decision, cheaply re-read: the slots are parsed again only
-    when the table's bytes changed (one 2 KiB copy to compare, < 1 µs), and the decision is re-made
-    when they changed, when asked, or DECIDE_TTL_US after the last one (a heartbeat ageing past 3 s
-    is then seen within 100 ms). What lets Extension 1's frequent re-reads cost < 2 % of a core."""
+    """The slots and schedule_ext2.decide's decision (§5, §7 or §8), cheaply re-read: the slots are parsed
+    again only when the table's bytes changed (one 2 KiB copy to compare, < 1 µs), and the decision is
+    re-made when they changed, when asked, or DECIDE_TTL_US after the last one (a heartbeat ageing past
+    3 s is then seen within 100 ms). What lets Extension 1's frequent re-reads cost < 2 % of a core.
+    The slots' users (§8.1) come from a UserReader (each re-read from /proc at most once a second)."""
 
-    def __init__(self) -> None:
+    def __init__(self, users: UserReader | None = None) -> None:
         self.slots: tuple[SlotRecord, ...] = ()
         self._raw = b""
-        self._decision: schedule_ext1.Decision | None = None
+        self._decision: schedule_ext2.Decision | None = None
         self._decided_mono_us = 0
+        self._users = users if users is not None else UserReader()
+        self.uids: dict[int, int | None] = {}  # slot -> its user as of the last decision
 
-    def read(self, seg: Segment, now_us: int, mono_us: int, force: bool = False) -> schedule_ext1.Decision:
+    def read(self, seg: Segment, now_us: int, mono_us: int, force: bool = False) -> schedule_ext2.Decision:
         raw = seg.slots_raw()
         if raw != self._raw:
             self.slots, self._raw = seg.read_slots(), raw
             self._decision = None
         d = self._decision
         if d is None or force or mono_us - self._decided_mono_us >= DECIDE_TTL_US:
-            d = self._decision = schedule_ext1.decide(self.slots, now_us)
+            self.uids = self._users.uids(self.slots, now_us)
+            d = self._decision = schedule_ext2.decide(self.slots, now_us, self.uids)
             self._decided_mono_us = mono_us
         return d
+
+    def sync_users_bit(self, m: Membership, now_us: int) -> bool:
+        """Keep our USERS bit (spec §8.2): an Extension-1 owner sets it while it knows the user of every
+        other alive slot, and clears it at once when it does not. True when the bit changed."""
+        if not m.flags & abi.FLAG_EXT1 or m.slot is None:
+            return False
+        return m.set_users(schedule_ext2.verifies_all_others(self.slots, m.slot, self.uids, now_us))
+
+    def own_share(self, slots: Iterable[SlotRecord], slot: int, weight: float, now_us: int) -> float:
+        """Our S_i for the PRIORITY budget (§7 rule 2): the user share e_i while the user shares are in
+        force (§8.3 rule 3), else the plain share."""
+        d = self._decision
+        if d is not None and d.users_applied:
+            e = schedule_ext2.user_share(slots, slot, weight, self.uids, now_us)
+            if e is not None:
+                return e
+        return schedule_ext1.plain_share(slots, slot, weight, now_us)
 
 
 class Pacer:
@@ -101,7 +124,8 @@ class Pacer:
         self._reader = RegistryReader()
         self._slots: tuple[SlotRecord, ...] = ()
         self._owed_us = 0  # run time still owed since the last sleep (the floor over time)
-        self._decision: schedule_ext1.Decision | None = None
+        self._owed_until_us = 0  # mono µs the owed run ends, however late we woke (the OS's lateness is no peer's)
+        self._decision: schedule_ext2.Decision | None = None
         self._meter = schedule_ext1.BusyMeter(BUSY_WINDOW_US)
         self.hold_off = schedule_ext1.HoldOffCheck()  # how long priority held us off: over budget, not believed
         self.total_waited_us = 0  # of total_slept_us: waiting for a priority member (Extension 1)
@@ -111,11 +135,11 @@ class Pacer:
         self.wake_late_us: deque[int] = deque(maxlen=256)  # trim_edges: recent wake-up lateness (µs)
 
     @property
-    def decision(self) -> schedule_ext1.Decision | None:
+    def decision(self) -> schedule_ext2.Decision | None:
         """The schedule (and why) as of the last re-read; None before the first step."""
         return self._decision
 
-    def _reread(self, now: int, mono: int, force: bool = False, waited: bool = False) -> schedule_ext1.Decision:
+    def _reread(self, now: int, mono: int, force: bool = False, waited: bool = False) -> schedule_ext2.Decision:
         """The decision, re-read from the registry when due (reread_us; every step while an
         INTERACTIVE peer is alive) or `force`d. An interactive owner's PRIORITY is updated here, and a
         waiting member's check of the holders' budget (`waited`: the time since the last re-read was a
@@ -129,10 +153,11 @@ class Pacer:
         seg = self._m.segment
         d = self._reader.read(seg, now, mono)
         self._slots = self._reader.slots
-        if self._update_priority(now, mono):  # our own bit changed: decide on what we now publish
+        changed = self._reader.sync_users_bit(self._m, now)  # our USERS bit (§8.2), at once
+        if self._update_priority(now, mono) or changed:  # our own bit changed: decide on what we now publish
             d = self._reader.read(seg, now, mono, force=True)
             self._slots = self._reader.slots
-        d = self.hold_off.judge(d, self._m.slot, self._slots, now, mono, waited=waited)  # their budget, verified
+        d = schedule_ext2.judged(d, self.hold_off.judge(d, self._m.slot, self._slots, now, mono, waited=waited))
         self._decision = d
         self._sched = d.schedule
         self._sched_mono_us = mono
@@ -145,7 +170,7 @@ class Pacer:
         if not m.interactive or m.slot is None:
             return False
         ppm = self._meter.ppm(mono)
-        share = schedule_ext1.plain_share(self._slots, m.slot, m.weight, now)
+        share = self._reader.own_share(self._slots, m.slot, m.weight, now)
         had = m.priority
         want = schedule_ext1.next_priority(had, ppm, share)
         m.set_priority(want, ppm)
@@ -187,6 +212,8 @@ class Pacer:
             step = step if step_us is not None else 0
             self._window_start_us, self._busy_us, self._early = mono - step, 0, True
             self._owed_us = 0
+        if self._owed_us and mono - step >= self._owed_until_us:
+            self._owed_us = 0  # past the owed run's end: a late wake-up is not owed again outside our window
         self._busy_us += step
         # busy_total_us (spec §7): the step's time in our window (all of it in an owed run, or unthrottled)
         ours_us = step if self._owed_us else schedule.in_window_us(self._sched, self._m.slot, now - step, now)
@@ -224,7 +251,11 @@ class Pacer:
                 late = after - mono - ask
                 self._lead_us += TRIM_EWMA * (min(max(late, 0), TRIM_LEAD_MAX_US) - self._lead_us)
                 self.wake_late_us.append(late)
-            self._owed_us = schedule.owed_run_us(sched, after - mono)
+            # owed: f/(1-f) of the sleep the schedule asked (not of the OS's lateness), run from the planned
+            # wake-up: under an honest schedule it lies inside our window however late we woke, and a small
+            # window (Extension 2's user shares) does not spill into the next one on a loaded host
+            self._owed_us = schedule.owed_run_us(sched, min(after - mono, want))
+            self._owed_until_us = mono + want + self._owed_us
             slept, mono = slept + after - mono, after
         self.total_slept_us += slept
         self._last_return_us = mono

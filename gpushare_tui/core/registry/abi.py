@@ -45,7 +45,8 @@ FLAG_EXT1 = 1 << 0  # the owner implements Extension 1
 FLAG_INTERACTIVE = 1 << 1  # latency class interactive (0: batch)
 FLAG_DEMAND = 1 << 2  # work in flight now
 FLAG_PRIORITY = 1 << 3  # an interactive owner's claim to run first (within its budget)
-FLAGS_KNOWN = FLAG_EXT1 | FLAG_INTERACTIVE | FLAG_DEMAND | FLAG_PRIORITY
+FLAG_USERS = 1 << 4  # Extension 2 (§8): the owner implements it and verified every other alive slot's user
+FLAGS_KNOWN = FLAG_EXT1 | FLAG_INTERACTIVE | FLAG_DEMAND | FLAG_PRIORITY | FLAG_USERS
 
 
 def _offsets(fields: tuple[tuple[str, str], ...]) -> dict[str, int]:

@@ -236,6 +236,16 @@ class Membership:
             bit = abi.FLAG_INTERACTIVE
             self.set_flags(self._flags | bit if interactive else self._flags & ~(bit | abi.FLAG_PRIORITY))
 
+    def set_users(self, verified: bool) -> bool:
+        """Publish USERS (Extension 2, spec §8.2: we verified every other alive slot's user) at once when it
+        changes; an owner without EXT1 never sets it. True when the bit changed."""
+        with self._lock:
+            want = verified and bool(self._flags & abi.FLAG_EXT1)
+            flags = self._flags | abi.FLAG_USERS if want else self._flags & ~abi.FLAG_USERS
+            changed = flags != self._flags
+            self.set_flags(flags)
+            return changed
+
     @property
     def interactive(self) -> bool:
         return bool(self._flags & abi.FLAG_INTERACTIVE)
