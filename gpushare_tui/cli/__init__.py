@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 
 if TYPE_CHECKING:
     from .once import once_report
