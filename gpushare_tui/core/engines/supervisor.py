@@ -119,6 +119,8 @@ class Supervisor:
         self.klass = check_class(klass)  # the latency class (spec §7): published at the join, then by set_class
         self._sig_lock = threading.Lock()
         self._stopped = False
+        self._continued = threading.Condition()  # notified at each continue (the monitor's due probe waits for it)
+        self._continues = 0
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
@@ -323,11 +325,22 @@ class Supervisor:
 
     def _resume(self, force: bool = False) -> None:
         with self._sig_lock:
-            if self._stopped or force:
+            continued = self._stopped or force
+            if continued:
                 self._signal(signal.SIGCONT)
             if self._stopped:
                 self._resumed_us = mono_us()
             self._stopped = False
+        if continued:
+            with self._continued:
+                self._continues += 1
+                self._continued.notify_all()
+
+    def _wait_continued(self, timeout_s: float) -> None:
+        """Until the engine is next continued (a SIGCONT, or shutdown's), or `timeout_s`."""
+        with self._continued:
+            seen = self._continues
+            self._continued.wait_for(lambda: self._continues != seen, timeout_s)
 
     def run_us(self) -> int:
         """The engine's total continued (not stopped) time so far, µs (monotonic)."""
@@ -472,11 +485,20 @@ class Supervisor:
         cores = tree.cores()
         next_stats = time.monotonic() + BUSY_WINDOW_US / 1e6
         busy_total_us, busy_at_us = m.busy_total_us, mono_us()  # device time at the last stats tick
+        refused = False  # a probe was due and the engine was stopped, or about to be
+
+        def may_probe() -> bool:
+            nonlocal refused
+            ok = self._may_probe()
+            refused = refused or not ok
+            return ok
+
         try:
             while not self._quit.is_set() and proc.poll() is None:
                 mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
                 t = mono / 1e6
-                source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
+                refused = False
+                source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, may_probe))
                 # DEMAND (spec §7). Proxied (llama-server), the proxy publishes it at each request's start
                 # and end, counting through stops. A sampled source (a gauge, CPU readings) cannot see the
                 # end of work exactly: a reading between two back-to-back requests reads 0 (measured: 40 %
@@ -515,7 +537,13 @@ class Supervisor:
                     if m.interactive and m.slot is not None:  # the PRIORITY hysteresis, published with that busy
                         share = schedule_ext1.plain_share(m.read_slots(), m.slot, m.weight, wall_us())
                         m.set_priority(schedule_ext1.next_priority(m.priority, device_ppm, share), device_ppm)
-                time.sleep(MONITOR_TICK_S)
+                # A probe refused (stopped, or too near the window's end) goes out as the engine is next continued:
+                # ticking blindly, a short window (a 1:2 peer's 40 ms leaves 9.5 ms to start one) was probed about
+                # once a second, and a gauge read between requests then let its activity lapse (both ran unpaced)
+                if refused:
+                    self._wait_continued(MONITOR_TICK_S)
+                else:
+                    time.sleep(MONITOR_TICK_S)
         finally:
             source.close()
 
