@@ -44,6 +44,12 @@ from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("llama", "metrics", "cpu", "always", "gpu")
+HTTP_WORKERS = 2  # the HTTP engine's worker processes
+# Requests kept in flight per worker. With one (the next sent only once the last is answered) the workers
+# idled through every round trip: the pair used 0.55 of 2 cores, the client's half of each round trip ran
+# in the other engine's window for free, and the 2:1 pair measured 1.45-1.51 (its continued time 1.90-1.98:
+# the pacing was right); with 4, 1.14 cores and 1.88-1.92 (load 3-5, the same hour)
+HTTP_QUEUED_PER_WORKER = 4
 
 
 @dataclass
@@ -104,7 +110,7 @@ class Engines:
             assert self.llama and self.model
             return engine_argv(self.llama, self.model, 2, 2048, port)
         if source == "metrics":
-            return engine_command("http_engine", "--port", str(port), "--load-s", "0.5", "--workers", "2")
+            return engine_command("http_engine", "--port", str(port), "--load-s", "0.5", "--workers", str(HTTP_WORKERS))
         work = [] if kw.get("work_cpu_s") is None else ["--work-cpu-s", str(kw["work_cpu_s"])]
         return engine_command("multiproc_engine", "--workers", "2", *work)
 
@@ -121,7 +127,7 @@ class Engines:
         if source == "llama" and e.port is not None:
             e.load = StreamLoad(e.port, n_predict=64, banned_tokens=NON_TEXT_TOKEN_IDS).start()
         elif source == "metrics" and e.port is not None:
-            e.load = HttpLoad(e.port, units=20, concurrency=2).start()
+            e.load = HttpLoad(e.port, units=20, concurrency=HTTP_WORKERS * HTTP_QUEUED_PER_WORKER).start()
 
     def work_done(self, source: str, e: Started, t0: float, t1: float) -> float:
         """Work in [t0, t1) (monotonic): tokens, requests; for cpu/always the caller uses CPU time."""

@@ -1,11 +1,44 @@
-"""Hostile HTTP peers for tests and benchmarks: a slowloris client, and a loopback host that answers
-whatever it is told to (a reply dripped a byte at a time, a huge one, JSON nested 10^5 deep)."""
+"""HTTP peers for tests and benchmarks: a loopback server answering every GET with one body (an engine's
+/metrics); hostile ones: a slowloris client, and a loopback host that answers whatever it is told to (a
+reply dripped a byte at a time, a huge one, JSON nested 10^5 deep)."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class BodyServer:
+    """A loopback HTTP server answering every GET with `self.body` (200; set by the test), keeping each
+    request's time.monotonic() in `hits`; `url` is its /metrics."""
+
+    def __init__(self, body: bytes = b"") -> None:
+        self.body = body
+        self.hits: list[float] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                owner.hits.append(time.monotonic())
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(owner.body)))
+                self.end_headers()
+                self.wfile.write(owner.body)
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 def _addr(url: str) -> tuple[str, int]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 import pytest
@@ -27,6 +25,7 @@ from gpushare_tui.core.engines.declaration import (
 from gpushare_tui.core.engines.health import LogReady
 from gpushare_tui.core.host import probe
 from gpushare_tui.core.registry import abi
+from testkit.http import BodyServer
 
 S = 1_000_000
 
@@ -131,35 +130,9 @@ def test_gauge_value_sums_the_gauge_over_its_labels() -> None:
     assert gauge_value('x{a="1" 3\n', "x") is None and gauge_value("x\n", "x") is None  # a broken sample of it
 
 
-class _Server:
-    """A loopback HTTP server answering GET with `self.body` (set by the test)."""
-
-    def __init__(self) -> None:
-        self.body = b""
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(owner.body)))
-                self.end_headers()
-                self.wfile.write(owner.body)
-
-            def log_message(self, *_args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def server():
-    s = _Server()
+    s = BodyServer()
     yield s
     s.close()
 

@@ -21,6 +21,7 @@ from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, run_cli
 from testkit.engines import engine_command
 from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad
+from testkit.http import BodyServer
 from testkit.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -163,6 +164,34 @@ def test_metrics_source_raises_and_releases_within_2_5_s(runs) -> None:
     release_s = time.monotonic() - t_last
     print(f"metrics source: idle release {release_s:.2f} s")
     assert release_s <= 2.5, release_s  # issue 19's target (the 2 s window + one active probe at most)
+
+
+def test_a_short_window_is_probed_as_its_engine_is_continued(runs) -> None:
+    """Weight 1 beside a peer of weight 2: a 40 ms window in 120, and a probe may start only while the engine
+    runs and 30 ms before its window ends (9.5 ms of every 120). A probe refused goes out as the engine is next
+    continued: the gauge is read every ~0.36 s, not about once a second (measured 0.36-1.67 s apart: a 50 ms tick
+    had to land in those 9.5 ms), and a gauge read between two requests then let the activity lapse."""
+    import statistics
+
+    from gpushare_tui.core.registry.membership import Membership
+
+    gauge = BodyServer(f"{DEFAULT_GAUGE} 1\n".encode())  # every GET: its /health too
+    peer = Membership(runs.key, 2.0, "peer", ext1=True)  # this process: it holds DEMAND, nothing stops it
+    peer.join()
+    peer.set_demand(True)
+    try:
+        _, pid = runs.run(*metrics_options(gauge.port), engine=[sys.executable, "-c", "import time; time.sleep(120)"])
+        wait_for(lambda: proc_state(pid) == "T", 10, 0.002, what="the engine paced (stopped outside its window)")
+        time.sleep(0.5)
+        seen = len(gauge.hits)
+        time.sleep(6.0)
+        gaps = [b - a for a, b in zip(gauge.hits[seen:], gauge.hits[seen + 1 :])]
+        long = [g for g in gaps if g > 0.5]  # 3 periods (0.36 s) or one more: a continue missed under load
+        print(f"gauge read every {statistics.median(gaps):.2f} s (median; max {max(gaps):.2f} s), {len(gaps)} gaps")
+        assert len(gaps) >= 10 and statistics.median(gaps) <= 0.45 and len(long) <= 2, gaps
+    finally:
+        peer.leave()
+        gauge.close()
 
 
 def test_two_http_engines_paced_two_to_one_by_their_gauges(runs) -> None:

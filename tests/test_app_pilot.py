@@ -22,7 +22,7 @@ import psutil
 import pytest
 from slots import NOW, model_at, slot, snap
 from textual.geometry import Region
-from textual.widgets import Input, Select, Static
+from textual.widgets import Button, Input, Select, Static
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
 from gpushare_tui.core.engines.kinds import KIND_BY_KEY, KINDS
@@ -93,6 +93,25 @@ async def until(pilot, pred: Callable[[], object], timeout: float = 10.0, what: 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         await pilot.pause(0.02)
+
+
+async def open_form(pilot) -> LaunchForm:
+    """`l`, then the launch form once it has mounted (its fields shown for its first kind)."""
+    await pilot.press("l")
+    app = pilot.app
+    return await until(
+        pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen.is_mounted and app.screen, what="the form"
+    )
+
+
+async def press_launch(pilot, form: LaunchForm) -> None:
+    """Press the form's Launch button and wait until the form has checked its fields (each check shows a
+    new `errors` dict). Button.press(), not pilot.click: a click's point is taken from the last layout, and
+    a kind switch or an error line lays the form out again by messages still on their way, so a click
+    could land beside the button (the vLLM kind's error then never came)."""
+    checked = form.errors
+    form.query_one("#launch", Button).press()
+    await until(pilot, lambda: form.errors is not checked, what="the form to check its fields")
 
 
 def notes(app: DashboardApp) -> list[str]:
@@ -264,19 +283,18 @@ def test_launch_form_validation(gpu_key, tmp_path, monkeypatch):
     async def main():
         app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, launch_runner=runner)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("l")
-            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form = await open_form(pilot)
             assert form.values()["gpu_key"] == gpu_key
 
             async def submit(**values):
                 for k, v in values.items():
                     form.query_one(f"#f-{k}").value = v
                 form.query_one("#f-weight").focus()
+                checked = form.errors
                 await pilot.press("enter")  # Enter in any field submits, like the Launch button
-                await pilot.pause(0.05)
+                await until(pilot, lambda: form.errors is not checked, what="the form to check its fields")
 
-            await pilot.click("#launch")
-            await pilot.pause(0.05)
+            await press_launch(pilot, form)
             assert set(form.errors) == {"binary", "model"}  # llama-server not on PATH here; no model yet
             await submit(binary="", model="", weight="0", port="70000", gpu_key="bad key!", extra="-c 'x")
             assert set(form.errors) == {"binary", "model", "weight", "port", "gpu_key", "extra"}
@@ -323,11 +341,10 @@ def test_launch_form_shows_the_engines_error(gpu_key, tmp_path):
     async def main():
         app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, launch_runner=runner)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("l")
-            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form = await open_form(pilot)
             form.query_one("#f-binary").value = "/bin/true"
             form.query_one("#f-model").value = str(model)
-            await pilot.click("#launch")
+            await press_launch(pilot, form)
             await until(pilot, lambda: "bad model" in form.status_text, what="error shown in the form")
             assert app.screen is form
             assert "engine exited during load" in form.status_text
@@ -347,11 +364,10 @@ def test_launch_really_launches_and_reports_the_engines_error(gpu_key, tmp_path,
     async def main():
         app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("l")
-            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form = await open_form(pilot)
             form.query_one("#f-binary").value = str(broken)
             form.query_one("#f-model").value = str(model)
-            await pilot.click("#launch")
+            await press_launch(pilot, form)
             await until(pilot, lambda: form.errors == {} and form.last_spec is not None, what="the launch to start")
             await until(pilot, lambda: not form.running, timeout=60, what="the launch to fail")
             assert app.screen is form
@@ -786,19 +802,17 @@ def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path
     async def main():
         app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("l")
-            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form = await open_form(pilot)
             assert form.kind == "llama-server" and form.query_one("#r-binary").display
             assert not form.query_one("#r-step_ms").display
-            form.query_one("#f-kind", Select).value = "synthetic"
-            await until(pilot, lambda: not form.query_one("#r-binary").display, what="llama-server's fields hidden")
+            form.query_one("#f-kind", Select).value = "synthetic"  # switched at once: the fields are its own
+            assert not form.query_one("#r-binary").display
             assert form.query_one("#r-step_ms").display and form.query_one("#r-work_units").display
             assert set(form.values()) == {"kind", "step_ms", "work_units", "weight", "class", "name", "gpu_key"}
             assert form.values()["class"] == "batch"  # the default, as `synth`
             for k, v in {"step_ms": "0", "work_units": "x", "weight": "-1", "name": ""}.items():
                 form.query_one(f"#f-{k}").value = v
-            await pilot.click("#launch")
-            await pilot.pause(0.05)
+            await press_launch(pilot, form)
             assert set(form.errors) == {"step_ms", "work_units", "weight"}, form.errors
             assert "must be between 0.05 and 10000" in form.errors["step_ms"]
             assert "must be an integer >= 0" in form.errors["work_units"]
@@ -806,7 +820,7 @@ def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path
             for k, v in {"step_ms": "2", "work_units": "0", "weight": "3", "name": "from-form"}.items():
                 form.query_one(f"#f-{k}").value = v
             form.query_one("#f-class", Select).value = "interactive"
-            await pilot.click("#launch")
+            await press_launch(pilot, form)
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
             assert form.last_spec is not None and form.last_spec.synth is not None
             assert form.last_spec.klass == "interactive"
@@ -854,24 +868,23 @@ def test_the_form_renders_every_kind_of_core_kinds_and_shows_its_errors_inline(g
     async def main():
         app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, launch_runner=runner)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("l")
-            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form = await open_form(pilot)
             offered = [v for _, v in form.query_one("#f-kind", Select)._options if v != Select.BLANK]
             assert offered == [k.key for k in KINDS]
             assert isinstance(form.query_one("#f-class"), Select) and form.values()["class"] == "batch"
             for key in ("vllm", "command"):  # a command left at one kind's default becomes the next kind's
                 form.query_one("#f-kind", Select).value = key
-                await until(pilot, lambda k=key: form.shown_kind == k, what=f"{key}'s fields shown")
+                assert form.shown_kind == key  # the switch is made as the value is set
                 assert form.values()["command"] == KIND_BY_KEY[key].defaults()["command"]
             form.query_one("#f-command", Input).value = "my-own --cmd"
             form.query_one("#f-kind", Select).value = "tgi"
-            await until(pilot, lambda: form.shown_kind == "tgi", what="tgi's fields shown")
+            assert form.shown_kind == "tgi"
             assert form.values()["command"] == "my-own --cmd"  # what was typed stays
             form.query_one("#f-command", Input).value = ""
             for kind in KINDS:
                 form.query_one("#f-kind", Select).value = kind.key
                 own = {f.key for f in kind.fields}
-                await until(pilot, lambda k=kind.key: form.shown_kind == k, what=f"{kind.key}'s fields shown")
+                assert form.shown_kind == kind.key
                 assert {f.key for f in FIELDS if form.query_one(f"#r-{f.key}").display} == own | {
                     "weight",
                     "class",
@@ -886,13 +899,44 @@ def test_the_form_renders_every_kind_of_core_kinds_and_shows_its_errors_inline(g
                 if "binary" in own:  # a binary that exists, whatever this host's PATH finds: the model is checked
                     form.query_one("#f-binary", Input).value = sys.executable
                 form.query_one(f"#f-{field}").value = bad
-                await pilot.click("#launch")
-                await until(pilot, lambda k=field: k in form.errors, what=f"{kind.key}: the error at {field}")
+                await press_launch(pilot, form)
+                assert field in form.errors, (kind.key, form.errors)
                 assert needle in form.errors[field], form.errors
                 assert needle in str(form.query_one(f"#e-{field}", Static).render())
                 assert "nothing was started" in form.status_text and app.screen is form
                 form.query_one(f"#f-{field}").value = ""
             assert calls == []
+
+    asyncio.run(main())
+
+
+def test_a_kind_switch_is_made_as_it_is_selected_and_never_undoes_what_is_typed_after_it(gpu_key, monkeypatch):
+    """The kind's switch (its fields, their defaults) is made in the assignment of the selector's value. Its
+    Changed message reaches the form later (it bubbles through the rows; each selector also posts one as it
+    mounts): it must change nothing then: a field cleared right after the switch stays cleared, and the
+    errors a submit showed meanwhile stay shown (a reset at the message emptied both)."""
+    arrived: list[object] = []
+    handled = LaunchForm.on_select_changed
+
+    def on_select_changed(form: LaunchForm, event: Select.Changed) -> None:
+        handled(form, event)
+        arrived.append(event.value if event.select.id == "f-kind" else None)
+
+    monkeypatch.setattr(LaunchForm, "on_select_changed", on_select_changed)
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2, launch_runner=lambda spec: pytest.fail("started"))
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot)
+            form.query_one("#f-kind", Select).value = "vllm"
+            assert form.shown_kind == "vllm" and "vllm" not in arrived  # switched before its message came
+            assert form.values()["command"] == KIND_BY_KEY["vllm"].defaults()["command"]
+            form.query_one("#f-command", Input).value = ""
+            form.submit()
+            assert "command" in form.errors
+            await until(pilot, lambda: "vllm" in arrived, what="the kind selector's Changed at the form")
+            assert form.values()["command"] == "" and "command" in form.errors, form.errors
+            assert not form.query_one("#e-command", Static).has_class("-empty")
 
     asyncio.run(main())
 
@@ -906,18 +950,16 @@ def test_launch_form_starts_a_real_command_engine_with_its_class(gpu_key, tmp_pa
     async def main():
         app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("l")
-            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
-            form.query_one("#f-kind", Select).value = "command"
-            await until(pilot, lambda: form.shown_kind == "command", what="the command kind's fields")
-            await pilot.pause()  # the switch's defaults are applied before the values below are typed
+            form = await open_form(pilot)
+            form.query_one("#f-kind", Select).value = "command"  # its defaults are set now, before the values below
+            assert form.shown_kind == "command"
             command = f"{sys.executable} -c 'import time; time.sleep(60)'"
             values = {"command": command, "weight": "2", "name": "cmd-from-form", "health_url": ""}
             for k, v in values.items():
                 form.query_one(f"#f-{k}").value = v
             form.query_one("#f-activity", Select).value = "always"
             form.query_one("#f-class", Select).value = "interactive"
-            await pilot.click("#launch")
+            await press_launch(pilot, form)
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
             spec = form.last_spec
             assert spec is not None, (form.errors, form.status_text, notes(app))
@@ -960,13 +1002,12 @@ def test_the_demos_form_starts_a_synthetic_engine_that_ends_with_the_demo(runtim
         units = {"work_units": str(demo.work_units)}  # as run_demo: the demo engines' work per step
         app = DashboardApp(gpu_key=key, interval_s=0.2, launch_runner=launch, demo=True, launch_defaults=units)
         async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("l")
-            form = await until(pilot, lambda: isinstance(app.screen, LaunchForm) and app.screen, what="form")
+            form = await open_form(pilot)
             assert form.kind == "synthetic" and "end with it" in form.status_text + str(
                 form.query_one("#launch-status").render()
             )
             assert form.values()["work_units"] == str(demo.work_units) != "0"
-            await pilot.click("#launch")  # every default is valid: name "synth", weight 1, step 5 ms
+            await press_launch(pilot, form)  # every default is valid: name "synth", weight 1, step 5 ms
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
             assert form.last_spec is not None and form.last_spec.synth is not None
             assert form.last_spec.synth.work_units == demo.work_units

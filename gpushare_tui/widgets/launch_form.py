@@ -306,14 +306,18 @@ class LaunchForm(Dialog[LaunchResult | None]):
 
     def on_mount(self) -> None:
         self._show_kind(self.kind)
+        # the switch is made as the selector's value changes, not when its Changed message arrives: that
+        # message comes later (it bubbles through the rows; each selector also posts one as it mounts), and
+        # a reset made then would overwrite what was typed meanwhile and clear the errors shown since
+        self.watch(self.query_one("#f-kind", Select), "value", self._kind_selected, init=False)
         shown = [f for f in self.kind_fields() if not f.choices]
         first_empty = next((f.key for f in shown if not self.defaults.get(f.key)), shown[0].key)
         self.query_one(f"#f-{first_empty}").focus()
 
     @property
     def kind(self) -> str:
-        value = self.query_one("#f-kind", Select).value
-        return value if isinstance(value, str) and value in KIND_BY_KEY else DEFAULT_KIND
+        value = self.query_one("#f-kind", Select).value  # blank until the selector has mounted: its first kind
+        return value if isinstance(value, str) and value in KIND_BY_KEY else self.first_kind
 
     def kind_fields(self) -> tuple[KindField, ...]:
         """The fields shown: the selected kind's, then the common ones."""
@@ -347,10 +351,14 @@ class LaunchForm(Dialog[LaunchResult | None]):
         self.query_one("#f-name", Input).placeholder = _NAME_HINTS.get(kind, _NAME_HINT)
         self._show_errors({})
 
-    def on_select_changed(self, event: Select.Changed) -> None:
-        event.stop()
-        if event.select.id == "f-kind":
+    def _kind_selected(self) -> None:
+        """The kind selector's value changed (synchronously, in the assignment): show that kind's fields,
+        once (a kind already shown keeps its values and its errors)."""
+        if self.kind != self.shown_kind:
             self._show_kind(self.kind)
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()  # the kind's switch is made by _kind_selected; the other selectors' values are read at submit
 
     def values(self) -> dict[str, str]:
         """The kind, and the values of its fields and the common ones."""

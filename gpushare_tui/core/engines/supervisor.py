@@ -130,6 +130,8 @@ class Supervisor:
         # descendants that left the engine's process group (setsid, setpgid): pid -> its pidfd (signals
         # through it never reach a reused pid); paced and ended with the group (issue 26 item 10)
         self._escaped: dict[int, int] = {}
+        self._continued = threading.Condition()  # notified at each continue (the monitor's due probe waits for it)
+        self._continues = 0
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
@@ -420,11 +422,22 @@ class Supervisor:
 
     def _resume(self, force: bool = False) -> None:
         with self._sig_lock:
-            if self._stopped or force:
+            continued = self._stopped or force
+            if continued:
                 self._signal(signal.SIGCONT)
             if self._stopped:
                 self._resumed_us = mono_us()
             self._stopped = False
+        if continued:
+            with self._continued:
+                self._continues += 1
+                self._continued.notify_all()
+
+    def _wait_continued(self, timeout_s: float) -> None:
+        """Until the engine is next continued (a SIGCONT, or shutdown's), or `timeout_s`."""
+        with self._continued:
+            seen = self._continues
+            self._continued.wait_for(lambda: self._continues != seen, timeout_s)
 
     def run_us(self) -> int:
         """The engine's total continued (not stopped) time so far, µs (monotonic)."""
@@ -598,7 +611,14 @@ class Supervisor:
                             f"gpushare-tui: monitor: {failing}; activity and busy readings skipped until it"
                             " clears (pacing goes on)"
                         )
-                time.sleep(MONITOR_TICK_S)
+                # A probe refused (stopped, or too near the window's end) goes out as the engine is next
+                # continued: ticking blindly, a short window (a 1:2 peer's 40 ms leaves 9.5 ms to start one)
+                # was probed about once a second, and a gauge read between requests then let its activity
+                # lapse (both ran unpaced)
+                if state is not None and state.probe_refused:
+                    self._wait_continued(MONITOR_TICK_S)
+                else:
+                    time.sleep(MONITOR_TICK_S)
         except Exception as e:  # a bug: said in one line, and the engine is ended in order
             self._say(f"gpushare-tui: monitor thread failed ({type(e).__name__}: {e}): stopping the engine")
             self._quit.set()
@@ -636,7 +656,14 @@ class Supervisor:
         source, rate, tree = st.source, st.rate, st.tree
         mono = mono_us()  # activity and cadences: monotonic; a wall-clock step must not keep it active
         t = mono / 1e6
-        source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, self._may_probe))
+        st.probe_refused = False
+
+        def may_probe() -> bool:
+            ok = self._may_probe()
+            st.probe_refused = st.probe_refused or not ok
+            return ok
+
+        source.poll(activity.Tick(mono, self.run_us(), not self._stopped, m.active, may_probe))
         # DEMAND (spec §7). Proxied (llama-server), the proxy publishes it at each request's start
         # and end, counting through stops. A sampled source (a gauge, CPU readings) cannot see the
         # end of work exactly: a reading between two back-to-back requests reads 0 (measured: 40 %
@@ -705,6 +732,7 @@ class _MonitorState:
     busy_at_us: int
     device: schedule_ext1.BusyMeter  # device time over the last second, bucketed: the priority budget
     device_total_us: int  # device time at the last tick
+    probe_refused: bool = False  # this step's due probe was refused (the engine stopped, or about to be)
 
 
 def _pidfd_signal(pidfds: Sequence[int], *sigs: int) -> None:
