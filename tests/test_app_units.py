@@ -84,6 +84,7 @@ def test_row_cells():
         "slot": "■ 0",
         "pid": "1000",
         "name": "eng",
+        "user": "-",  # pid 1000 is no process here: its user is unverifiable
         "weight": "2",
         "share": "100.0",
         "busy": "42",
@@ -180,10 +181,11 @@ def test_every_column_is_defined_in_the_help_and_the_legend_keeps_to_the_less_ob
 
 def test_columns_fit_the_width_dropping_the_least_useful_first():
     """Every column that matters fits at 80 terminal columns (78 inside the border, 77 with a vertical
-    scrollbar); GPU goes first, then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
+    scrollbar); below 98 USER goes (each GPU's per-user line still names the users), GPU first of the rest,
+    then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
     what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
     must = [c.key for c in COLUMNS if not c.drop]
-    acct = {"energy", "time"}  # accounting: ENERGY goes first, then TIME and CLS
+    acct = {"energy", "time", "user"}  # accounting: ENERGY goes first, then TIME and CLS; USER (the per-user line stays)
     cases = (
         (77, set(), {"gpu", "vram", "hb", "class"} | acct),
         (85, set(), {"gpu", "vram", "class"} | acct),
