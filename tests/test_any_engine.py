@@ -21,7 +21,6 @@ from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, run_cli
 from testkit.engines import engine_command
 from testkit.engines.http_engine import DEFAULT_GAUGE, HttpLoad
-from testkit.http import BodyServer
 from testkit.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -166,32 +165,49 @@ def test_metrics_source_raises_and_releases_within_2_5_s(runs) -> None:
     assert release_s <= 2.5, release_s  # issue 19's target (the 2 s window + one active probe at most)
 
 
-def test_a_short_window_is_probed_as_its_engine_is_continued(runs) -> None:
+def test_a_short_window_is_probed_as_its_engine_is_continued(runs, tmp_path) -> None:
     """Weight 1 beside a peer of weight 2: a 40 ms window in 120, and a probe may start only while the engine
     runs and 30 ms before its window ends (9.5 ms of every 120). A probe refused goes out as the engine is next
     continued: the gauge is read every ~0.36 s, not about once a second (measured 0.36-1.67 s apart: a 50 ms tick
-    had to land in those 9.5 ms), and a gauge read between two requests then let the activity lapse."""
+    had to land in those 9.5 ms), and a gauge read between two requests then let the activity lapse. The gauge
+    is served by the engine itself (only the engine's own listener is believed) and logs each read's time."""
     import statistics
 
     from gpushare_tui.core.registry.membership import Membership
 
-    gauge = BodyServer(f"{DEFAULT_GAUGE} 1\n".encode())  # every GET: its /health too
+    port, hits_path = free_port(), tmp_path / "hits"
+    gauge_engine = (
+        "import http.server, sys, time\n"
+        "port, hits, body = int(sys.argv[1]), sys.argv[2], sys.argv[3].encode()\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        with open(hits, 'a') as f: f.write(f'{time.monotonic()}\\n')\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
+        "        self.wfile.write(body)\n"
+        "    def log_message(self, *a): pass\n"
+        "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n"
+    )
     peer = Membership(runs.key, 2.0, "peer", ext1=True)  # this process: it holds DEMAND, nothing stops it
     peer.join()
     peer.set_demand(True)
+
+    def hits() -> list[float]:
+        return [float(x) for x in hits_path.read_text().split()] if hits_path.exists() else []
+
     try:
-        _, pid = runs.run(*metrics_options(gauge.port), engine=[sys.executable, "-c", "import time; time.sleep(120)"])
+        engine = [sys.executable, "-c", gauge_engine, str(port), str(hits_path), f"{DEFAULT_GAUGE} 1\n"]
+        _, pid = runs.run(*metrics_options(port), engine=engine)
         wait_for(lambda: proc_state(pid) == "T", 10, 0.002, what="the engine paced (stopped outside its window)")
         time.sleep(0.5)
-        seen = len(gauge.hits)
+        seen = len(hits())
         time.sleep(6.0)
-        gaps = [b - a for a, b in zip(gauge.hits[seen:], gauge.hits[seen + 1 :])]
+        got = hits()
+        gaps = [b - a for a, b in zip(got[seen:], got[seen + 1 :])]
         long = [g for g in gaps if g > 0.5]  # 3 periods (0.36 s) or one more: a continue missed under load
         print(f"gauge read every {statistics.median(gaps):.2f} s (median; max {max(gaps):.2f} s), {len(gaps)} gaps")
         assert len(gaps) >= 10 and statistics.median(gaps) <= 0.45 and len(long) <= 2, gaps
     finally:
         peer.leave()
-        gauge.close()
 
 
 def test_two_http_engines_paced_two_to_one_by_their_gauges(runs) -> None:

@@ -185,7 +185,7 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
     then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
     what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
     must = [c.key for c in COLUMNS if not c.drop]
-    acct = {"energy", "time", "user"}  # accounting: ENERGY goes first, then TIME and CLS; USER (the per-user line stays)
+    acct = {"energy", "time", "user"}  # ENERGY goes first, then TIME and CLS; USER (each GPU's per-user line stays)
     cases = (
         (77, set(), {"gpu", "vram", "hb", "class"} | acct),
         (85, set(), {"gpu", "vram", "class"} | acct),
