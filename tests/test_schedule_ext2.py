@@ -101,3 +101,25 @@ def test_own_user_share(v: dict) -> None:
     case = CASES[v["case"]]
     got = schedule_ext2.user_share(_slots(case), v["slot"], v["weight"], _uids(case), VECTORS["now_base_us"])
     assert got == v["expect"]
+
+
+def test_a_distrusted_priority_keeps_the_user_shares() -> None:
+    """A waiting member that judges the holders' priority over budget (ext1.HoldOffCheck) decides without
+    it (ext2.judged): over §8's user shares when they are in force, else as the check decided (§5 over
+    every member); a priority believed leaves the decision as it is."""
+    from gpushare_tui.core.schedule import v1 as schedule
+
+    with_priority = [c for c in CASES if c["expect"]["priority"]]
+    assert any(c["expect"]["users_applied"] for c in with_priority)
+    for case in CASES:
+        slots, now = _slots(case), case["now_us"]
+        d = schedule_ext2.decide(slots, now, _uids(case))
+        assert schedule_ext2.judged(d, d) is d
+        fair = schedule_ext1.decide(slots, now, ignore_priority=True)
+        j = schedule_ext2.judged(d, fair)
+        assert j.priority == () and j.members == d.members, case["name"]
+        if d.users_applied:
+            assert j.users_applied and j.user_shares == d.user_shares, case["name"]
+            assert j.schedule == (schedule.build_schedule(list(d.user_shares)) if d.user_shares else None)
+        else:
+            assert (j.schedule, j.fallback, j.users_applied) == (fair.schedule, d.fallback, False), case["name"]
