@@ -53,8 +53,9 @@ def engine(llama_server, tiny_model):
 @pytest.fixture
 def proxy(engine):
     changes: list[bool] = []
+    # body_idle_s above the engine's --timeout (1 s): the engine's own 400 must come first where it has one.
     p = FrontProxy(
-        ("127.0.0.1", 0), ("127.0.0.1", engine[1]), on_demand=changes.append, idle_keepalive_s=0.5, body_idle_s=1.0
+        ("127.0.0.1", 0), ("127.0.0.1", engine[1]), on_demand=changes.append, idle_keepalive_s=0.5, body_idle_s=3.0
     ).start()
     p.changes = changes  # type: ignore[attr-defined]
     yield p
@@ -150,10 +151,12 @@ def test_expect_100_continue_is_relayed_before_the_body_is_sent(engine, proxy) -
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(head + b"\r\n\r\n")
             s.settimeout(5)
-            first = s.recv(4096)
-            assert first.startswith(b"HTTP/1.1 100 "), (port, first)
-            s.sendall(body)
             f = s.makefile("rb")
+            first = f.readline()  # the 100's head may come in more than one segment: read it to its blank line
+            assert first.startswith(b"HTTP/1.1 100 "), (port, first)
+            while f.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            s.sendall(body)
             r = http.client.HTTPResponse(_File(f), method="POST")  # type: ignore[arg-type]
             r.begin()
             assert r.status == 200 and b"tokens" in r.read()
