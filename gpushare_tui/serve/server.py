@@ -34,6 +34,7 @@ from ..core.host.budgets import (
     SERVE_REQUEST_DEADLINE_S,
 )
 from ..core.host.errors import GpushareError
+from ..core.host.lifecycle import on_signals
 from ..core.host.sockets import http_url
 from .exporter import Exporter
 from .exposition import CONTENT_TYPE
@@ -100,28 +101,34 @@ class ExporterServer:
     # -- life -----------------------------------------------------------------------------------------
 
     def serve_forever(self, stop_signals: tuple[signal.Signals, ...] = ()) -> None:
-        """Serve until `shutdown()` or one of `stop_signals` (handled on the loop; main thread only)."""
+        """Serve until `shutdown()` or one of `stop_signals` (main thread only); once it stops, those
+        signals are ignored (it is stopping already)."""
         asyncio.run(self._main(stop_signals))
 
     async def _main(self, stop_signals: tuple[signal.Signals, ...]) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        for sig in stop_signals:
-            self._loop.add_signal_handler(sig, self._stop.set)
+        # Python handlers, not loop.add_signal_handler: the loop closes its wakeup pipe before it drops the
+        # wakeup fd, so a signal in between printed "Exception ignored ... signal wakeup fd" and a traceback.
+        on_signals(lambda _signum: self.shutdown(), stop_signals)
         server = await asyncio.start_server(self._client, sock=self.socket, limit=SERVE_MAX_HEADER_BYTES)
         self._started.set()
         try:
             await self._stop.wait()
         finally:
+            on_signals(lambda _signum: None, stop_signals)
             server.close()
             for c in list(self._conns.values()):
                 c.writer.transport.abort()
             await server.wait_closed()
 
     def shutdown(self) -> None:
-        """Stop serve_forever (from another thread)."""
+        """Stop serve_forever (from another thread, or a signal handler); a no-op once it stopped."""
         if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            try:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:
+                pass  # the loop is closed: stopped already
 
     def wait_started(self, timeout_s: float = 5.0) -> bool:
         return self._started.wait(timeout_s)
