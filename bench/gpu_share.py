@@ -156,11 +156,7 @@ def run_engines(
         for w, b in zip(weights, busy_s):
             argv = [sys.executable, "-m", "bench.gpu_share", "--worker", "--backend", a.backend, "--key", key]
             argv += ["--weight", str(w), "--busy-s", str(b), "--total-s", str(total_s), "--dim", str(a.dim)]
-            argv += (
-                ["--size-mib", str(a.size_mib)]
-                + ([] if paced else ["--unpaced"])
-                + (["--trim"] if a.trim else [])
-            )
+            argv += ["--size-mib", str(a.size_mib)] + ([] if paced else ["--unpaced"]) + (["--trim"] if a.trim else [])
             procs.append(
                 subprocess.Popen(
                     argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_worker_env(a)

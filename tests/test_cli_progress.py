@@ -111,8 +111,18 @@ def test_launch_off_a_terminal_says_only_when_ready(procs, gpu_key: str, runtime
     monkeypatch.setenv("READY_AFTER_S", str(READY_AFTER_S))
     (model := tmp_path / "x.gguf").write_bytes(b"GGUF")
     argv = cli_argv(
-        "launch", "--name", "slowl", "--gpu-key", gpu_key, "--activity", "llama", "--", sys.executable, SLOW_ENGINE,
-        "-m", str(model),
+        "launch",
+        "--name",
+        "slowl",
+        "--gpu-key",
+        gpu_key,
+        "--activity",
+        "llama",
+        "--",
+        sys.executable,
+        SLOW_ENGINE,
+        "-m",
+        str(model),
     )
     p = procs.start(argv)
     started: list[int] = []

@@ -73,8 +73,7 @@ def test_the_table_is_ui_free_and_the_forms_only_one() -> None:
     import subprocess
 
     code = (
-        "import sys, gpushare_tui.core.engines.kinds; "
-        "sys.exit(any(m.split('.')[0] == 'textual' for m in sys.modules))"
+        "import sys, gpushare_tui.core.engines.kinds; sys.exit(any(m.split('.')[0] == 'textual' for m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
     from gpushare_tui.widgets import launch_form

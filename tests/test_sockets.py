@@ -58,7 +58,9 @@ def test_port_helpers_follow_the_address_family(host) -> None:
 def test_a_host_that_names_no_address_is_one_error() -> None:
     with pytest.raises(sockets.HostError, match="host 'no-such-host.invalid'"):
         sockets.port_in_use("no-such-host.invalid", 80)
-    assert sockets.host_port("::1", 80) == "[::1]:80" and sockets.http_url("127.0.0.1", 8, "/x") == "http://127.0.0.1:8/x"
+    assert (
+        sockets.host_port("::1", 80) == "[::1]:80" and sockets.http_url("127.0.0.1", 8, "/x") == "http://127.0.0.1:8/x"
+    )
 
 
 def test_an_answer_from_a_port_no_engine_socket_holds_is_said_at_the_timeout(tmp_path) -> None:

@@ -187,7 +187,7 @@ def test_serve_on_a_port_in_use_says_why_and_is_given_up_until_reload(start_up) 
 def test_two_files_declaring_the_same_engine_name_have_their_own_logs(
     procs, gpu_key, runtime_dir, state_home, tmp_path
 ) -> None:
-    one = "gpu_key = \"{key}\"\n\n[[engine]]\nname = \"chat\"\nweight = {w}\nsynth = {{ step_ms = 2 }}\n"
+    one = 'gpu_key = "{key}"\n\n[[engine]]\nname = "chat"\nweight = {w}\nsynth = {{ step_ms = 2 }}\n'
     ups = []
     for i, w in ((1, 1), (2, 3)):
         (tmp_path / f"d{i}").mkdir()

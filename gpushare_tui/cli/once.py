@@ -55,9 +55,7 @@ ONCE_EXIT_RULE = (
 )
 
 
-def collect(
-    gpu_key: str | None, urls: Sequence[str] = (), local: bool = True, all_owners: bool = False
-) -> ReportData:
+def collect(gpu_key: str | None, urls: Sequence[str] = (), local: bool = True, all_owners: bool = False) -> ReportData:
     """One snapshot of this host (unless not `local`: LiveSource, segments, NVML, managed engines'
     status) and of the `serve` endpoints `urls`: with any, every gpu and error is named by host (this
     host's name, or the endpoint's URL); a host that cannot be read is one error (`segment` ""), not a

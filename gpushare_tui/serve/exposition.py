@@ -72,7 +72,7 @@ ACCOUNTING_METRICS = {
     "interval) since this exporter first saw it.",
     "gpushare_gpu_busy_seconds_total": "Sum of the peers' busy time since this exporter started.",
     "gpushare_user_busy_seconds_total": "Device time of one user's peers (the real uid of each peer's pid; "
-    "user=\"?\": not verifiable here) since this exporter started.",
+    'user="?": not verifiable here) since this exporter started.',
     "gpushare_gpu_idle_energy_joules_total": "Device energy not attributed to any peer (the idle fraction) since "
     "this exporter started; only where an energy counter exists (NVML, or RAPL on a CPU host).",
 }

@@ -251,7 +251,9 @@ class Child:
         if self.decl is None:  # serve: ready once it says it has bound (it may exit instead: port in use)
             line = next((ln for ln in self._log_since_start() if SERVE_READY in ln), None)
             if line is not None:
-                self._ready(self.proc.pid, None, listening=line.split(SERVE_READY, 1)[1].split()[0].removeprefix("http://"))
+                self._ready(
+                    self.proc.pid, None, listening=line.split(SERVE_READY, 1)[1].split()[0].removeprefix("http://")
+                )
             return
         if self.decl.synth is not None:
             if os.path.exists(socket_path(self.proc.pid)):
