@@ -71,9 +71,7 @@ def test_the_monitor_survives_emfile_and_active_rises_again(engines) -> None:
     EMFILE. It says so in one line, pacing goes on, and once the fds are back `active` rises with the
     next request (on main the monitor thread died: `active` never rose again). Idle connections no longer
     get there (the front proxy's cap keeps fds in hand: test_front_proxy), so the limit is lowered under
-    the running supervisor to the fds it holds (prlimit), then put back."""
-    import resource
-
+    the running supervisor so that no new fd can be opened (prlimit), then put back."""
     sup, pid, _ = engines.run(1, popen={"preexec_fn": _low_nofile})
     lines = Lines(sup)
     port = _port_of(lines)
@@ -82,13 +80,13 @@ def test_the_monitor_survives_emfile_and_active_rises_again(engines) -> None:
     wait_for(lambda: not engines.slot_of(pid).active, 15, what="idle again")
     limits = resource.prlimit(sup.pid, resource.RLIMIT_NOFILE)
     try:
-        held = len(os.listdir(f"/proc/{sup.pid}/fd"))
-        resource.prlimit(sup.pid, resource.RLIMIT_NOFILE, (held, limits[1]))  # no fd left to open
-        time.sleep(3.0)  # the monitor's probes and /proc reads meet EMFILE meanwhile
+        # 3: no new fd at all (a new fd takes the lowest free number, and any number >= the limit is
+        # EMFILE), whatever the supervisor closes meanwhile (a keep-alive connection ending under load)
+        resource.prlimit(sup.pid, resource.RLIMIT_NOFILE, (3, limits[1]))
+        lines.wait("monitor: ", "Too many open files", "pacing goes on", timeout_s=30)
         assert sup.poll() is None
     finally:
         resource.prlimit(sup.pid, resource.RLIMIT_NOFILE, limits)
-    lines.wait("monitor: ", "Too many open files", "pacing goes on")
 
     def served() -> bool:
         try:
