@@ -1,22 +1,26 @@
-"""What the front proxy (gpushare_tui/core/engines/front_proxy.py) costs a real llama-server's clients: N
-concurrent streamed completions, back to back, straight to the engine's port and through the proxy (in a
-process of its own, as a supervisor runs it), alternating direct/proxy within each round (which goes first
-alternates too, so a drift of the machine's load hits both alike).
+"""What the front proxy (gpushare_tui/core/engines/front_proxy.py) costs a real llama-server's clients, beside
+nginx: one engine under `gpushare-tui launch` (its supervisor runs the proxy, as users run it), reached three
+ways in one run, in an order that rotates each round (a drift of the machine's load hits all alike):
 
-    python -m bench.proxy [--levels 1,8,20] [--rounds 3] [--window-s 6] [--n-predict 64]
+- direct: the engine's internal port;
+- ours: the public port (the proxy in the supervisor process);
+- nginx: nginx 1.22 on the same engine, `proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker (what
+  a user would put in front of it otherwise). Without nginx installed this path is skipped (one line says so).
 
-Per level (llama-server `-np` = the level, `-t 1`, the tiny test model) and round: tokens/s received by the
-clients in the window, proxy / direct, TTFT p50/p99 (request sent -> first token event) and the proxy's CPU
-per streamed token. The clients are asyncio coroutines on raw sockets (cheap: on 2 shared cores a heavier
-client would measure itself). Prints a table and writes bench/results/proxy.json.
+    python -m bench.proxy [--levels 1,8,32,64] [--rounds 2] [--window-s 6] [--n-predict 96] [--keep-alive]
+    python -m bench.proxy --lateness [--lateness-streams 0,32]
 
-Measured here, 2026-12-04 (2 cores shared with 6 other engineers' jobs: load average 14-22; 6 s windows;
-proxy/direct tok/s per round, TTFT p50 direct -> proxy): 1 stream 67 / 93 / 124 % (12-27 -> 13-16 ms);
-8: 83 / 99 / 142 % (21-96 -> 162-896 ms); 20: 76 / 218 / 95 % (131-192 -> 150-510 ms); 32: 75 / 108 / 68 %
-(174-433 -> 399-2928 ms). Whichever goes first in a round tends to win (the load drifts): at this load
-the ratio is noise, and a starved proxy process queues the first token of a stream behind the others'
-tokens (TTFT). The proxy's CPU: 64-356 us per streamed token (h11 both ways; the hand-framed proxy it
-replaced measured 115-129 us beside 208-233 us for this one in the same A/B rounds, 20 streams).
+Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
+rate), round and path: tokens/s received by the clients in the window, TTFT p50/p99 (request sent -> first token
+event), and CPU per streamed token: ours the supervisor process's whole CPU (pace loop and monitor included),
+nginx its worker's. Streamed `/completion`s back to back, a new connection per request (--keep-alive: one per
+client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared cores a heavier client would
+measure itself). Prints a table per round and a summary per level; writes bench/results/proxy.json.
+
+--lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
+what `status` shows) of a supervised engine paced against a busy peer (two engines, weights 1:1), while it
+serves N streams through its proxy (0: one stream straight to its internal port keeps it busy) — what sharing
+the supervisor's interpreter with the proxy costs the pace loop.
 """
 
 from __future__ import annotations
@@ -25,20 +29,55 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.demand_detect import ProxyProcess, proc_cpu_s
+import httpx
+import psutil
+
 from bench.pacing import llama_server_path
 from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.pacing import control
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+CLI = [sys.executable, "-m", "gpushare_tui"]
 CTX_PER_SLOT = 160  # the prompt (a few tokens) and --n-predict fit in each slot's share of -c
+PATHS = ("direct", "ours", "nginx")
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
 
 
 @dataclass
@@ -47,7 +86,7 @@ class Run:
     ttft_ms: list[float] = field(default_factory=list)
 
 
-def request_bytes(n_predict: int) -> bytes:
+def request_bytes(n_predict: int, keep_alive: bool) -> bytes:
     body = {
         "prompt": "the a of",
         "n_predict": n_predict,
@@ -57,12 +96,13 @@ def request_bytes(n_predict: int) -> bytes:
         "logit_bias": [[t, False] for t in NON_TEXT_TOKEN_IDS],
     }
     raw = json.dumps(body).encode()
-    head = b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    head = b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    head += b"\r\n" if keep_alive else b"Connection: close\r\n\r\n"
     return head % len(raw) + raw
 
 
-async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run) -> None:
-    """Back-to-back streamed completions on keep-alive connections until t1; counts token events in [t0, t1)."""
+async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run, keep_alive: bool) -> None:
+    """Back-to-back streamed completions until t1; counts token events in [t0, t1)."""
     reader = writer = None
     while time.monotonic() < t1:
         if writer is None:
@@ -90,15 +130,18 @@ async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run)
                     run.tokens += n
             done = b"\r\n0\r\n\r\n" in buf or buf.endswith(b"0\r\n\r\n")
             buf = buf[buf.rfind(b'"content"') + 1 :] if n else buf[-16:]
+        if not keep_alive and writer is not None:
+            writer.close()
+            writer = None
     if writer is not None:
         writer.close()
 
 
-async def measure(port: int, level: int, request: bytes, warmup_s: float, window_s: float) -> Run:
+async def measure(port: int, level: int, request: bytes, warmup_s: float, window_s: float, keep_alive: bool) -> Run:
     run = Run()
     t0 = time.monotonic() + warmup_s
     t1 = t0 + window_s
-    await asyncio.gather(*(stream_loop(port, request, t0, t1, run) for _ in range(level)))
+    await asyncio.gather(*(stream_loop(port, request, t0, t1, run, keep_alive) for _ in range(level)))
     return run
 
 
@@ -109,80 +152,214 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+@dataclass
+class Supervised:
+    """A llama-server under `gpushare-tui launch` (its supervisor runs our proxy on `port`)."""
+
+    supervisor_pid: int
+    engine_pid: int
+    port: int
+    engine_port: int
+
+    @classmethod
+    def start(cls, argv: list[str], key: str, name: str) -> Supervised:
+        port = free_port()
+        out = subprocess.run(
+            [*CLI, "launch", "--json", "--gpu-key", key, "--name", name, "--", *argv, "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"launch failed: {out.stderr.strip()}")
+        info = json.loads(out.stdout)
+        engine_pid = info["engine_pid"]
+        cmdline = psutil.Process(engine_pid).cmdline()
+        return cls(info["supervisor_pid"], engine_pid, port, int(cmdline[cmdline.index("--port") + 1]))
+
+    def lateness(self) -> dict:
+        st = control.StatusReply.from_json(control.request(self.engine_pid, "status", 5.0))
+        return dict(vars(st.signal_lateness)) if st.signal_lateness is not None else {}
+
+    def stop(self) -> None:
+        subprocess.run([*CLI, "stop", str(self.engine_pid)], capture_output=True, timeout=60)
+
+
+class Nginx:
+    """nginx in front of `upstream`, in a directory of its own, listening on `port`."""
+
+    def __init__(self, binary: str, upstream: int) -> None:
+        self.dir = tempfile.mkdtemp(prefix="bench-nginx-")
+        self.port = free_port()
+        conf = os.path.join(self.dir, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_CONF.format(dir=self.dir, upstream=upstream, port=self.port))
+        self.proc = subprocess.Popen(
+            [binary, "-p", self.dir, "-e", os.path.join(self.dir, "error.log"), "-c", conf],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_healthy(self.port)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in psutil.Process(self.proc.pid).children()]  # the worker
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGQUIT)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None) -> list[dict]:
+    request = request_bytes(a.n_predict, a.keep_alive)
+    rows: list[dict] = []
+    print(f"load average at start: {os.getloadavg()}")
+    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token   load")
+    for level in (int(x) for x in a.levels.split(",")):
+        argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+        sup = Supervised.start(argv, f"bench-proxy-{os.getpid()}", f"proxy-bench-{level}")
+        front = None
+        try:
+            front = Nginx(nginx, sup.engine_port) if nginx else None
+            ports = {"direct": sup.engine_port, "ours": sup.port, "nginx": front.port if front else None}
+            cpu_of = {"ours": [sup.supervisor_pid], "nginx": front.pids() if front else []}
+            paths = [p for p in PATHS if ports[p] is not None]
+            for rnd in range(a.rounds):
+                order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
+                got: dict[str, dict] = {}
+                for path in order:
+                    pids = cpu_of.get(path, [])
+                    before = cpu_s(pids)
+                    r = asyncio.run(measure(ports[path], level, request, a.warmup_s, a.window_s, a.keep_alive))
+                    used = cpu_s(pids) - before
+                    got[path] = {
+                        "level": level,
+                        "round": rnd + 1,
+                        "path": path,
+                        "order": order.index(path) + 1,
+                        "tok_s": r.tokens / a.window_s,
+                        "ttft_ms": [pct(r.ttft_ms, 0.5), pct(r.ttft_ms, 0.99)],
+                        # the window and its warm-up: CPU per token received over the whole measurement
+                        "cpu_us_per_token": used / r.tokens * 1e6 * a.window_s / (a.window_s + a.warmup_s)
+                        if pids and r.tokens
+                        else None,
+                        "load_avg_1m": os.getloadavg()[0],
+                    }
+                direct = got["direct"]["tok_s"]
+                for path in paths:
+                    row = got[path]
+                    row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
+                    rows.append(row)
+                    cpu = row["cpu_us_per_token"]
+                    print(
+                        f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%"
+                        f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}"
+                        f"  {'-' if cpu is None else f'{cpu:8.1f}':>12}   {row['load_avg_1m']:.2f}",
+                        flush=True,
+                    )
+        finally:
+            if front is not None:
+                front.stop()
+            sup.stop()
+    print("\nper level (median of rounds): ours÷nginx CPU/token, tok/s vs direct, TTFT p50 ours − direct")
+    for level in sorted({r["level"] for r in rows}):
+        ours_cpu, nginx_cpu = _med(rows, level, "ours", "cpu"), _med(rows, level, "nginx", "cpu")
+        ttft = _med(rows, level, "ours", "ttft") - _med(rows, level, "direct", "ttft")
+        print(
+            f"level {level:3}: CPU ours {ours_cpu:6.1f} µs, nginx {nginx_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}×);"
+            f" tok/s ours {_med(rows, level, 'ours', 'ratio') * 100:5.1f}%,"
+            f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms"
+        )
+    return rows
+
+
+def _med(rows: list[dict], level: int, path: str, what: str) -> float:
+    """The median over rounds of one path's `what` (cpu: µs/token, ratio: tok/s vs direct, ttft: p50 ms)."""
+    get = {"cpu": lambda r: r["cpu_us_per_token"], "ratio": lambda r: r["vs_direct"], "ttft": lambda r: r["ttft_ms"][0]}
+    xs = [get[what](r) for r in rows if r["level"] == level and r["path"] == path]
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def lateness(a: argparse.Namespace, server: str, model: str) -> list[dict]:
+    """Edge lateness of engine A paced 1:1 against a busy B, with N streams through A's proxy."""
+    key = f"bench-late-{os.getpid()}"
+    rows = []
+    request = request_bytes(a.n_predict, True)
+    print(f"load average at start: {os.getloadavg()}")
+    print("streams  edges  lateness p50/p99/max µs   A tok/s   load")
+    peer = Supervised.start([server, "-m", model, "-t", "1", "-np", "1", "-c", "512"], key, "late-b")
+    try:
+        for n in (int(x) for x in a.lateness_streams.split(",")):
+            level = max(n, 1)
+            argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+            sup = Supervised.start(argv, key, f"late-a-{n}")
+            try:
+                to = sup.port if n else sup.engine_port
+                _b, mine = asyncio.run(_both(a, request, peer.engine_port, to, level))
+                late = sup.lateness()
+            finally:
+                sup.stop()
+            row = {"streams": n, **late, "tok_s": mine.tokens / a.window_s, "load_avg_1m": os.getloadavg()[0]}
+            rows.append(row)
+            print(
+                f"{n:7} {late.get('n', 0):6}  {late.get('p50_us')}/{late.get('p99_us')}/{late.get('max_us')}"
+                f"   {row['tok_s']:8.0f}   {row['load_avg_1m']:.2f}",
+                flush=True,
+            )
+    finally:
+        peer.stop()
+    return rows
+
+
+async def _both(a: argparse.Namespace, request: bytes, peer_port: int, port: int, level: int) -> list[Run]:
+    """The peer busy with one stream throughout, and `level` streams to `port`."""
+    b = measure(peer_port, 1, request, 0, a.warmup_s + a.window_s, True)
+    mine = measure(port, level, request, a.warmup_s, a.window_s, True)
+    return list(await asyncio.gather(b, mine))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--levels", default="1,8,20")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--levels", default="1,8,32,64")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window-s", type=float, default=6.0)
     ap.add_argument("--warmup-s", type=float, default=1.0)
-    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--n-predict", type=int, default=96)
+    ap.add_argument("--keep-alive", action="store_true", help="one connection per client (default: one per request)")
+    ap.add_argument("--lateness", action="store_true", help="the pacing edges' lateness instead (see the docstring)")
+    ap.add_argument("--lateness-streams", default="0,32")
     a = ap.parse_args()
     server = llama_server_path()
     RESULTS.mkdir(exist_ok=True)
     model = write_tiny_llama(str(RESULTS / "proxy-bench.gguf"))
-    request = request_bytes(a.n_predict)
-    rows = []
-    print(f"load average at start: {os.getloadavg()}")
-    print(
-        "level round first   direct tok/s  proxy tok/s  proxy/direct  TTFT p50/p99 ms direct  proxy   proxy CPU µs/tok"
-    )
-    for level in (int(x) for x in a.levels.split(",")):
-        port = free_port()
-        argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
-        proc = subprocess.Popen(
-            [*argv, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            _wait_healthy(port)
-            with ProxyProcess(port) as proxy:
-                for rnd in range(a.rounds):
-                    order = ("direct", "proxy") if rnd % 2 == 0 else ("proxy", "direct")
-                    got: dict[str, Run] = {}
-                    cpu_s = 0.0
-                    for which in order:
-                        before = proc_cpu_s(proxy.pid)
-                        to = port if which == "direct" else proxy.port
-                        got[which] = asyncio.run(measure(to, level, request, a.warmup_s, a.window_s))
-                        if which == "proxy":
-                            cpu_s = proc_cpu_s(proxy.pid) - before
-                    d, p = got["direct"], got["proxy"]
-                    row = {
-                        "level": level,
-                        "round": rnd + 1,
-                        "first": order[0],
-                        "direct_tok_s": d.tokens / a.window_s,
-                        "proxy_tok_s": p.tokens / a.window_s,
-                        "ratio": p.tokens / d.tokens if d.tokens else float("nan"),
-                        "direct_ttft_ms": [pct(d.ttft_ms, 0.5), pct(d.ttft_ms, 0.99)],
-                        "proxy_ttft_ms": [pct(p.ttft_ms, 0.5), pct(p.ttft_ms, 0.99)],
-                        "proxy_cpu_us_per_token": cpu_s / p.tokens * 1e6 if p.tokens else float("nan"),
-                        "load_avg_1m": os.getloadavg()[0],
-                    }
-                    rows.append(row)
-                    print(
-                        f"{level:5} {rnd + 1:5} {order[0]:6} {row['direct_tok_s']:13.0f} {row['proxy_tok_s']:12.0f}"
-                        f" {row['ratio'] * 100:12.1f}%"
-                        f"  {row['direct_ttft_ms'][0]:7.1f}/{row['direct_ttft_ms'][1]:<7.1f}"
-                        f" {row['proxy_ttft_ms'][0]:7.1f}/{row['proxy_ttft_ms'][1]:<7.1f}"
-                        f" {row['proxy_cpu_us_per_token']:8.0f}   (load {row['load_avg_1m']:.1f})",
-                        flush=True,
-                    )
-        finally:
-            proc.kill()
-            proc.wait()
-    for level in sorted({r["level"] for r in rows}):
-        ratios = [r["ratio"] for r in rows if r["level"] == level]
-        print(f"level {level}: proxy/direct per round {[f'{x * 100:.1f}%' for x in ratios]},"
-              f" median {statistics.median(ratios) * 100:.1f}%")  # fmt: skip
+    if a.lateness:
+        rows = lateness(a, server, model)
+        (RESULTS / "proxy-lateness.json").write_text(json.dumps(rows, indent=1))
+        return
+    nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    if nginx is None:
+        print("nginx is not installed: its path is skipped (apt-get install nginx)")
+    rows = throughput(a, server, model, nginx)
     (RESULTS / "proxy.json").write_text(json.dumps(rows, indent=1))
 
 
 def _wait_healthy(port: int) -> None:
-    import httpx
-
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -191,7 +368,7 @@ def _wait_healthy(port: int) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError("llama-server did not become healthy")
+    raise RuntimeError(f"nothing healthy on port {port}")
 
 
 if __name__ == "__main__":
