@@ -115,11 +115,11 @@ class Child:
         if self.state not in PREDECESSORS[new]:
             raise IllegalTransition(f"{self.name}: {self.state.value} -> {new.value}")
 
-    def _to(self, new: State, line: str | None = None) -> None:
+    def _to(self, new: State, line: str | None = None, *, restarting: bool = False) -> None:
         """Enter `new` (IllegalTransition if the current state does not lead there), saying `line`."""
         self._check(new)
         self.state = new
-        if new in (State.STOPPED, State.REMOVED):  # not restarted: connections are refused, not left waiting
+        if new in (State.STOPPED, State.REMOVED) and not restarting:  # connections are refused, not left waiting
             self._close_listener()
         if line is not None:
             self.say(f"{self.name}: {line}")
@@ -414,7 +414,7 @@ class Child:
     def _after_stop(self, line: str | None) -> None:
         then, self._then = self._then, None
         self._close_pipes()
-        self._to(State.REMOVED if then == "remove" else State.STOPPED, line)
+        self._to(State.REMOVED if then == "remove" else State.STOPPED, line, restarting=then == "restart")
         if then == "restart":
             self.backoff = Backoff()
             self.start()

@@ -1087,7 +1087,7 @@ def listen_socket(listen: tuple[str, int]) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise ProxyError(f"port {port} on {host} is already in use") from None
+            raise ProxyError(f"front proxy cannot listen on {host}:{port}: port {port} is already in use") from None
         raise ProxyError(f"front proxy cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
 
