@@ -75,7 +75,7 @@ def test_a_listening_socket_is_taken_and_not_inherited() -> None:
 
 def _run_on(procs, sock: socket.socket, *args: str):
     fd = sock.fileno()
-    return procs.start(["sh", "-c", SYSTEMD_STYLE.format(fd=fd), "sh", *cli_argv("run", *args)], pass_fds=[fd])
+    return procs.start(["bash", "-c", SYSTEMD_STYLE.format(fd=fd), "sh", *cli_argv("run", *args)], pass_fds=[fd])
 
 
 @pytest.mark.parametrize("what", ["file", "udp", "unlistening"])
@@ -90,7 +90,7 @@ def test_run_on_a_bad_socket_from_systemd_exits_2_with_one_line(procs, gpu_key, 
     with handed:
         fd = handed.fileno()
         p = procs.start(
-            ["sh", "-c", SYSTEMD_STYLE.format(fd=fd), "sh", *cli_argv("run", "--gpu-key", gpu_key, "--", "true")],
+            ["bash", "-c", SYSTEMD_STYLE.format(fd=fd), "sh", *cli_argv("run", "--gpu-key", gpu_key, "--", "true")],
             pass_fds=[fd],
         )
         _out, err = p.communicate(timeout=30)
