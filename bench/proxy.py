@@ -52,6 +52,7 @@ RESULTS = ROOT / "bench" / "results"
 CLI = [sys.executable, "-m", "gpushare_tui"]
 CTX_PER_SLOT = 160  # the prompt (a few tokens) and --n-predict fit in each slot's share of -c
 PATHS = ("direct", "ours", "nginx")
+PROXY_THREAD = "gpushare-proxy"  # front_proxy.THREAD_NAME (the code before it named no thread: 0)
 NGINX_CONF = """
 worker_processes 1;
 daemon off;
@@ -152,6 +153,23 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def thread_cpu_s(pid: int, name: str) -> float:
+    """CPU seconds of the threads of `pid` named `name` (/proc/PID/task/TID/comm)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def cpu_s(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -229,7 +247,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
     request = request_bytes(a.n_predict, a.keep_alive)
     rows: list[dict] = []
     print(f"load average at start: {os.getloadavg()}")
-    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token   load")
+    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: process / proxy thread)   load")
     for level in (int(x) for x in a.levels.split(",")):
         argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
         sup = Supervised.start(argv, f"bench-proxy-{os.getpid()}", f"proxy-bench-{level}")
@@ -244,9 +262,10 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                 got: dict[str, dict] = {}
                 for path in order:
                     pids = cpu_of.get(path, [])
-                    before = cpu_s(pids)
+                    before, thread_before = cpu_s(pids), thread_cpu_s(sup.supervisor_pid, PROXY_THREAD)
                     r = asyncio.run(measure(ports[path], level, request, a.warmup_s, a.window_s, a.keep_alive))
                     used = cpu_s(pids) - before
+                    thread_used = thread_cpu_s(sup.supervisor_pid, PROXY_THREAD) - thread_before
                     got[path] = {
                         "level": level,
                         "round": rnd + 1,
@@ -258,6 +277,14 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                         "cpu_us_per_token": used / r.tokens * 1e6 * a.window_s / (a.window_s + a.warmup_s)
                         if pids and r.tokens
                         else None,
+                        # ours: the proxy's thread alone (the supervisor's pace loop and monitor left out)
+                        "proxy_thread_us_per_token": thread_used
+                        / r.tokens
+                        * 1e6
+                        * a.window_s
+                        / (a.window_s + a.warmup_s)
+                        if path == "ours" and r.tokens
+                        else None,
                         "load_avg_1m": os.getloadavg()[0],
                     }
                 direct = got["direct"]["tok_s"]
@@ -265,11 +292,11 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                     row = got[path]
                     row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
                     rows.append(row)
-                    cpu = row["cpu_us_per_token"]
+                    cpu, thread = row["cpu_us_per_token"], row["proxy_thread_us_per_token"]
+                    shown = "-" if cpu is None else f"{cpu:6.1f}" + ("" if thread is None else f" / {thread:5.1f}")
                     print(
                         f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%"
-                        f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}"
-                        f"  {'-' if cpu is None else f'{cpu:8.1f}':>12}   {row['load_avg_1m']:.2f}",
+                        f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}  {shown:>15}   {row['load_avg_1m']:.2f}",
                         flush=True,
                     )
         finally:
@@ -279,9 +306,11 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
     print("\nper level (median of rounds): ours÷nginx CPU/token, tok/s vs direct, TTFT p50 ours − direct")
     for level in sorted({r["level"] for r in rows}):
         ours_cpu, nginx_cpu = _med(rows, level, "ours", "cpu"), _med(rows, level, "nginx", "cpu")
+        thread = _med(rows, level, "ours", "thread")
         ttft = _med(rows, level, "ours", "ttft") - _med(rows, level, "direct", "ttft")
         print(
-            f"level {level:3}: CPU ours {ours_cpu:6.1f} µs, nginx {nginx_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}×);"
+            f"level {level:3}: CPU ours {ours_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}× nginx), its proxy thread"
+            f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×), nginx {nginx_cpu:6.1f} µs;"
             f" tok/s ours {_med(rows, level, 'ours', 'ratio') * 100:5.1f}%,"
             f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms"
         )
@@ -290,7 +319,12 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
 
 def _med(rows: list[dict], level: int, path: str, what: str) -> float:
     """The median over rounds of one path's `what` (cpu: µs/token, ratio: tok/s vs direct, ttft: p50 ms)."""
-    get = {"cpu": lambda r: r["cpu_us_per_token"], "ratio": lambda r: r["vs_direct"], "ttft": lambda r: r["ttft_ms"][0]}
+    get = {
+        "cpu": lambda r: r["cpu_us_per_token"],
+        "thread": lambda r: r.get("proxy_thread_us_per_token"),
+        "ratio": lambda r: r["vs_direct"],
+        "ttft": lambda r: r["ttft_ms"][0],
+    }
     xs = [get[what](r) for r in rows if r["level"] == level and r["path"] == path]
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else float("nan")

@@ -50,6 +50,7 @@ body ends the client's connection where it went wrong (what came before it was r
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import json
 import re
@@ -89,6 +90,10 @@ LISTEN_BACKLOG = 128
 # An engine connection idle longer than this is not reused: llama-server (cpp-httplib) closes one idle for 5 s,
 # and a request sent as it closes would be lost; a new localhost connection costs ~0.1 ms.
 UPSTREAM_REUSE_IDLE_S = 2.0
+# Engine connections kept for the next client when theirs leaves (as nginx's `keepalive`): a client that opens
+# a connection per request costs no new engine connection. Their fds come out of PROXY_FD_HEADROOM.
+UPSTREAM_POOL_MAX = 16
+THREAD_NAME = b"gpushare-proxy"  # the loop thread's name (top -H, /proc/PID/task/TID/comm): PR_SET_NAME
 PEERS_PATH = "/gpu/peers"
 PROPS_PATH = "/props"
 HEALTH_PATH = "/health"
@@ -98,6 +103,7 @@ LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unav
 HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade"})
 FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1; the size as h11 reads it: at most 20 hex digits)
+HEX_DIGITS = b"0123456789abcdefABCDEF"
 CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})[ \t]*(?:;[^\r\n]*)?\r\n")
 TRAILER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*")
 
@@ -458,6 +464,11 @@ class _Relay:
         """Scan `data` for the chunked coding's size lines; raw: write what is scanned, but for a size line not
         yet whole and the last chunk on."""
         pos, end = 0, len(data)
+        if self.raw and not (self.left or self.crlf or self.line or self.in_trailers):
+            pos = _whole_chunks(data)  # a stream's read: one token's chunk, or a few
+            if pos == end:
+                self._out(data)
+                return
         raw_from = 0
         line = self.line
         while pos < end:
@@ -570,6 +581,7 @@ class FrontProxy:
         self.timings: deque[RequestTiming] = deque(maxlen=TIMINGS_KEPT)
         self.demand_changes: deque[tuple[float, bool]] = deque(maxlen=TIMINGS_KEPT)  # (monotonic s, demand)
         self._clients: set[_Client] = set()
+        self._pool: list[_Upstream] = []  # idle engine connections, the most recently used last
         self._open = 0  # accepted and not ended (a connection counts from its accept, before it is a _Client)
         self._room: asyncio.Event | None = None
         self._seed_cache: tuple[float, dict] | None = None
@@ -580,6 +592,7 @@ class FrontProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
+        self._closing = False
         self.thread_native_id: int | None = None
 
     @property
@@ -638,6 +651,7 @@ class FrontProxy:
 
     def _run(self, ready: threading.Event) -> None:
         self.thread_native_id = threading.get_native_id()
+        _name_thread(THREAD_NAME)
         loop = uvloop.new_event_loop()
         self._loop = loop
         try:
@@ -654,11 +668,14 @@ class FrontProxy:
         accept = asyncio.create_task(self._accept_loop())
         ready.set()
         await self._stopped.wait()
+        self._closing = True
         accept.cancel()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for up in self._pool:
+            up.close()
 
     async def _accept_loop(self) -> None:
         """Accept while below the cap; at it, make room by closing the oldest connection with no request in
@@ -771,9 +788,18 @@ class FrontProxy:
             self._unexpected("a connection", e)
         finally:
             self._clients.discard(cl)
-            if cl.up is not None:
-                cl.up.close()
+            self._release(cl.up)
             conn.close()
+
+    def _release(self, up: _Upstream | None) -> None:
+        """A client's engine connection, as it leaves: kept for the next client when it may carry another
+        request, else closed."""
+        if up is None:
+            return
+        if up.reusable(self._clock()) and len(self._pool) < UPSTREAM_POOL_MAX and not self._closing:
+            self._pool.append(up)
+        else:
+            up.close()
 
     async def _next_request(self, cl: _Client) -> h11.Request | None:
         """The next request head: a new connection's within PROXY_HEAD_DEADLINE_S of its accept, a kept-alive
@@ -819,8 +845,14 @@ class FrontProxy:
             cl.pull(data)
 
     async def _upstream(self, cl: _Client) -> _Upstream:
-        up = cl.up
         now = self._clock()
+        while cl.up is None and self._pool:
+            pooled = self._pool.pop()
+            if pooled.reusable(now):
+                cl.up = pooled
+            else:
+                pooled.close()
+        up = cl.up
         if up is not None and up.reusable(now):
             up.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
             return up
@@ -1076,6 +1108,23 @@ class _Exchange:
     demand: bool = False
 
 
+def _whole_chunks(data: bytes) -> int:
+    """How far `data` is whole chunks but the last (`SIZE CRLF DATA CRLF`..., no extension): the stream's common
+    case, scanned without a regex; the rest is left to the full scan."""
+    pos, end = 0, len(data)
+    while True:
+        nl = data.find(b"\r\n", pos, pos + 22)
+        if nl <= pos or data[pos:nl].lstrip(HEX_DIGITS):  # not 1-20 hex digits then CRLF
+            return pos
+        size = int(data[pos:nl], 16)
+        after = nl + 2 + size
+        if not size or after + 2 > end or data[after : after + 2] != b"\r\n":
+            return pos
+        pos = after + 2
+        if pos == end:
+            return pos
+
+
 def listen_socket(listen: tuple[str, int]) -> socket.socket:
     """A TCP socket listening on `listen` (host, port; IPv6 when the host has a colon); ProxyError if it cannot."""
     host, port = listen
@@ -1132,6 +1181,14 @@ def _answer(cl: _Client, status: int, doc: dict, *, head_only: bool = False, clo
         out += cl.h.send(h11.EndOfMessage()) or b""
         cl.conn.write(out)
     except (OSError, h11.LocalProtocolError):
+        pass
+
+
+def _name_thread(name: bytes) -> None:
+    """This OS thread's name (at most 15 bytes), where the C library lets us set it."""
+    try:
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
         pass
 
 
