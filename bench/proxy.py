@@ -8,7 +8,7 @@ ways in one run, in an order that rotates each round (a drift of the machine's l
   a user would put in front of it otherwise). Without nginx installed this path is skipped (one line says so).
 
     python -m bench.proxy [--levels 1,8,32,64] [--rounds 2] [--window-s 6] [--n-predict 96] [--keep-alive]
-    python -m bench.proxy --lateness [--lateness-streams 0,32]
+    python -m bench.proxy --lateness [--lateness-streams 1,32]
 
 Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
 rate), round and path: tokens/s received by the clients in the window, TTFT p50/p99 (request sent -> first token
@@ -18,9 +18,10 @@ client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared c
 measure itself). Prints a table per round and a summary per level; writes bench/results/proxy.json.
 
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
-what `status` shows) of a supervised engine paced against a busy peer (two engines, weights 1:1), while it
-serves N streams through its proxy (0: one stream straight to its internal port keeps it busy) — what sharing
-the supervisor's interpreter with the proxy costs the pace loop.
+what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
+stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's
+interpreter with the proxy costs the pace loop. (A proxied engine publishes DEMAND only from its proxy, and one
+without DEMAND is not paced: the least load that has edges is one stream, the baseline.)
 """
 
 from __future__ import annotations
@@ -340,12 +341,11 @@ def lateness(a: argparse.Namespace, server: str, model: str) -> list[dict]:
     peer = Supervised.start([server, "-m", model, "-t", "1", "-np", "1", "-c", "512"], key, "late-b")
     try:
         for n in (int(x) for x in a.lateness_streams.split(",")):
-            level = max(n, 1)
+            level = n
             argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
             sup = Supervised.start(argv, key, f"late-a-{n}")
             try:
-                to = sup.port if n else sup.engine_port
-                _b, mine = asyncio.run(_both(a, request, peer.engine_port, to, level))
+                _b, mine = asyncio.run(_both(a, request, peer.port, sup.port, level))
                 late = sup.lateness()
             finally:
                 sup.stop()
@@ -377,7 +377,7 @@ def main() -> None:
     ap.add_argument("--n-predict", type=int, default=96)
     ap.add_argument("--keep-alive", action="store_true", help="one connection per client (default: one per request)")
     ap.add_argument("--lateness", action="store_true", help="the pacing edges' lateness instead (see the docstring)")
-    ap.add_argument("--lateness-streams", default="0,32")
+    ap.add_argument("--lateness-streams", default="1,32")
     a = ap.parse_args()
     server = llama_server_path()
     RESULTS.mkdir(exist_ok=True)
