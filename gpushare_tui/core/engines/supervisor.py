@@ -53,7 +53,7 @@ from ..schedule import v1 as schedule
 from . import activity, command, health, listener, spawn, watchdog
 from . import llama_server as ls
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
-from .front_proxy import FrontProxy
+from .proxy_process import ProxyProcess
 from .spawn import Progress
 
 RECHECK_US = 20_000  # re-read the registry at least this often
@@ -144,7 +144,7 @@ class Supervisor:
         self.upstream: tuple[str, int] | None = getattr(args, "upstream", None) if kind == LLAMA_SERVER else None
         host, port = self.upstream or (args.host, args.port)
         self.base_url = sockets.http_url(host.split(",")[0], port) if port is not None else None
-        self.proxy: FrontProxy | None = None
+        self.proxy: ProxyProcess | None = None
         self._watchdog: watchdog.Watchdog | None = None
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
         self._resumed_us = mono_us()
@@ -238,7 +238,7 @@ class Supervisor:
         seed = self._seed_view
         # the slot at each read (a re-claim may move it); read only once the engine is ready (requests wait)
         view = (lambda: seed(self.membership.slot if self.membership else None)) if seed is not None else None
-        self.proxy = FrontProxy(
+        self.proxy = ProxyProcess(  # a process of its own: its loop never holds the pace loop's interpreter lock
             (self.args.host, self.args.port),
             self.upstream,
             on_demand=self._proxy_demand,
