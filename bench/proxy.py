@@ -12,8 +12,9 @@ ways in one run, in an order that rotates each round (a drift of the machine's l
 
 Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
 rate), round and path: tokens/s received by the clients in the window, TTFT p50/p99 (request sent -> first token
-event), and CPU per streamed token: ours the supervisor process's whole CPU (pace loop and monitor included),
-nginx its worker's. Streamed `/completion`s back to back, a new connection per request (--keep-alive: one per
+event), and CPU per streamed token: ours the supervisor's whole CPU (its proxy process, pace loop and monitor
+included) and its proxy's alone (its process; a thread named gpushare-proxy before it had one), nginx its
+worker's. Streamed `/completion`s back to back, a new connection per request (--keep-alive: one per
 client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared cores a heavier client would
 measure itself). Prints a table per round and a summary per level; writes bench/results/proxy.json.
 
@@ -207,6 +208,15 @@ class Supervised:
         cmdline = psutil.Process(engine_pid).cmdline()
         return cls(info["supervisor_pid"], engine_pid, port, int(cmdline[cmdline.index("--port") + 1]))
 
+    def proxy_pids(self) -> list[int]:
+        """The front proxy's process (core/engines/proxy_process.py), when it has one."""
+        kids = psutil.Process(self.supervisor_pid).children()
+        return [k.pid for k in kids if any("proxy_process" in part for part in k.cmdline())]
+
+    def proxy_cpu_s(self, proxy_pids: list[int]) -> float:
+        """The proxy's CPU seconds: its process, or (the code before that) its thread, when named."""
+        return cpu_s(proxy_pids) if proxy_pids else thread_cpu_s(self.supervisor_pid, PROXY_THREAD)
+
     def lateness(self) -> dict:
         st = control.StatusReply.from_json(control.request(self.engine_pid, "status", 5.0))
         return dict(vars(st.signal_lateness)) if st.signal_lateness is not None else {}
@@ -248,7 +258,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
     request = request_bytes(a.n_predict, a.keep_alive)
     rows: list[dict] = []
     print(f"load average at start: {os.getloadavg()}")
-    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: process / proxy thread)   load")
+    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy)   load")
     for level in (int(x) for x in a.levels.split(",")):
         argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
         sup = Supervised.start(argv, f"bench-proxy-{os.getpid()}", f"proxy-bench-{level}")
@@ -256,17 +266,19 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
         try:
             front = Nginx(nginx, sup.engine_port) if nginx else None
             ports = {"direct": sup.engine_port, "ours": sup.port, "nginx": front.port if front else None}
-            cpu_of = {"ours": [sup.supervisor_pid], "nginx": front.pids() if front else []}
+            proxy_pids = sup.proxy_pids()
+            cpu_of = {"ours": [sup.supervisor_pid, *proxy_pids], "nginx": front.pids() if front else []}
+
             paths = [p for p in PATHS if ports[p] is not None]
             for rnd in range(a.rounds):
                 order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
                 got: dict[str, dict] = {}
                 for path in order:
                     pids = cpu_of.get(path, [])
-                    before, thread_before = cpu_s(pids), thread_cpu_s(sup.supervisor_pid, PROXY_THREAD)
+                    before, thread_before = cpu_s(pids), sup.proxy_cpu_s(proxy_pids)
                     r = asyncio.run(measure(ports[path], level, request, a.warmup_s, a.window_s, a.keep_alive))
                     used = cpu_s(pids) - before
-                    thread_used = thread_cpu_s(sup.supervisor_pid, PROXY_THREAD) - thread_before
+                    thread_used = sup.proxy_cpu_s(proxy_pids) - thread_before
                     got[path] = {
                         "level": level,
                         "round": rnd + 1,
@@ -310,7 +322,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
         thread = _med(rows, level, "ours", "thread")
         ttft = _med(rows, level, "ours", "ttft") - _med(rows, level, "direct", "ttft")
         print(
-            f"level {level:3}: CPU ours {ours_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}× nginx), its proxy thread"
+            f"level {level:3}: CPU ours {ours_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}× nginx), its proxy"
             f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×), nginx {nginx_cpu:6.1f} µs;"
             f" tok/s ours {_med(rows, level, 'ours', 'ratio') * 100:5.1f}%,"
             f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms"
