@@ -172,8 +172,12 @@ def test_kill_9_of_a_supervisor_refuses_no_request(llama_up) -> None:
         time.sleep(max(0.0, t0 + 4 + 9 * k - time.monotonic()))
         with between:
             supervisor = psutil.Process(engine).ppid()
+            proxy = [c.pid for c in psutil.Process(supervisor).children() if "proxy_process" in " ".join(c.cmdline())]
             os.kill(supervisor, signal.SIGKILL)
             wait_for(lambda s=supervisor: proc_state(s) in (None, "Z"), 10, 0.005, "the killed supervisor gone")
+            # its proxy process dies with it (it would otherwise take connections for an engine that is gone)
+            wait_for(lambda p=proxy: all(proc_state(x) in (None, "Z") for x in p), 5, 0.005, "its proxy gone")
+        assert len(proxy) == 1
         engine, _ = up.slot("chat", 30, not_pid=engine)
     time.sleep(max(0.0, t0 + 30 - time.monotonic()))
     stop.set()
