@@ -510,3 +510,40 @@ def test_any_chunked_body_cut_anywhere_comes_as_it_was_sent(proxy, upstream, chu
     pieces.append(body[i:])
     reply = _raw_reply(proxy, upstream, [p for p in pieces if p])
     assert reply.split(b"\r\n\r\n", 1)[1] == body
+
+
+# -- the proxy in a process of its own (core/engines/proxy_process.py, as the supervisor runs it) ------------
+
+
+def test_the_proxy_process_serves_says_demand_and_comes_back_after_a_kill(upstream) -> None:
+    from gpushare_tui.core.engines.proxy_process import ProxyProcess
+
+    changes: list[bool] = []
+    said: list[str] = []
+    views: list[int] = []
+
+    def view() -> dict:
+        views.append(1)
+        return {"gpu_key": "k", "self": None, "peers": []}
+
+    p = ProxyProcess(
+        ("127.0.0.1", 0), ("127.0.0.1", upstream.port), on_demand=changes.append, on_error=said.append,
+        seed_view=view, engine_ready=False,
+    ).start()  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{p.port}"
+        assert httpx.get(url + "/health", timeout=5).status_code == 503  # loading
+        p.set_engine_ready()
+        assert httpx.get(url + "/len", timeout=5).text == "hello"
+        wait_for(lambda: changes == [True, False], 5, what=f"demand up and down, not {changes}")
+        assert httpx.get(url + "/gpu/peers", timeout=5).json()["gpu_key"] == "k" and views
+        assert p.proc is not None
+        first = p.proc.pid
+        os.kill(first, 9)
+        wait_for(lambda: p.proc is not None and p.proc.pid != first, 10, what="the proxy process started again")
+        r = httpx.get(url + "/len", timeout=10)
+        assert r.text == "hello", said  # the socket kept: the port serves again
+        assert any("exited" in x and "starting it again" in x for x in said), said
+    finally:
+        p.close()
+    assert p.proc is not None and p.proc.poll() is not None  # none left

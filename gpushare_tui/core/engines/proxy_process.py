@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -31,6 +32,7 @@ from .front_proxy import FrontProxy, ProxyError, listen_socket
 
 START_TIMEOUT_S = 30.0  # the child says it serves (imports, a loop) within this
 STOP_TIMEOUT_S = 5.0
+RESTART_DELAY_S = 0.5  # before a child that ended unasked is started again (connections wait in the backlog)
 SEED_TIMEOUT_S = 5.0  # the parent answers a seed request within this (else the proxy says it cannot read it)
 LINE_MAX_BYTES = 2**20  # a control line (a seed view of many peers is the longest)
 
@@ -57,6 +59,8 @@ class ProxyProcess:
         self._lines: BinaryIO | None = None
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._closing = False
+        self._demand = False  # as the child last said
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -68,6 +72,18 @@ class ProxyProcess:
         """Bind (unless a socket was handed down), then start the child; ProxyError if either fails."""
         if self._sock is None:
             self._sock = listen_socket(self.listen)
+        try:
+            self._spawn()
+        except ProxyError:
+            self.close()
+            raise
+        self._reader = threading.Thread(target=self._read, name="gpushare-proxy-ctl", daemon=True)
+        self._reader.start()
+        return self
+
+    def _spawn(self) -> None:
+        """A child serving the socket, once it says so (ProxyError if it does not)."""
+        assert self._sock is not None
         ours, theirs = socket.socketpair()
         argv = [sys.executable, "-m", __name__, str(self._sock.fileno()), str(theirs.fileno())]
         argv += [self.upstream[0], str(self.upstream[1]), str(int(self._ready)), str(int(self._seed_view is not None))]
@@ -80,20 +96,22 @@ class ProxyProcess:
             raise ProxyError(f"cannot start the front proxy: {e.strerror or e}") from None
         finally:
             theirs.close()
-        self._ctl = ours
-        self._lines = ours.makefile("rb")
+        self._ctl, self._lines = ours, ours.makefile("rb")
         ours.settimeout(START_TIMEOUT_S)
         try:
             first = self._lines.readline(LINE_MAX_BYTES)  # "serving": the child's loop runs
         except OSError:
             first = b""
         if first != b"serving\n":
-            self.close()
+            ours.close()
+            self._ctl = None
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
             raise ProxyError("the front proxy process did not start (its error is in the log above)")
         ours.settimeout(None)
-        self._reader = threading.Thread(target=self._read, name="gpushare-proxy-ctl", daemon=True)
-        self._reader.start()
-        return self
+        if self._ready:  # told while it started
+            self._send(b"ready")
 
     def set_engine_ready(self) -> None:
         self._ready = True
@@ -101,6 +119,7 @@ class ProxyProcess:
 
     def close(self) -> None:
         """Stop the child (connections in progress are cut) and close our copy of the socket. Idempotent."""
+        self._closing = True
         ctl, self._ctl = self._ctl, None
         if ctl is not None:
             try:
@@ -136,17 +155,47 @@ class ProxyProcess:
                 pass
 
     def _read(self) -> None:
-        """The child's lines, until it ends."""
-        lines = self._lines
-        assert lines is not None
-        for line in lines:
-            if line == b"demand 1\n" or line == b"demand 0\n":
-                if self._on_demand is not None:
-                    self._on_demand(line == b"demand 1\n")
-            elif line == b"seed\n":
-                self._send(b"seed " + json.dumps(self._seed(), allow_nan=False).encode())
-            elif line.startswith(b"error ") and self._on_error is not None:
-                self._on_error(line[6:].decode("utf-8", "replace").rstrip("\n"))
+        """The child's lines, until it ends; one that ends unasked (a crash, a kill) is started again, from this
+        thread (PR_SET_PDEATHSIG follows the thread that forks), after RESTART_DELAY_S."""
+        while True:
+            lines = self._lines
+            assert lines is not None
+            try:
+                for line in lines:
+                    self._line(line)
+            except (OSError, ValueError):  # closed under us
+                pass
+            if self._closing:
+                return
+            code = self.proc.wait() if self.proc is not None else None
+            if self._demand:  # its requests in flight ended with it
+                self._line(b"demand 0\n")
+            self._say(f"the front proxy process exited ({code}); starting it again")
+            while not self._closing:
+                time.sleep(RESTART_DELAY_S)
+                try:
+                    self._spawn()
+                    break
+                except ProxyError as e:
+                    self._say(str(e))
+            if self._closing:
+                if self.proc is not None and self.proc.poll() is None:
+                    self.proc.kill()
+                return
+
+    def _line(self, line: bytes) -> None:
+        if line == b"demand 1\n" or line == b"demand 0\n":
+            self._demand = line == b"demand 1\n"
+            if self._on_demand is not None:
+                self._on_demand(self._demand)
+        elif line == b"seed\n":
+            self._send(b"seed " + json.dumps(self._seed(), allow_nan=False).encode())
+        elif line.startswith(b"error "):
+            self._say(line[6:].decode("utf-8", "replace").rstrip("\n"))
+
+    def _say(self, why: str) -> None:
+        if self._on_error is not None:
+            self._on_error(why)
 
     def _seed(self) -> dict:
         try:
