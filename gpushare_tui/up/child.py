@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from ..core.engines import spawn
 from ..core.engines.declaration import LLAMA_SERVER
-from ..core.engines.front_proxy import ProxyError, listen_socket
 from ..core.engines.llama_server import public_address
+from ..core.host.listen_fds import ListenFdError, bind_listening
 from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
 from ..core.pacing import control
@@ -37,6 +37,7 @@ USAGE_EXIT = 2  # our CLI's exit status for invalid input: given up at once (res
 CAUSE_MAX_BYTES = 4096  # of the log written since the start, read for the cause of a failure
 CAUSE_MAX_CHARS = 240
 SERVE_READY = "serve: listening on "  # the serve child's first line once it has bound
+LISTEN_BACKLOG = 128  # an engine's public socket: connections that wait while its supervisor restarts
 
 
 class State(enum.Enum):
@@ -273,8 +274,8 @@ class Child:
         if where is None:
             return None
         try:
-            self.listener = listen_socket(where)
-        except ProxyError:
+            self.listener = bind_listening(where, LISTEN_BACKLOG)
+        except ListenFdError:
             return None
         self._listening_on = where
         return self.listener.fileno()

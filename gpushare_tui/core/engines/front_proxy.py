@@ -81,6 +81,7 @@ from ..host.budgets import (
     PROXY_UPSTREAM_CONNECT_S,
 )
 from ..host.errors import GpushareError
+from ..host.listen_fds import ListenFdError, bind_listening
 
 MAX_HEAD_BYTES = PROXY_MAX_HEAD_BYTES
 TIMINGS_KEPT = 4096
@@ -474,66 +475,73 @@ class _Relay:
                 return
         raw_from = 0
         line = self.line
-        while pos < end:
-            if self.left:
-                take = min(self.left, end - pos)
-                if not self.raw:
-                    self._payload(data[pos : pos + take])
-                pos += take
-                self.left -= take
-                if not self.left:
-                    self.crlf = 2
-                continue
-            if self.crlf:
-                want = b"\r\n"[2 - self.crlf :]
-                got = data[pos : pos + len(want)]
-                if not want.startswith(got):
-                    raise _Cut("engine: no CRLF after a chunk's data", 502)
-                pos += len(got)
-                self.crlf -= len(got)
-                continue
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                if len(line) + end - pos > MAX_HEAD_BYTES:
-                    raise _Cut("engine: a chunk-size line over the budget", 502)
-                if self.raw and not self.in_trailers and pos > raw_from:
-                    self._out(data[raw_from:pos])  # what came before the size line begun
-                line += data[pos:]
-                return
-            whole = data[pos : nl + 1]
-            if line:
-                whole = bytes(line) + whole
-                line.clear()
-            pos = nl + 1
-            if self.in_trailers:
-                self.trailer_bytes += len(whole)
-                if self.trailer_bytes > MAX_HEAD_BYTES:
-                    raise _Cut("engine: trailers over the budget", 502)
-                if whole in (b"\r\n", b"\n"):
-                    self.extra = pos < end
-                    self.end()
+        mark = pos  # where the element being scanned began: on a fault, what came before it is relayed
+        try:
+            while pos < end:
+                mark = pos
+                if self.left:
+                    take = min(self.left, end - pos)
+                    if not self.raw:
+                        self._payload(data[pos : pos + take])
+                    pos += take
+                    self.left -= take
+                    if not self.left:
+                        self.crlf = 2
+                    continue
+                if self.crlf:
+                    want = b"\r\n"[2 - self.crlf :]
+                    got = data[pos : pos + len(want)]
+                    if not want.startswith(got):
+                        raise _Cut("engine: no CRLF after a chunk's data", 502)
+                    pos += len(got)
+                    self.crlf -= len(got)
+                    continue
+                nl = data.find(b"\n", pos)
+                if nl < 0:
+                    if len(line) + end - pos > MAX_HEAD_BYTES:
+                        raise _Cut("engine: a chunk-size line over the budget", 502)
+                    if self.raw and not self.in_trailers and pos > raw_from:
+                        self._out(data[raw_from:pos])  # what came before the size line begun
+                    line += data[pos:]
                     return
-                m = TRAILER_LINE.fullmatch(whole.rstrip(b"\r\n"))
+                whole = data[pos : nl + 1]
+                if line:
+                    whole = bytes(line) + whole
+                    line.clear()
+                pos = nl + 1
+                if self.in_trailers:
+                    self.trailer_bytes += len(whole)
+                    if self.trailer_bytes > MAX_HEAD_BYTES:
+                        raise _Cut("engine: trailers over the budget", 502)
+                    if whole in (b"\r\n", b"\n"):
+                        self.extra = pos < end
+                        self.end()
+                        return
+                    m = TRAILER_LINE.fullmatch(whole.rstrip(b"\r\n"))
+                    if m is None:
+                        raise _Cut("engine: a malformed trailer", 502)
+                    self.trailers.append((m[1], m[2]))
+                    continue
+                m = CHUNK_SIZE_LINE.fullmatch(whole)
                 if m is None:
-                    raise _Cut("engine: a malformed trailer", 502)
-                self.trailers.append((m[1], m[2]))
-                continue
-            m = CHUNK_SIZE_LINE.fullmatch(whole)
-            if m is None:
-                raise _Cut("engine: a malformed chunk-size line", 502)
-            size = int(m[1], 16)
-            start = pos - len(whole)  # where the line began in `data` (< 0: in an earlier read, held back then)
-            if size == 0:  # the last chunk: it and the trailers are written by h11 at the end
-                if self.raw and start > raw_from:
-                    self._out(data[raw_from:start])
-                self.in_trailers = True
-                raw_from = pos
-                continue
-            if start < 0:
-                if self.raw:
-                    self._out(whole)
-                raw_from = pos
-            self.left = size
+                    raise _Cut("engine: a malformed chunk-size line", 502)
+                size = int(m[1], 16)
+                start = pos - len(whole)  # where the line began in `data` (< 0: in an earlier read, held back then)
+                if size == 0:  # the last chunk: it and the trailers are written by h11 at the end
+                    if self.raw and start > raw_from:
+                        self._out(data[raw_from:start])
+                    self.in_trailers = True
+                    raw_from = pos
+                    continue
+                if start < 0:
+                    if self.raw:
+                        self._out(whole)
+                    raw_from = pos
+                self.left = size
+        except _Cut:
+            if self.raw and not self.in_trailers and mark > raw_from:
+                self._out(data[raw_from:mark])
+            raise
         if self.raw and not self.in_trailers and raw_from < end:
             self._out(data if raw_from == 0 else data[raw_from:])
 
@@ -1134,19 +1142,11 @@ def _whole_chunks(data: bytes) -> int:
 
 
 def listen_socket(listen: tuple[str, int]) -> socket.socket:
-    """A TCP socket listening on `listen` (host, port; IPv6 when the host has a colon); ProxyError if it cannot."""
-    host, port = listen
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    """A TCP socket listening on `listen` (core/host/listen_fds.bind_listening); ProxyError if it cannot."""
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(listen)
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise ProxyError(f"front proxy cannot listen on {host}:{port}: port {port} is already in use") from None
-        raise ProxyError(f"front proxy cannot listen on {host}:{port}: {e.strerror or e}") from None
-    return sock
+        return bind_listening(listen, LISTEN_BACKLOG)
+    except ListenFdError as e:
+        raise ProxyError(f"front proxy {e}") from None
 
 
 def _with_length(head: h11.Response, n: int) -> h11.Response:

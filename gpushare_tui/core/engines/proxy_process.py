@@ -98,8 +98,9 @@ class ProxyProcess:
             theirs.close()
         self._ctl, self._lines = ours, ours.makefile("rb")
         ours.settimeout(START_TIMEOUT_S)
-        try:
-            first = self._lines.readline(LINE_MAX_BYTES)  # "serving": the child's loop runs
+        try:  # until "serving": its loop runs (and may have taken a request waiting in the backlog: said first)
+            while (first := self._lines.readline(LINE_MAX_BYTES)) not in (b"serving\n", b""):
+                self._line(first)
         except OSError:
             first = b""
         if first != b"serving\n":

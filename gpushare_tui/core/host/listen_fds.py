@@ -10,6 +10,7 @@ that is not a listening TCP socket (not a socket, a UDP or UNIX one, one not lis
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
@@ -78,3 +79,20 @@ def address(sock: socket.socket) -> tuple[str, int]:
     """The (host, port) a listening socket is bound to."""
     host, port = sock.getsockname()[:2]
     return host, port
+
+
+def bind_listening(listen: tuple[str, int], backlog: int) -> socket.socket:
+    """A TCP socket listening on `listen` (host, port; IPv6 when the host has a colon; port 0: any free one);
+    ListenFdError when it cannot be bound (the port in use, an address not ours)."""
+    host, port = listen
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(listen)
+        sock.listen(backlog)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ListenFdError(f"cannot listen on {host}:{port}: port {port} is already in use") from None
+        raise ListenFdError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
