@@ -127,3 +127,23 @@ def test_a_socket_passed_like_systemd_is_served_and_an_early_request_waits(
     assert health.status_code == 200
     p.terminate()
     assert p.wait(30) == 0 or p.returncode < 0 or p.returncode > 128, p.stderr.read() if p.stderr else ""
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize(
+    ("options", "engine", "said"),
+    [
+        ([], ["true"], "is served by the front proxy"),  # not llama-server: nothing would serve it
+        (["--no-proxy"], ["LLAMA"], "is served by the front proxy"),
+        ([], ["LLAMA", "--port", "1"], "--port 1: the listening socket handed down is on port"),
+    ],
+)
+def test_a_socket_nothing_would_serve_as_asked_exits_2_with_one_line(
+    procs, gpu_key, runtime_dir, llama_server, tiny_model, options, engine, said
+) -> None:
+    engine = [*([llama_server, "-m", tiny_model] if engine[0] == "LLAMA" else engine[:1]), *engine[1:]]
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        p = _run_on(procs, sock, *options, "--gpu-key", gpu_key, "--", *engine)
+        _out, err = p.communicate(timeout=30)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and said in lines[0], err
