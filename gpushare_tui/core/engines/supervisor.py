@@ -15,9 +15,10 @@ running on unpaced and unseen.
 A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
 (core/engines/front_proxy.py, in a process of its own: proxy_process.py) on the public --host/--port
 forwards to it and publishes DEMAND (spec §7) the moment a request arrives and when the last one
-ends. The proxy serves before the engine is started (its port bound, or a listening socket handed down by `up` or systemd: `listen_socket`):
-requests that come while the model loads wait for it (budgets.PROXY_ENGINE_WAIT_S), and are sent
-once the engine is healthy and joined (DEMAND has a slot to go to). It is closed first at shutdown.
+ends. The proxy serves before the engine is started (its port bound, or a listening socket handed
+down by `up` or systemd: `listen_socket`): requests that come while the model loads wait for it
+(budgets.PROXY_ENGINE_WAIT_S), and are sent once the engine is healthy and joined (DEMAND has a
+slot to go to). It is closed first at shutdown.
 """
 
 from __future__ import annotations
