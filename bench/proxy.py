@@ -18,19 +18,20 @@ worker's. Streamed `/completion`s back to back, a new connection per request (--
 client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared cores a heavier client would
 measure itself). Prints a table per round and a summary per level; writes bench/results/proxy.json.
 
-Measured here, 2026-12-05 (2 cores shared with other engineers' jobs: load average 2.2-3.9 through the run, so
-no figure is quiet; 6 s windows, 2 rounds, 96 tokens, a new connection per request; medians of the rounds):
+Measured here, 2026-12-05 05:34 (2 cores shared with other engineers' jobs, load average 1.6-2.3 through the
+run: not quiet; 6 s windows, 2 rounds, 96 tokens, a new connection per request; medians of the rounds):
 
     streams   CPU µs/token: ours (supervisor + proxy) / its proxy alone / nginx    tok/s vs direct: ours / nginx
-    1         102 / 74 / 43   (2.3× / 1.7× nginx)                                   94 % / 99 %
-    8          42 / 33 / 21   (2.1× / 1.6×)                                         97 % / 100 %
-    32         44 / 34 / 27   (1.6× / 1.3×)                                        100 % / 97 %
-    64         52 / 39 / 30   (1.7× / 1.3×)                                        124 % / 115 % (noise)
+    1         102 / 72 / 37   (2.8× / 2.0× nginx)                                   97.5 % / 99.4 %
+    8          43 / 32 / 20   (2.2× / 1.65×)                                        96.7 % / 98.7 %
+    32         52 / 39 / 27   (1.9× / 1.45×)                                        96.6 % / 97.7 %
+    64         50 / 37 / 26   (1.9× / 1.40×)                                        99.0 % / 99.2 %
 
-The code before (h11 for every chunk, asyncio, a thread of the supervisor) in the same conditions: ours 190 / 82 /
-92 / 103 µs (4.8× / 4.1× / 3.7× / 3.2× nginx). TTFT p50 ours − direct: +1.7, +5.3, −0.5, −19 ms (noise above 1
-stream). What is left at 1 stream: ~30 µs/token of the supervisor itself (pace loop, monitor: not the proxy), and
-the proxy's per-wake cost (uvloop and Python around one read and one write: ~25 µs over nginx's, cache-cold).
+TTFT p50 ours − direct: +1.0, +3.1, +22 (a direct round at 66 ms against ~105), +6 ms. The code before (h11 for
+every chunk, asyncio, a thread of the supervisor), load 2.1-5.1: ours 190 / 82 / 92 / 103 µs (4.8× / 4.1× /
+3.7× / 3.2× nginx). What is left at 1 stream: ~30 µs/token of the supervisor itself (pace loop and monitor, not
+the proxy), the proxy's per-request h11 work (~350 µs a request) and its per-wake cost (uvloop and Python around
+one read and one write: ~25-35 µs over nginx's, cache-cold).
 
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
