@@ -62,6 +62,7 @@ import psutil
 from bench.pacing import llama_server_path
 from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.core.pacing import control
+from testkit.shm import remove, shm_file
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +70,7 @@ RESULTS = ROOT / "bench" / "results"
 CLI = [sys.executable, "-m", "gpushare_tui"]
 CTX_PER_SLOT = 160  # the prompt (a few tokens) and --n-predict fit in each slot's share of -c
 PATHS = ("direct", "ours", "nginx")
+KEY = f"bench-proxy-{os.getpid()}"  # its registry segment, removed at the end
 PROXY_THREAD = "gpushare-proxy"  # front_proxy.THREAD_NAME (the code before it named no thread: 0)
 NGINX_CONF = """
 worker_processes 1;
@@ -260,12 +262,19 @@ class Nginx:
         return [p.pid for p in psutil.Process(self.proc.pid).children()]  # the worker
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGQUIT)
+        """Master and worker ended (a master killed leaves its worker running: ended by its pid)."""
+        workers = self.pids()
+        self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -276,7 +285,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
     print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy)   load")
     for level in (int(x) for x in a.levels.split(",")):
         argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
-        sup = Supervised.start(argv, f"bench-proxy-{os.getpid()}", f"proxy-bench-{level}")
+        sup = Supervised.start(argv, KEY, f"proxy-bench-{level}")
         front = None
         try:
             front = Nginx(nginx, sup.engine_port) if nginx else None
@@ -360,7 +369,7 @@ def _med(rows: list[dict], level: int, path: str, what: str) -> float:
 
 def lateness(a: argparse.Namespace, server: str, model: str) -> list[dict]:
     """Edge lateness of engine A paced 1:1 against a busy B, with N streams through A's proxy."""
-    key = f"bench-late-{os.getpid()}"
+    key = KEY
     rows = []
     request = request_bytes(a.n_predict, True)
     print(f"load average at start: {os.getloadavg()}")
@@ -409,15 +418,18 @@ def main() -> None:
     server = llama_server_path()
     RESULTS.mkdir(exist_ok=True)
     model = write_tiny_llama(str(RESULTS / "proxy-bench.gguf"))
-    if a.lateness:
-        rows = lateness(a, server, model)
-        (RESULTS / "proxy-lateness.json").write_text(json.dumps(rows, indent=1))
-        return
-    nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
-    if nginx is None:
-        print("nginx is not installed: its path is skipped (apt-get install nginx)")
-    rows = throughput(a, server, model, nginx)
-    (RESULTS / "proxy.json").write_text(json.dumps(rows, indent=1))
+    try:
+        if a.lateness:
+            rows = lateness(a, server, model)
+            (RESULTS / "proxy-lateness.json").write_text(json.dumps(rows, indent=1))
+            return
+        nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+        if nginx is None:
+            print("nginx is not installed: its path is skipped (apt-get install nginx)")
+        rows = throughput(a, server, model, nginx)
+        (RESULTS / "proxy.json").write_text(json.dumps(rows, indent=1))
+    finally:
+        remove(shm_file(KEY))
 
 
 def _wait_healthy(port: int) -> None:
