@@ -1,22 +1,43 @@
-"""What the front proxy (gpushare_tui/core/engines/front_proxy.py) costs a real llama-server's clients: N
-concurrent streamed completions, back to back, straight to the engine's port and through the proxy (in a
-process of its own, as a supervisor runs it), alternating direct/proxy within each round (which goes first
-alternates too, so a drift of the machine's load hits both alike).
+"""What the front proxy (gpushare_tui/core/engines/front_proxy.py) costs a real llama-server's clients, beside
+nginx: one engine under `gpushare-tui launch` (its supervisor runs the proxy, as users run it), reached three
+ways in one run, in an order that rotates each round (a drift of the machine's load hits all alike):
 
-    python -m bench.proxy [--levels 1,8,20] [--rounds 3] [--window-s 6] [--n-predict 64]
+- direct: the engine's internal port;
+- ours: the public port (the proxy in the supervisor process);
+- nginx: nginx 1.22 on the same engine, `proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker (what
+  a user would put in front of it otherwise). Without nginx installed this path is skipped (one line says so).
 
-Per level (llama-server `-np` = the level, `-t 1`, the tiny test model) and round: tokens/s received by the
-clients in the window, proxy / direct, TTFT p50/p99 (request sent -> first token event) and the proxy's CPU
-per streamed token. The clients are asyncio coroutines on raw sockets (cheap: on 2 shared cores a heavier
-client would measure itself). Prints a table and writes bench/results/proxy.json.
+    python -m bench.proxy [--levels 1,8,32,64] [--rounds 2] [--window-s 6] [--n-predict 96] [--keep-alive]
+    python -m bench.proxy --lateness [--lateness-streams 1,32]
 
-Measured here, 2026-12-04 (2 cores shared with 6 other engineers' jobs: load average 14-22; 6 s windows;
-proxy/direct tok/s per round, TTFT p50 direct -> proxy): 1 stream 67 / 93 / 124 % (12-27 -> 13-16 ms);
-8: 83 / 99 / 142 % (21-96 -> 162-896 ms); 20: 76 / 218 / 95 % (131-192 -> 150-510 ms); 32: 75 / 108 / 68 %
-(174-433 -> 399-2928 ms). Whichever goes first in a round tends to win (the load drifts): at this load
-the ratio is noise, and a starved proxy process queues the first token of a stream behind the others'
-tokens (TTFT). The proxy's CPU: 64-356 us per streamed token (h11 both ways; the hand-framed proxy it
-replaced measured 115-129 us beside 208-233 us for this one in the same A/B rounds, 20 streams).
+Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
+rate), round and path: tokens/s received by the clients in the window, TTFT p50/p99 (request sent -> first token
+event), and CPU per streamed token: ours the supervisor's whole CPU (its proxy process, pace loop and monitor
+included) and its proxy's alone (its process; a thread named gpushare-proxy before it had one), nginx its
+worker's. Streamed `/completion`s back to back, a new connection per request (--keep-alive: one per
+client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared cores a heavier client would
+measure itself). Prints a table per round and a summary per level; writes bench/results/proxy.json.
+
+Measured here, 2026-12-05 05:34 (2 cores shared with other engineers' jobs, load average 1.6-2.3 through the
+run: not quiet; 6 s windows, 2 rounds, 96 tokens, a new connection per request; medians of the rounds):
+
+    streams   CPU µs/token: ours (supervisor + proxy) / its proxy alone / nginx    tok/s vs direct: ours / nginx
+    1         102 / 72 / 37   (2.8× / 2.0× nginx)                                   97.5 % / 99.4 %
+    8          43 / 32 / 20   (2.2× / 1.65×)                                        96.7 % / 98.7 %
+    32         52 / 39 / 27   (1.9× / 1.45×)                                        96.6 % / 97.7 %
+    64         50 / 37 / 26   (1.9× / 1.40×)                                        99.0 % / 99.2 %
+
+TTFT p50 ours − direct: +1.0, +3.1, +22 (a direct round at 66 ms against ~105), +6 ms. The code before (h11 for
+every chunk, asyncio, a thread of the supervisor), load 2.1-5.1: ours 190 / 82 / 92 / 103 µs (4.8× / 4.1× /
+3.7× / 3.2× nginx). What is left at 1 stream: ~30 µs/token of the supervisor itself (pace loop and monitor, not
+the proxy), the proxy's per-request h11 work (~350 µs a request) and its per-wake cost (uvloop and Python around
+one read and one write: ~25-35 µs over nginx's, cache-cold).
+
+--lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
+what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
+stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's
+interpreter with the proxy costs the pace loop. (A proxied engine publishes DEMAND only from its proxy, and one
+without DEMAND is not paced: the least load that has edges is one stream, the baseline.)
 """
 
 from __future__ import annotations
@@ -25,20 +46,58 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.demand_detect import ProxyProcess, proc_cpu_s
+import httpx
+import psutil
+
 from bench.pacing import llama_server_path
 from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.pacing import control
+from testkit.shm import remove, shm_file
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+CLI = [sys.executable, "-m", "gpushare_tui"]
 CTX_PER_SLOT = 160  # the prompt (a few tokens) and --n-predict fit in each slot's share of -c
+PATHS = ("direct", "ours", "nginx")
+KEY = f"bench-proxy-{os.getpid()}"  # its registry segment, removed at the end
+PROXY_THREAD = "gpushare-proxy"  # front_proxy.THREAD_NAME (the code before it named no thread: 0)
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
 
 
 @dataclass
@@ -47,7 +106,7 @@ class Run:
     ttft_ms: list[float] = field(default_factory=list)
 
 
-def request_bytes(n_predict: int) -> bytes:
+def request_bytes(n_predict: int, keep_alive: bool) -> bytes:
     body = {
         "prompt": "the a of",
         "n_predict": n_predict,
@@ -57,12 +116,13 @@ def request_bytes(n_predict: int) -> bytes:
         "logit_bias": [[t, False] for t in NON_TEXT_TOKEN_IDS],
     }
     raw = json.dumps(body).encode()
-    head = b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    head = b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    head += b"\r\n" if keep_alive else b"Connection: close\r\n\r\n"
     return head % len(raw) + raw
 
 
-async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run) -> None:
-    """Back-to-back streamed completions on keep-alive connections until t1; counts token events in [t0, t1)."""
+async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run, keep_alive: bool) -> None:
+    """Back-to-back streamed completions until t1; counts token events in [t0, t1)."""
     reader = writer = None
     while time.monotonic() < t1:
         if writer is None:
@@ -90,15 +150,18 @@ async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run)
                     run.tokens += n
             done = b"\r\n0\r\n\r\n" in buf or buf.endswith(b"0\r\n\r\n")
             buf = buf[buf.rfind(b'"content"') + 1 :] if n else buf[-16:]
+        if not keep_alive and writer is not None:
+            writer.close()
+            writer = None
     if writer is not None:
         writer.close()
 
 
-async def measure(port: int, level: int, request: bytes, warmup_s: float, window_s: float) -> Run:
+async def measure(port: int, level: int, request: bytes, warmup_s: float, window_s: float, keep_alive: bool) -> Run:
     run = Run()
     t0 = time.monotonic() + warmup_s
     t1 = t0 + window_s
-    await asyncio.gather(*(stream_loop(port, request, t0, t1, run) for _ in range(level)))
+    await asyncio.gather(*(stream_loop(port, request, t0, t1, run, keep_alive) for _ in range(level)))
     return run
 
 
@@ -109,80 +172,267 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def thread_cpu_s(pid: int, name: str) -> float:
+    """CPU seconds of the threads of `pid` named `name` (/proc/PID/task/TID/comm)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+@dataclass
+class Supervised:
+    """A llama-server under `gpushare-tui launch` (its supervisor runs our proxy on `port`)."""
+
+    supervisor_pid: int
+    engine_pid: int
+    port: int
+    engine_port: int
+
+    @classmethod
+    def start(cls, argv: list[str], key: str, name: str) -> Supervised:
+        port = free_port()
+        out = subprocess.run(
+            [*CLI, "launch", "--json", "--gpu-key", key, "--name", name, "--", *argv, "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"launch failed: {out.stderr.strip()}")
+        info = json.loads(out.stdout)
+        engine_pid = info["engine_pid"]
+        cmdline = psutil.Process(engine_pid).cmdline()
+        return cls(info["supervisor_pid"], engine_pid, port, int(cmdline[cmdline.index("--port") + 1]))
+
+    def proxy_pids(self) -> list[int]:
+        """The front proxy's process (core/engines/proxy_process.py), when it has one."""
+        kids = psutil.Process(self.supervisor_pid).children()
+        return [k.pid for k in kids if any("proxy_process" in part for part in k.cmdline())]
+
+    def proxy_cpu_s(self, proxy_pids: list[int]) -> float:
+        """The proxy's CPU seconds: its process, or (the code before that) its thread, when named."""
+        return cpu_s(proxy_pids) if proxy_pids else thread_cpu_s(self.supervisor_pid, PROXY_THREAD)
+
+    def lateness(self) -> dict:
+        st = control.StatusReply.from_json(control.request(self.engine_pid, "status", 5.0))
+        return dict(vars(st.signal_lateness)) if st.signal_lateness is not None else {}
+
+    def stop(self) -> None:
+        subprocess.run([*CLI, "stop", str(self.engine_pid)], capture_output=True, timeout=60)
+
+
+class Nginx:
+    """nginx in front of `upstream`, in a directory of its own, listening on `port`."""
+
+    def __init__(self, binary: str, upstream: int) -> None:
+        self.dir = tempfile.mkdtemp(prefix="bench-nginx-")
+        self.port = free_port()
+        conf = os.path.join(self.dir, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_CONF.format(dir=self.dir, upstream=upstream, port=self.port))
+        self.proc = subprocess.Popen(
+            [binary, "-p", self.dir, "-e", os.path.join(self.dir, "error.log"), "-c", conf],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_healthy(self.port)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in psutil.Process(self.proc.pid).children()]  # the worker
+
+    def stop(self) -> None:
+        """Master and worker ended (a master killed leaves its worker running: ended by its pid)."""
+        workers = self.pids()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None) -> list[dict]:
+    request = request_bytes(a.n_predict, a.keep_alive)
+    rows: list[dict] = []
+    print(f"load average at start: {os.getloadavg()}")
+    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy)   load")
+    for level in (int(x) for x in a.levels.split(",")):
+        argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+        sup = Supervised.start(argv, KEY, f"proxy-bench-{level}")
+        front = None
+        try:
+            front = Nginx(nginx, sup.engine_port) if nginx else None
+            ports = {"direct": sup.engine_port, "ours": sup.port, "nginx": front.port if front else None}
+            proxy_pids = sup.proxy_pids()
+            cpu_of = {"ours": [sup.supervisor_pid, *proxy_pids], "nginx": front.pids() if front else []}
+
+            paths = [p for p in PATHS if ports[p] is not None]
+            for rnd in range(a.rounds):
+                order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
+                got: dict[str, dict] = {}
+                for path in order:
+                    pids = cpu_of.get(path, [])
+                    before, thread_before = cpu_s(pids), sup.proxy_cpu_s(proxy_pids)
+                    r = asyncio.run(measure(ports[path], level, request, a.warmup_s, a.window_s, a.keep_alive))
+                    used = cpu_s(pids) - before
+                    thread_used = sup.proxy_cpu_s(proxy_pids) - thread_before
+                    got[path] = {
+                        "level": level,
+                        "round": rnd + 1,
+                        "path": path,
+                        "order": order.index(path) + 1,
+                        "tok_s": r.tokens / a.window_s,
+                        "ttft_ms": [pct(r.ttft_ms, 0.5), pct(r.ttft_ms, 0.99)],
+                        # the window and its warm-up: CPU per token received over the whole measurement
+                        "cpu_us_per_token": used / r.tokens * 1e6 * a.window_s / (a.window_s + a.warmup_s)
+                        if pids and r.tokens
+                        else None,
+                        # ours: the proxy's thread alone (the supervisor's pace loop and monitor left out)
+                        "proxy_thread_us_per_token": thread_used
+                        / r.tokens
+                        * 1e6
+                        * a.window_s
+                        / (a.window_s + a.warmup_s)
+                        if path == "ours" and r.tokens
+                        else None,
+                        "load_avg_1m": os.getloadavg()[0],
+                    }
+                direct = got["direct"]["tok_s"]
+                for path in paths:
+                    row = got[path]
+                    row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
+                    rows.append(row)
+                    cpu, thread = row["cpu_us_per_token"], row["proxy_thread_us_per_token"]
+                    shown = "-" if cpu is None else f"{cpu:6.1f}" + ("" if thread is None else f" / {thread:5.1f}")
+                    print(
+                        f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%"
+                        f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}  {shown:>15}   {row['load_avg_1m']:.2f}",
+                        flush=True,
+                    )
+        finally:
+            if front is not None:
+                front.stop()
+            sup.stop()
+    print("\nper level (median of rounds): ours÷nginx CPU/token, tok/s vs direct, TTFT p50 ours − direct")
+    for level in sorted({r["level"] for r in rows}):
+        ours_cpu, nginx_cpu = _med(rows, level, "ours", "cpu"), _med(rows, level, "nginx", "cpu")
+        thread = _med(rows, level, "ours", "thread")
+        ttft = _med(rows, level, "ours", "ttft") - _med(rows, level, "direct", "ttft")
+        print(
+            f"level {level:3}: CPU ours {ours_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}× nginx), its proxy"
+            f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×), nginx {nginx_cpu:6.1f} µs;"
+            f" tok/s ours {_med(rows, level, 'ours', 'ratio') * 100:5.1f}%,"
+            f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms"
+        )
+    return rows
+
+
+def _med(rows: list[dict], level: int, path: str, what: str) -> float:
+    """The median over rounds of one path's `what` (cpu: µs/token, ratio: tok/s vs direct, ttft: p50 ms)."""
+    get = {
+        "cpu": lambda r: r["cpu_us_per_token"],
+        "thread": lambda r: r.get("proxy_thread_us_per_token"),
+        "ratio": lambda r: r["vs_direct"],
+        "ttft": lambda r: r["ttft_ms"][0],
+    }
+    xs = [get[what](r) for r in rows if r["level"] == level and r["path"] == path]
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def lateness(a: argparse.Namespace, server: str, model: str) -> list[dict]:
+    """Edge lateness of engine A paced 1:1 against a busy B, with N streams through A's proxy."""
+    key = KEY
+    rows = []
+    request = request_bytes(a.n_predict, True)
+    print(f"load average at start: {os.getloadavg()}")
+    print("streams  edges  lateness p50/p99/max µs   A tok/s   load")
+    peer = Supervised.start([server, "-m", model, "-t", "1", "-np", "1", "-c", "512"], key, "late-b")
+    try:
+        for n in (int(x) for x in a.lateness_streams.split(",")):
+            level = n
+            argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+            sup = Supervised.start(argv, key, f"late-a-{n}")
+            try:
+                _b, mine = asyncio.run(_both(a, request, peer.port, sup.port, level))
+                late = sup.lateness()
+            finally:
+                sup.stop()
+            row = {"streams": n, **late, "tok_s": mine.tokens / a.window_s, "load_avg_1m": os.getloadavg()[0]}
+            rows.append(row)
+            print(
+                f"{n:7} {late.get('n', 0):6}  {late.get('p50_us')}/{late.get('p99_us')}/{late.get('max_us')}"
+                f"   {row['tok_s']:8.0f}   {row['load_avg_1m']:.2f}",
+                flush=True,
+            )
+    finally:
+        peer.stop()
+    return rows
+
+
+async def _both(a: argparse.Namespace, request: bytes, peer_port: int, port: int, level: int) -> list[Run]:
+    """The peer busy with one stream throughout, and `level` streams to `port`."""
+    b = measure(peer_port, 1, request, 0, a.warmup_s + a.window_s, True)
+    mine = measure(port, level, request, a.warmup_s, a.window_s, True)
+    return list(await asyncio.gather(b, mine))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--levels", default="1,8,20")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--levels", default="1,8,32,64")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window-s", type=float, default=6.0)
     ap.add_argument("--warmup-s", type=float, default=1.0)
-    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--n-predict", type=int, default=96)
+    ap.add_argument("--keep-alive", action="store_true", help="one connection per client (default: one per request)")
+    ap.add_argument("--lateness", action="store_true", help="the pacing edges' lateness instead (see the docstring)")
+    ap.add_argument("--lateness-streams", default="1,32")
     a = ap.parse_args()
     server = llama_server_path()
     RESULTS.mkdir(exist_ok=True)
     model = write_tiny_llama(str(RESULTS / "proxy-bench.gguf"))
-    request = request_bytes(a.n_predict)
-    rows = []
-    print(f"load average at start: {os.getloadavg()}")
-    print(
-        "level round first   direct tok/s  proxy tok/s  proxy/direct  TTFT p50/p99 ms direct  proxy   proxy CPU µs/tok"
-    )
-    for level in (int(x) for x in a.levels.split(",")):
-        port = free_port()
-        argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
-        proc = subprocess.Popen(
-            [*argv, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            _wait_healthy(port)
-            with ProxyProcess(port) as proxy:
-                for rnd in range(a.rounds):
-                    order = ("direct", "proxy") if rnd % 2 == 0 else ("proxy", "direct")
-                    got: dict[str, Run] = {}
-                    cpu_s = 0.0
-                    for which in order:
-                        before = proc_cpu_s(proxy.pid)
-                        to = port if which == "direct" else proxy.port
-                        got[which] = asyncio.run(measure(to, level, request, a.warmup_s, a.window_s))
-                        if which == "proxy":
-                            cpu_s = proc_cpu_s(proxy.pid) - before
-                    d, p = got["direct"], got["proxy"]
-                    row = {
-                        "level": level,
-                        "round": rnd + 1,
-                        "first": order[0],
-                        "direct_tok_s": d.tokens / a.window_s,
-                        "proxy_tok_s": p.tokens / a.window_s,
-                        "ratio": p.tokens / d.tokens if d.tokens else float("nan"),
-                        "direct_ttft_ms": [pct(d.ttft_ms, 0.5), pct(d.ttft_ms, 0.99)],
-                        "proxy_ttft_ms": [pct(p.ttft_ms, 0.5), pct(p.ttft_ms, 0.99)],
-                        "proxy_cpu_us_per_token": cpu_s / p.tokens * 1e6 if p.tokens else float("nan"),
-                        "load_avg_1m": os.getloadavg()[0],
-                    }
-                    rows.append(row)
-                    print(
-                        f"{level:5} {rnd + 1:5} {order[0]:6} {row['direct_tok_s']:13.0f} {row['proxy_tok_s']:12.0f}"
-                        f" {row['ratio'] * 100:12.1f}%"
-                        f"  {row['direct_ttft_ms'][0]:7.1f}/{row['direct_ttft_ms'][1]:<7.1f}"
-                        f" {row['proxy_ttft_ms'][0]:7.1f}/{row['proxy_ttft_ms'][1]:<7.1f}"
-                        f" {row['proxy_cpu_us_per_token']:8.0f}   (load {row['load_avg_1m']:.1f})",
-                        flush=True,
-                    )
-        finally:
-            proc.kill()
-            proc.wait()
-    for level in sorted({r["level"] for r in rows}):
-        ratios = [r["ratio"] for r in rows if r["level"] == level]
-        print(f"level {level}: proxy/direct per round {[f'{x * 100:.1f}%' for x in ratios]},"
-              f" median {statistics.median(ratios) * 100:.1f}%")  # fmt: skip
-    (RESULTS / "proxy.json").write_text(json.dumps(rows, indent=1))
+    try:
+        if a.lateness:
+            rows = lateness(a, server, model)
+            (RESULTS / "proxy-lateness.json").write_text(json.dumps(rows, indent=1))
+            return
+        nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+        if nginx is None:
+            print("nginx is not installed: its path is skipped (apt-get install nginx)")
+        rows = throughput(a, server, model, nginx)
+        (RESULTS / "proxy.json").write_text(json.dumps(rows, indent=1))
+    finally:
+        remove(shm_file(KEY))
 
 
 def _wait_healthy(port: int) -> None:
-    import httpx
-
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -191,7 +441,7 @@ def _wait_healthy(port: int) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError("llama-server did not become healthy")
+    raise RuntimeError(f"nothing healthy on port {port}")
 
 
 if __name__ == "__main__":

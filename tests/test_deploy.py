@@ -61,3 +61,14 @@ def test_systemd_unit_parses() -> None:
 def test_container_notes() -> None:
     notes = (DEPLOY / "README.md").read_text()
     assert "--ipc=host" in notes and "/dev/shm" in notes and "hostIPC: true" in notes and "DaemonSet" in notes
+
+
+def test_the_socket_unit_hands_one_port_to_a_run_service() -> None:
+    sock = (DEPLOY / "gpushare-llama.socket").read_text().splitlines()
+    listens = [ln.split("=", 1)[1] for ln in sock if ln.startswith("ListenStream=")]
+    assert len(listens) == 1 and "Accept=no" in sock  # one socket, handed to one service (LISTEN_FDS=1)
+    unit = (DEPLOY / "gpushare-llama.service").read_text()
+    exec_start = next(ln for ln in unit.splitlines() if ln.startswith("ExecStart="))
+    argv = exec_start.split("=", 1)[1].split()
+    assert argv[1] == "run" and "--no-proxy" not in argv and "--port" not in argv  # the socket's port is the one
+    assert "Requires=gpushare-llama.socket" in unit

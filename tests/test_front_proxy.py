@@ -5,6 +5,7 @@ framing closes the connection; a real llama-server streams through it."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import socketserver
@@ -13,6 +14,8 @@ import time
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpushare_tui.core.engines.front_proxy import MAX_HEAD_BYTES, FrontProxy, ProxyError
 from testkit.wait import wait_for
@@ -27,6 +30,7 @@ class _Upstream(socketserver.ThreadingTCPServer):
         self.release = threading.Event()  # lets /stream send its last chunks
         self.bodies: list[bytes] = []
         self.props = b'{"a": 1}'
+        self.raw_body: list[bytes] = []  # /raw: a chunked reply's body bytes as the test made them, a write each
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -75,6 +79,14 @@ class _Handler(socketserver.StreamRequestHandler):
                 props = srv.props
                 w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(props))
                 w.write(props)
+            elif path == "/raw":  # a chunked head, then whatever bytes the test set (well formed or not)
+                w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for piece in srv.raw_body:
+                    w.flush()
+                    time.sleep(0.0005)  # separate reads, most of the time
+                    w.write(piece)
+                w.flush()
+                return  # then closes: a reply cut short ends there
             elif path == "/eof":
                 w.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
                 w.flush()
@@ -388,3 +400,150 @@ def test_a_bug_in_one_connection_is_said_once_and_the_proxy_serves_on(upstream, 
                 httpx.get(f"http://127.0.0.1:{p.port}/boom", timeout=5)
         assert httpx.get(f"http://127.0.0.1:{p.port}/len", timeout=5).text == "hello"
     assert p.errors_total == 2 and len(said) == 1 and "KeyError" in said[0]
+
+
+# -- the relay of a chunked reply as it came, against a hostile engine ---------------------------------------
+
+
+def _raw_reply(proxy, upstream, pieces: list[bytes]) -> bytes:
+    upstream.raw_body = pieces
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(b"GET /raw HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return _read_all(s)
+
+
+def test_a_chunked_reply_split_anywhere_passes_unchanged(proxy, upstream) -> None:
+    body = b"5;ext=1\r\nhello\r\n1a\r\n" + b"x" * 26 + b"\r\n0\r\n\r\n"
+    for pieces in ([body], [bytes([b]) for b in body], [body[:3], body[3:9], body[9:]]):
+        reply = _raw_reply(proxy, upstream, pieces)
+        assert reply.split(b"\r\n\r\n", 1)[1] == body, pieces
+    assert proxy.in_flight == 0
+
+
+def test_trailers_pass_less_the_hop_by_hop_ones(proxy, upstream) -> None:
+    body = b"3\r\nabc\r\n0\r\nX-Done: yes\r\nConnection: x-gone\r\nX-Gone: 1\r\n\r\n"
+    reply = _raw_reply(proxy, upstream, [body])
+    assert reply.endswith(b"3\r\nabc\r\n0\r\nX-Done: yes\r\n\r\n"), reply
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"zz\r\nhello\r\n",  # not a size
+        b"5\r\nhelloXY",  # no CRLF after the data
+        b"1" * 70_000,  # a size line over the budget
+        b"0\r\n" + b"X-A: 1\r\n" * 10_000,  # trailers over the budget
+        b"0\r\nno colon\r\n\r\n",  # a malformed trailer
+        b"3\r\nabc\r\n",  # the engine closes before the last chunk
+    ],
+)
+def test_an_engines_malformed_chunked_body_ends_the_clients_connection(proxy, upstream, bad) -> None:
+    reply = _raw_reply(proxy, upstream, [b"2\r\nok\r\n", bad])
+    assert reply.startswith(b"HTTP/1.1 200 ") and b"2\r\nok\r\n" in reply
+    assert not reply.endswith(b"0\r\n\r\n")  # the client sees a cut reply, never a whole one
+    wait_for(lambda: proxy.in_flight == 0, 5, what="no demand left")
+    assert httpx.get(f"http://127.0.0.1:{proxy.port}/len", timeout=5).text == "hello"  # and serves on
+
+
+def test_bytes_after_a_reply_are_not_taken_for_the_next_one(proxy, upstream) -> None:
+    with httpx.Client() as c:
+        upstream.raw_body = [b"2\r\nok\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil"]
+        assert c.get(f"http://127.0.0.1:{proxy.port}/raw").text == "ok"
+        assert c.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"  # a new engine connection
+
+
+# -- an engine that is still loading -----------------------------------------------------------------------
+
+
+def test_requests_wait_for_a_loading_engine_and_health_says_loading(upstream) -> None:
+    with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port), engine_ready=False) as p:
+        url = f"http://127.0.0.1:{p.port}"
+        health = httpx.get(url + "/health", timeout=5)
+        assert health.status_code == 503 and health.json()["error"]["message"] == "Loading model"
+        got: list[str] = []
+        t = threading.Thread(target=lambda: got.append(httpx.get(url + "/len", timeout=30).text))
+        t.start()
+        time.sleep(0.5)
+        assert got == [] and upstream.bodies == []  # waits: nothing sent to the engine yet
+        p.set_engine_ready()
+        t.join(10)
+        assert got == ["hello"] and httpx.get(url + "/health", timeout=5).status_code == 404  # the engine's own
+
+
+def test_a_request_waits_at_most_its_budget_for_the_engine(upstream) -> None:
+    with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", upstream.port), engine_ready=False, engine_wait_s=0.5) as p:
+        t0 = time.monotonic()
+        r = httpx.get(f"http://127.0.0.1:{p.port}/len", timeout=10)
+        assert r.status_code == 503 and "still loading" in r.json()["error"] and time.monotonic() - t0 < 5
+        with socket.create_connection(("127.0.0.1", p.port), timeout=10) as s:  # one that leaves while it waits
+            s.sendall(b"GET /len HTTP/1.1\r\nHost: x\r\n\r\n")
+            wait_for(lambda: p.connections == 1, 5, what="the waiting connection")
+        wait_for(lambda: p.connections == 0, 5, what="the connection freed when its client left")
+
+
+def test_a_socket_handed_down_is_served_and_left_listening_for_the_next(upstream) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    for _ in range(2):  # a restart: the next proxy serves the same socket
+        with FrontProxy(
+            ("127.0.0.1", 0), ("127.0.0.1", upstream.port), sock=socket.socket(fileno=os.dup(listener.fileno()))
+        ) as p:
+            assert p.port == port and httpx.get(f"http://127.0.0.1:{port}/len", timeout=5).text == "hello"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # not refused between the two: it waits
+            pass
+    listener.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    chunks=st.lists(st.binary(min_size=1, max_size=300), max_size=6),
+    cuts=st.lists(st.integers(min_value=1, max_value=40), max_size=12),
+    ext=st.booleans(),
+)
+def test_any_chunked_body_cut_anywhere_comes_as_it_was_sent(proxy, upstream, chunks, cuts, ext) -> None:
+    body = b"".join(b"%x%s\r\n%s\r\n" % (len(c), b";e=1" if ext else b"", c) for c in chunks) + b"0\r\n\r\n"
+    pieces, i = [], 0
+    for n in cuts:
+        if i < len(body):
+            pieces.append(body[i : i + n])
+            i += n
+    pieces.append(body[i:])
+    reply = _raw_reply(proxy, upstream, [p for p in pieces if p])
+    assert reply.split(b"\r\n\r\n", 1)[1] == body
+
+
+# -- the proxy in a process of its own (core/engines/proxy_process.py, as the supervisor runs it) ------------
+
+
+def test_the_proxy_process_serves_says_demand_and_comes_back_after_a_kill(upstream) -> None:
+    from gpushare_tui.core.engines.proxy_process import ProxyProcess
+
+    changes: list[bool] = []
+    said: list[str] = []
+    views: list[int] = []
+
+    def view() -> dict:
+        views.append(1)
+        return {"gpu_key": "k", "self": None, "peers": []}
+
+    p = ProxyProcess(
+        ("127.0.0.1", 0), ("127.0.0.1", upstream.port), on_demand=changes.append, on_error=said.append,
+        seed_view=view, engine_ready=False,
+    ).start()  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{p.port}"
+        assert httpx.get(url + "/health", timeout=5).status_code == 503  # loading
+        p.set_engine_ready()
+        assert httpx.get(url + "/len", timeout=5).text == "hello"
+        wait_for(lambda: changes == [True, False], 5, what=f"demand up and down, not {changes}")
+        assert httpx.get(url + "/gpu/peers", timeout=5).json()["gpu_key"] == "k" and views
+        assert p.proc is not None
+        first = p.proc.pid
+        os.kill(first, 9)
+        wait_for(lambda: p.proc is not None and p.proc.pid != first, 10, what="the proxy process started again")
+        r = httpx.get(url + "/len", timeout=10)
+        assert r.text == "hello", said  # the socket kept: the port serves again
+        assert any("exited" in x and "starting it again" in x for x in said), said
+    finally:
+        p.close()
+    assert p.proc is not None and p.proc.poll() is not None  # none left

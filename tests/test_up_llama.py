@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
+import httpx
+import psutil
 import pytest
 from llama_env import proc_state
 from up_env import UpProc, alive_slots, used_slots, write
@@ -127,3 +130,58 @@ def test_sigkill_of_up_leaves_no_engine_stopped(llama_up) -> None:
     wait_for(lambda: proc_state(a) is None and proc_state(b) is None, 20, what="engines ended by their supervisors")
     for lo in loads:
         lo.stop_nowait()
+
+
+def _answer(port: int) -> int | str:
+    """A short completion on a new connection: its status, or the name of the error that ended it."""
+    bias = [[t, False] for t in NON_TEXT_TOKEN_IDS]
+    body = {"prompt": "the a of", "n_predict": 4, "ignore_eos": True, "logit_bias": bias}
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/completion", json=body, timeout=60, headers={"Connection": "close"})
+    except httpx.ConnectError as e:
+        return "refused" if isinstance(e.__cause__, ConnectionRefusedError) or "refused" in str(e) else repr(e)
+    except httpx.HTTPError as e:
+        return repr(e)
+    return r.status_code
+
+
+def test_kill_9_of_a_supervisor_refuses_no_request(llama_up) -> None:
+    """`up` holds the engine's public listening socket and hands it to each supervisor it starts: while a killed
+    one is restarted (backoff, start, the model's load) connections wait in the socket's backlog, then at the new
+    proxy until the engine is ready. A client every 100 ms for 30 s, 3 kills -9, each between two requests (a
+    request in flight dies with the process that holds its connection): 0 refused, every request answered 200."""
+    up = llama_up({"chat": 1})
+    engine, _ = up.slot("chat", 60)
+    up.wait_line("chat: ready", 60)
+    port = control.StatusReply.from_json(control.request(engine, "status")).port
+    assert port is not None
+    between = threading.Lock()  # held by the client while a request is in flight
+    answers: list[int | str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            with between:
+                answers.append(_answer(port))
+            time.sleep(0.1)
+
+    t = threading.Thread(target=client, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    for k in range(3):
+        time.sleep(max(0.0, t0 + 4 + 9 * k - time.monotonic()))
+        with between:
+            supervisor = psutil.Process(engine).ppid()
+            proxy = [c.pid for c in psutil.Process(supervisor).children() if "proxy_process" in " ".join(c.cmdline())]
+            os.kill(supervisor, signal.SIGKILL)
+            wait_for(lambda s=supervisor: proc_state(s) in (None, "Z"), 10, 0.005, "the killed supervisor gone")
+            # its proxy process dies with it (it would otherwise take connections for an engine that is gone)
+            wait_for(lambda p=proxy: all(proc_state(x) in (None, "Z") for x in p), 5, 0.005, "its proxy gone")
+        assert len(proxy) == 1
+        engine, _ = up.slot("chat", 30, not_pid=engine)
+    time.sleep(max(0.0, t0 + 30 - time.monotonic()))
+    stop.set()
+    t.join(70)
+    up.wait_line("chat: exited (signal 9)", count=3)
+    bad = [a for a in answers if a != 200]
+    assert len(answers) >= 100 and bad == [], f"{len(answers)} requests, not 200: {bad}\n{up.text()}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 from dataclasses import replace
@@ -62,6 +63,7 @@ def run(
     gpu: int | None = GpuIndexOpt,
     load_timeout: float = LoadTimeoutOpt,
     notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
+    listen_fd: int | None = typer.Option(None, "--listen-fd", hidden=True),  # `up`'s listening socket
     share_group: str | None = ShareGroupOpt,
     activity: str | None = ActivityOpt,
     metrics_url: str | None = MetricsUrlOpt,
@@ -78,7 +80,8 @@ def run(
 
     While the engine loads it says what it waits for every few seconds (on a terminal), and once
     when the engine is ready. SIGTERM, SIGINT or SIGHUP stops the engine and leaves the slot: during
-    the start-up with one line and exit 128 + the signal's number, later with the engine's exit code."""
+    the start-up with one line and exit 128 + the signal's number, later with the engine's exit code.
+    A listening socket passed by systemd (LISTEN_FDS, a .socket unit: deploy/) is the public port."""
     from ..core.engines.spawn import notify_failed, notify_ready
     from ..core.host.lifecycle import Termination, on_signals
 
@@ -87,9 +90,28 @@ def run(
     term = Termination()
     on_signals(term)
     try:
+        from ..core.host import listen_fds
+
+        # systemd's variables are read (and removed) even when --listen-fd is given: the engine never sees them
+        handed = listen_fds.from_systemd()
+        if listen_fd is not None:
+            if handed is not None:
+                handed.close()
+            handed = listen_fds.listening_socket(listen_fd, "--listen-fd")
         opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
         sup = _start_supervisor(
-            ctx.args, weight, name, gpu_key, gpu, load_timeout, share_group, opts, term.event, klass, not no_proxy
+            ctx.args,
+            weight,
+            name,
+            gpu_key,
+            gpu,
+            load_timeout,
+            share_group,
+            opts,
+            term.event,
+            klass,
+            not no_proxy,
+            listen_socket=handed,
         )
     except GpushareError as e:
         if isinstance(e, Interrupted):
@@ -122,8 +144,10 @@ def _start_supervisor(
     quit_event: threading.Event,
     klass: str = "batch",
     proxy: bool = True,
+    listen_socket: socket.socket | None = None,
 ):
-    """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running)."""
+    """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running).
+    `listen_socket`: the public port's, handed down (its address is the engine's public --host/--port)."""
     from ..core.engines import command
     from ..core.engines import llama_server as ls
     from ..core.engines.supervisor import Supervisor
@@ -138,6 +162,8 @@ def _start_supervisor(
     _check_gpu_source(sources, key)
     llama = sources.kind == "llama-server"
     args = ls.prepare_args(engine_argv, proxy=proxy) if llama else command.prepare(engine_argv, sources.port)
+    if listen_socket is not None:
+        args = _on_socket(args, listen_socket)
     name = name or command.display_name(args)
     check_socket_dir()  # before the engine is started and loads its model
     log_path = os.path.join(state_dir(), f"{file_name_part(name)}-{args.port or os.getpid()}.log")
@@ -161,10 +187,27 @@ def _start_supervisor(
         klass=klass,
         load_progress=WaitProgress(),
         seed_view=_seed_view_for(key),
+        listen_socket=listen_socket,
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
     return sup
+
+
+def _on_socket(args, sock: socket.socket):
+    """`args` served on a listening socket handed down: its address is the public one (a --port given must be
+    its port); UsageError when nothing would serve it (no front proxy)."""
+    from ..core.host.listen_fds import address
+
+    if args.upstream is None:
+        raise UsageError(
+            "a listening socket handed down (LISTEN_FDS, --listen-fd) is served by the front proxy:"
+            " llama-server without --no-proxy"
+        )
+    host, port = address(sock)
+    if not args.port_chosen and args.port != port:
+        raise UsageError(f"--port {args.port}: the listening socket handed down is on port {port}")
+    return replace(args, host=host, port=port, port_chosen=False)
 
 
 def _checked(

@@ -9,12 +9,16 @@ import enum
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 
 from ..core.engines import spawn
+from ..core.engines.declaration import LLAMA_SERVER
+from ..core.engines.llama_server import public_address
+from ..core.host.listen_fds import ListenFdError, bind_listening
 from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
 from ..core.pacing import control
@@ -33,6 +37,7 @@ USAGE_EXIT = 2  # our CLI's exit status for invalid input: given up at once (res
 CAUSE_MAX_BYTES = 4096  # of the log written since the start, read for the cause of a failure
 CAUSE_MAX_CHARS = 240
 SERVE_READY = "serve: listening on "  # the serve child's first line once it has bound
+LISTEN_BACKLOG = 128  # an engine's public socket: connections that wait while its supervisor restarts
 
 
 class State(enum.Enum):
@@ -100,6 +105,10 @@ class Child:
         self._cause: str | None = None  # why the current start failed (the notice), if it said
         self._same_failures = 0  # starts in a row that never got ready, failing with `_last_cause`
         self._last_cause: str | None = None
+        # the public port's listening socket (a llama-server behind its front proxy), handed to each start:
+        # while its supervisor is restarted, connections wait in its backlog instead of being refused
+        self.listener: socket.socket | None = None
+        self._listening_on: tuple[str, int] | None = None
 
     # -- the state machine ----------------------------------------------------------
 
@@ -107,16 +116,18 @@ class Child:
         if self.state not in PREDECESSORS[new]:
             raise IllegalTransition(f"{self.name}: {self.state.value} -> {new.value}")
 
-    def _to(self, new: State, line: str | None = None) -> None:
+    def _to(self, new: State, line: str | None = None, *, restarting: bool = False) -> None:
         """Enter `new` (IllegalTransition if the current state does not lead there), saying `line`."""
         self._check(new)
         self.state = new
+        if new in (State.STOPPED, State.REMOVED) and not restarting:  # connections are refused, not left waiting
+            self._close_listener()
         if line is not None:
             self.say(f"{self.name}: {line}")
 
     # -- argv ----------------------------------------------------------------
 
-    def argv(self, notify_fd: int) -> list[str]:
+    def argv(self, notify_fd: int, listen_fd: int | None = None) -> list[str]:
         if self.decl is None:
             return spawn.serve_argv(self.serve_listen or "")
         d, key, group = self.decl, self.key or "", self.cfg.share_group
@@ -140,6 +151,7 @@ class Child:
             notify_fd=notify_fd,
             klass=d.klass,
             sources=d.run_options(),
+            listen_fd=listen_fd,
         )
 
     # -- life ------------------------------------------------------------------
@@ -154,6 +166,7 @@ class Child:
         env = dict(os.environ)
         pass_fds: list[int] = []
         notify_w = events_w = -1
+        listen_fd: int | None = None
         if self.decl is not None:
             self._started_weight = self.decl.weight
             env.update(dict(self.decl.env))
@@ -161,6 +174,9 @@ class Child:
             self._events_r, events_w = os.pipe2(os.O_CLOEXEC)
             os.set_blocking(self._events_r, False)
             pass_fds = [notify_w, events_w]
+            listen_fd = self._listen_fd()
+            if listen_fd is not None:
+                pass_fds.append(listen_fd)
             env[ENV] = Owner(
                 os.path.abspath(self.cfg.path), os.getpid(), self.decl.weight, self.restarts, events_w
             ).to_env()
@@ -171,7 +187,7 @@ class Child:
             # `up` SIGKILLed: each supervisor gets SIGTERM and ends its engine (SIGCONT first), so
             # nothing is left stopped, nor running unowned for a restarted `up` to collide with.
             self.proc = spawn.spawn(
-                self.argv(notify_w),
+                self.argv(notify_w, listen_fd),
                 log_path,
                 env=env,
                 cwd=self.cfg.directory,
@@ -245,6 +261,29 @@ class Child:
         return [fd for fd in (self._notify_r,) if fd is not None and self.state is State.STARTING]
 
     # -- internals -------------------------------------------------------------
+
+    def _listen_fd(self) -> int | None:
+        """The fd of this engine's public listening socket, bound at its first start and kept across restarts
+        (rebound when a reload moves it); None when it has none: not a llama-server behind its front proxy,
+        or the port cannot be bound (its supervisor then tries, and says why it cannot)."""
+        d = self.decl
+        where = public_address(d.command) if d is not None and d.engine_kind == LLAMA_SERVER else None
+        if where is not None and self.listener is not None and where == self._listening_on:
+            return self.listener.fileno()
+        self._close_listener()
+        if where is None:
+            return None
+        try:
+            self.listener = bind_listening(where, LISTEN_BACKLOG)
+        except ListenFdError:
+            return None
+        self._listening_on = where
+        return self.listener.fileno()
+
+    def _close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = self._listening_on = None
 
     def _check_ready(self) -> None:
         assert self.proc is not None
@@ -376,7 +415,7 @@ class Child:
     def _after_stop(self, line: str | None) -> None:
         then, self._then = self._then, None
         self._close_pipes()
-        self._to(State.REMOVED if then == "remove" else State.STOPPED, line)
+        self._to(State.REMOVED if then == "remove" else State.STOPPED, line, restarting=then == "restart")
         if then == "restart":
             self.backoff = Backoff()
             self.start()

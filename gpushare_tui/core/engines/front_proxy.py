@@ -3,18 +3,31 @@ supervised llama-server's DEMAND (spec §7) is known within a fraction of a mill
 probing of an idle engine (bench/demand_detect.py measured why: see its docstring).
 
     proxy = FrontProxy(("127.0.0.1", public_port), ("127.0.0.1", engine_port), on_demand=membership.set_demand)
-    proxy.start()            # bound at once (GpushareError if the port is taken); serves on its own thread
+    proxy.start()            # bound at once (ProxyError if the port is taken); serves on its own thread
+    proxy.set_engine_ready() # requests wait (at most PROXY_ENGINE_WAIT_S) until the engine can take them
     ...
     proxy.close()
 
-HTTP/1.1 is framed by h11 on both sides (each client connection an h11 server, its engine connection an
-h11 client): pipelined requests are answered one after another in order, request and response bodies by
-Content-Length, chunked coding (trailers kept) or the engine closing; `Expect: 100-continue` is passed on
-and the engine's `100 Continue` relayed; HTTP/1.0 clients are answered as HTTP/1.0 wants (h11 re-frames);
+`sock`: a listening socket handed down (by `up`, or systemd: core/host/listen_fds.py) instead of binding:
+connections that arrive while no supervisor runs wait in its backlog, and those that arrive while the
+engine loads wait here, so a restart refuses nobody. While the engine is not ready, `GET /health` is
+answered 503 "Loading model" at once (what llama-server answers while it loads).
+
+Requests are framed by h11 (each client connection an h11 server, each request to the engine sent by an h11
+client): pipelined requests are answered one after another in order, request bodies by Content-Length or
+chunked coding (trailers kept); `Expect: 100-continue` is passed on and the engine's `100 Continue` relayed;
 an `Upgrade` is not passed on (the engine answers the request as a plain one), CONNECT gets 405. Hop-by-hop
 headers (Connection, Keep-Alive, Upgrade, TE, Proxy-Connection) stay on their hop; the rest pass unchanged.
 A client half-closing (EOF after its last request) is passed on as a half-close once that request is sent,
 so the engine sees what it would see direct (llama-server cancels a non-streamed completion then).
+
+The response's head is parsed by h11; its body is relayed as the engine's reads come, on the event loop's
+callback (`_Relay.feed`: no task wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client
+(every stream) passes unchanged, its chunk-size lines scanned (never re-encoded) to find its end; the last
+chunk and trailers (hop-by-hop ones dropped) are written by h11. Other bodies (Content-Length, delimited by
+the engine closing, any to an HTTP/1.0 client) go through the client's h11 a read at a time (re-framed where
+the client needs it). The loop is uvloop's (libuv, C). Per-request and per-chunk accounting belongs where
+`_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
@@ -27,16 +40,20 @@ With `seed_view` (the engine's GPU entry, spec §5), the proxy answers `GET /gpu
 the rest of its bytes unchanged (a reply that is not a JSON object, already has "opencoti", or is larger
 than PROXY_PROPS_MAX_BYTES passes through as it came).
 
-Budgets on untrusted input (core/host/budgets.py, PROXY_*; docs/trust.md "The front proxy"): heads, the
-time to send one, idle keep-alive, a stalled body, read-ahead of pipelined requests, connections (below
-the fd limit, with headroom). None bounds the engine's reply: it is awaited while both connections stay
-open. Malformed framing gets h11's 4xx (when no response has begun) and the connection is closed."""
+Budgets on untrusted input (core/host/budgets.py, PROXY_*; docs/trust.md "The front proxy"): heads (a
+response's chunk-size lines and trailers too), the time to send one, idle keep-alive, a stalled body,
+read-ahead of pipelined requests, connections (below the fd limit, with headroom), the wait for a loading
+engine. None bounds the engine's reply: it is awaited while both connections stay open. Malformed framing
+gets h11's 4xx (when no response has begun) and the connection is closed; an engine's malformed chunked
+body ends the client's connection where it went wrong (what came before it was relayed)."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import json
+import re
 import resource
 import socket
 import threading
@@ -47,10 +64,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import h11
+import uvloop
 
 from ..host.budgets import (
     PROXY_ACCEPT_BACKOFF_S,
     PROXY_BODY_IDLE_S,
+    PROXY_ENGINE_WAIT_S,
     PROXY_FD_HEADROOM,
     PROXY_HEAD_DEADLINE_S,
     PROXY_IDLE_KEEPALIVE_S,
@@ -62,9 +81,9 @@ from ..host.budgets import (
     PROXY_UPSTREAM_CONNECT_S,
 )
 from ..host.errors import GpushareError
+from ..host.listen_fds import ListenFdError, bind_listening
 
 MAX_HEAD_BYTES = PROXY_MAX_HEAD_BYTES
-READ_CHUNK_BYTES = 64 * 2**10
 TIMINGS_KEPT = 4096
 # GETs that ask about the engine rather than give it work (health checks, scrapes, the dashboard's probes): no DEMAND
 NO_DEMAND_PATHS = frozenset({"/health", "/metrics", "/slots", "/props", "/models", "/v1/models", "/gpu/peers"})
@@ -72,11 +91,25 @@ LISTEN_BACKLOG = 128
 # An engine connection idle longer than this is not reused: llama-server (cpp-httplib) closes one idle for 5 s,
 # and a request sent as it closes would be lost; a new localhost connection costs ~0.1 ms.
 UPSTREAM_REUSE_IDLE_S = 2.0
+# Engine connections kept for the next client when theirs leaves (as nginx's `keepalive`): a client that opens
+# a connection per request costs no new engine connection. Their fds come out of PROXY_FD_HEADROOM.
+UPSTREAM_POOL_MAX = 16
+THREAD_NAME = b"gpushare-proxy"  # the loop thread's name (top -H, /proc/PID/task/TID/comm): PR_SET_NAME
 PEERS_PATH = "/gpu/peers"
 PROPS_PATH = "/props"
+HEALTH_PATH = "/health"
+# what llama-server itself answers /health while it loads its model
+LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+# Heads h11 parsed (a client's request, the engine's response) are passed on as h11 events with `_parsed=True`:
+# h11 checked their names and values as it read them, and checking them again cost more than half of a request's
+# time in the proxy (profiled: 9 header validations a request). Heads we make ourselves are checked.
 # hop-by-hop (RFC 9110 §7.6.1): never passed on; h11 writes each hop's own framing and Connection
 HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade"})
 FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1; the size as h11 reads it: at most 20 hex digits)
+HEX_DIGITS = b"0123456789abcdefABCDEF"
+CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})[ \t]*(?:;[^\r\n]*)?\r\n")
+TRAILER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\r\n]*?)[ \t]*")
 
 
 class ProxyError(GpushareError):
@@ -134,47 +167,198 @@ def with_gpu_share(body: bytes, block: dict) -> bytes | None:
     return body[:end] + (b", " if doc else b"") + added + body[end:]
 
 
+def body_framing(method: bytes, response: h11.Response) -> tuple[str, int]:
+    """How a response's body ends (RFC 9112 §6.3, as h11 reads it): ("length", n), ("chunked", 0) or
+    ("close", 0) (at the engine's EOF)."""
+    if response.status_code in (204, 304) or method == b"HEAD":
+        return "length", 0
+    lengths = None
+    for name, value in response.headers:  # h11 has checked them: one transfer coding (chunked), one length
+        if name == b"transfer-encoding":
+            return "chunked", 0
+        if name == b"content-length":
+            lengths = value
+    if lengths is not None:
+        return "length", int(lengths.split(b",")[0])
+    return "close", 0
+
+
+class _Conn(asyncio.Protocol):
+    """One socket (a client's or the engine's) on the loop. A coroutine reads it (`read`) and writes it
+    (`write`, `drain`); while `sink` is set, each read is handed to it instead, on the loop's callback (b"":
+    the peer's EOF or the connection lost). Reading pauses while PROXY_PIPELINE_BUFFER_BYTES wait unread, and
+    while `feeder` (the connection whose reads are written here) would overfill this one's write buffer."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.eof = False
+        self.lost = False
+        self.sink: Callable[[bytes], None] | None = None
+        self.on_eof: Callable[[], None] | None = None
+        self.on_lost: Callable[[], None] | None = None
+        self.feeder: _Conn | None = None
+        self.failed: BaseException | None = None  # set by `abort`: the next read raises it
+        self._waiter: asyncio.Future[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._read_paused = False
+        self.write_paused = False
+
+    # -- the protocol (the loop's callbacks) ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink(data)
+            return
+        self.buf += data
+        if len(self.buf) >= PROXY_PIPELINE_BUFFER_BYTES and not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        if self.sink is not None:
+            self.sink(b"")
+        if self.on_eof is not None:
+            self.on_eof()
+        return True  # a half-close: our side stays open for the reply
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = self.lost = True
+        self._wake()
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+        if self.sink is not None:
+            self.sink(b"")
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        feeder = self.feeder
+        if feeder is not None and feeder.transport is not None:
+            feeder.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+        feeder = self.feeder
+        if feeder is not None and feeder.transport is not None:
+            feeder.transport.resume_reading()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- for coroutines -----------------------------------------------------------------------------------
+
+    def buffered(self) -> int:
+        return len(self.buf)
+
+    def abort(self, e: BaseException) -> None:
+        """The exchange failed elsewhere (the client left, its body broke): a read waiting raises `e`."""
+        self.failed = e
+        self._wake()
+
+    def take(self) -> bytes:
+        """What has come and not been taken (reading resumes if it paused)."""
+        data = bytes(self.buf)
+        self.buf.clear()
+        if self._read_paused and self.transport is not None:
+            self._read_paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def read(self, timeout_s: float | None = None) -> bytes:
+        """What has come since the last read (b"" at EOF); TimeoutError when nothing came within `timeout_s`."""
+        if not self.buf and not self.eof and self.failed is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._waiter
+            finally:
+                self._waiter = None
+        if self.failed is not None:
+            raise self.failed
+        return self.take()
+
+    def write(self, data: bytes) -> None:
+        """ConnectionResetError when the peer is gone."""
+        t = self.transport
+        if self.lost or t is None or t.is_closing():
+            raise ConnectionResetError("connection lost")
+        if data:
+            t.write(data)
+
+    async def drain(self) -> None:
+        """Until the write buffer is below its high-water mark; ConnectionResetError when the peer is gone."""
+        if self.write_paused and not self.lost:
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+        if self.lost:
+            raise ConnectionResetError("connection lost")
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
 class _Client:
     """One accepted connection: its h11 server side, its engine connection (opened at its first request)
     and since when it has had no request in flight (None while one is: not evictable)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, now_s: float) -> None:
+    def __init__(self, conn: _Conn, now_s: float) -> None:
         self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self.reader, self.writer = reader, writer
+        self.conn = conn
         self.evictable_since: float | None = now_s
         self.up: _Upstream | None = None
         self.task: asyncio.Task | None = None
         self.served = 0
-        self.out = bytearray()  # bytes for the client not written yet: one write per engine read
 
     def buffered(self) -> int:
-        return len(self.h.trailing_data[0])
+        """Bytes received and not yet taken by a request: h11's and the connection's."""
+        return len(self.h.trailing_data[0]) + self.conn.buffered()
+
+    def pull(self, data: bytes) -> None:
+        """`data` to h11, after what the connection holds."""
+        if self.conn.buf:
+            self.h.receive_data(self.conn.take())
+        self.h.receive_data(data)
 
 
 class _Upstream:
-    """A connection to the engine, an h11 client: reused while both sides keep it alive."""
+    """A connection to the engine, reused while both sides keep it alive. Each request is sent by an h11 client
+    of its own (`h`), which parses the response's head; the body is relayed by `_Relay`."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, now_s: float) -> None:
+    def __init__(self, conn: _Conn, now_s: float) -> None:
+        self.conn = conn
         self.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
-        self.reader, self.writer = reader, writer
         self.idle_since_s = now_s
         self.half_closed = False
+        self.clean = True  # the last exchange ended at its reply's end, nothing after it, keep-alive both ways
 
     def reusable(self, now_s: float) -> bool:
-        h = self.h
+        c = self.conn
         return (
-            h.our_state is h11.IDLE
-            and h.their_state is h11.IDLE
+            self.clean
             and not self.half_closed
-            and not self.reader.at_eof()
+            and not c.eof
+            and not c.buf
             and now_s - self.idle_since_s < UPSTREAM_REUSE_IDLE_S
         )
-
-    async def send(self, event: Any) -> None:
-        data = self.h.send(event)
-        if data:
-            self.writer.write(data)
-            await self.writer.drain()
 
     def poll(self) -> Any:
         """The engine's next event already received, or h11.NEED_DATA."""
@@ -185,24 +369,194 @@ class _Upstream:
 
     async def fill(self) -> None:
         """Receive what the engine sends next; no deadline (see the module's docstring)."""
-        try:
-            data = await self.reader.read(READ_CHUNK_BYTES)
-        except OSError as e:
-            raise _Cut(f"engine: {e}", 502) from None
-        self.h.receive_data(data)
+        self.h.receive_data(await self.conn.read())
 
     def close(self) -> None:
-        self.writer.close()
+        self.conn.close()
+
+
+class _Relay:
+    """An engine's response body relayed to the client as its reads come: `feed` is the engine connection's
+    sink (b"": its EOF), called on the loop's callback. `raw`: a chunked body passes unchanged but for its last
+    chunk and trailers (`trailers`: h11 writes them at the end); else each piece of the payload goes through the
+    client's h11 after `head`, or into `held` (a /props reply; `release` sends it as it came). `done` resolves
+    at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after the body."""
+
+    __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
+                 "raw", "held", "held_bytes", "trailers", "done", "extra", "ended")  # fmt: skip
+
+    def __init__(
+        self, cl: _Client, head: h11.Response, framing: str, length: int, raw: bool, held: list[bytes] | None
+    ) -> None:
+        self.cl = cl
+        self.transport = cl.conn.transport
+        self.head = head
+        self.framing = framing
+        self.left = length  # "length": bytes of the body to come; "chunked": of the current chunk's data
+        self.crlf = 0  # "chunked": bytes of the CRLF after a chunk's data still to come
+        self.line = bytearray()  # "chunked": a size line or trailer begun in an earlier read
+        self.in_trailers = False
+        self.trailer_bytes = 0
+        self.raw = raw
+        self.held = held
+        self.held_bytes = 0
+        self.trailers: list[tuple[bytes, bytes]] = []
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.extra = False
+        self.ended = False
+
+    def feed(self, data: bytes) -> None:
+        if self.ended:
+            self.extra = self.extra or bool(data)
+            return
+        try:
+            if not data:
+                if self.framing != "close":
+                    raise _Cut("engine closed before its reply ended", 502)
+                self.end()
+            elif self.framing == "chunked":
+                self._chunked(data)
+            elif self.framing == "close":
+                self._payload(data)
+            elif len(data) < self.left:
+                self.left -= len(data)
+                self._payload(data)
+            else:
+                n, self.left = self.left, 0
+                self._payload(data[:n] if len(data) > n else data)
+                self.extra = len(data) > n
+                self.end()
+        except Exception as e:  # _Cut, h11's LocalProtocolError, the client gone, a bug: the exchange ends with it
+            self.fail(e)
+
+    def fail(self, e: BaseException) -> None:
+        if not self.ended:
+            self.ended = True
+            if not self.done.done():
+                self.done.set_exception(e)
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            if not self.done.done():
+                self.done.set_result(None)
+
+    def _out(self, data: bytes) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            raise ConnectionResetError("the client left")
+        t.write(data)
+
+    def release(self) -> None:
+        """A held reply as it came (the rest of it relayed as it comes)."""
+        held, self.held = self.held, None
+        self._out(self.cl.h.send(self.head))
+        for part in held or ():
+            self._payload(part)
+
+    def _payload(self, data: bytes) -> None:
+        held = self.held
+        if held is None:
+            self._out(b"".join(self.cl.h.send_with_data_passthrough(h11.Data(data=data)) or ()))
+            return
+        held.append(data)
+        self.held_bytes += len(data)
+        if self.held_bytes > PROXY_PROPS_MAX_BYTES:  # too large to parse
+            self.release()
+
+    def _chunked(self, data: bytes) -> None:
+        """Scan `data` for the chunked coding's size lines; raw: write what is scanned, but for a size line not
+        yet whole and the last chunk on."""
+        pos, end = 0, len(data)
+        if self.raw and not (self.left or self.crlf or self.line or self.in_trailers):
+            pos = _whole_chunks(data)  # a stream's read: one token's chunk, or a few
+            if pos == end:
+                self._out(data)
+                return
+        raw_from = 0
+        line = self.line
+        mark = pos  # where the element being scanned began: on a fault, what came before it is relayed
+        try:
+            while pos < end:
+                mark = pos
+                if self.left:
+                    take = min(self.left, end - pos)
+                    if not self.raw:
+                        self._payload(data[pos : pos + take])
+                    pos += take
+                    self.left -= take
+                    if not self.left:
+                        self.crlf = 2
+                    continue
+                if self.crlf:
+                    want = b"\r\n"[2 - self.crlf :]
+                    got = data[pos : pos + len(want)]
+                    if not want.startswith(got):
+                        raise _Cut("engine: no CRLF after a chunk's data", 502)
+                    pos += len(got)
+                    self.crlf -= len(got)
+                    continue
+                nl = data.find(b"\n", pos)
+                if nl < 0:
+                    if len(line) + end - pos > MAX_HEAD_BYTES:
+                        raise _Cut("engine: a chunk-size line over the budget", 502)
+                    if self.raw and not self.in_trailers and pos > raw_from:
+                        self._out(data[raw_from:pos])  # what came before the size line begun
+                    line += data[pos:]
+                    return
+                whole = data[pos : nl + 1]
+                if line:
+                    whole = bytes(line) + whole
+                    line.clear()
+                pos = nl + 1
+                if self.in_trailers:
+                    self.trailer_bytes += len(whole)
+                    if self.trailer_bytes > MAX_HEAD_BYTES:
+                        raise _Cut("engine: trailers over the budget", 502)
+                    if whole in (b"\r\n", b"\n"):
+                        self.extra = pos < end
+                        self.end()
+                        return
+                    m = TRAILER_LINE.fullmatch(whole.rstrip(b"\r\n"))
+                    if m is None:
+                        raise _Cut("engine: a malformed trailer", 502)
+                    self.trailers.append((m[1], m[2]))
+                    continue
+                m = CHUNK_SIZE_LINE.fullmatch(whole)
+                if m is None:
+                    raise _Cut("engine: a malformed chunk-size line", 502)
+                size = int(m[1], 16)
+                start = pos - len(whole)  # where the line began in `data` (< 0: in an earlier read, held back then)
+                if size == 0:  # the last chunk: it and the trailers are written by h11 at the end
+                    if self.raw and start > raw_from:
+                        self._out(data[raw_from:start])
+                    self.in_trailers = True
+                    raw_from = pos
+                    continue
+                if start < 0:
+                    if self.raw:
+                        self._out(whole)
+                    raw_from = pos
+                self.left = size
+        except _Cut:
+            if self.raw and not self.in_trailers and mark > raw_from:
+                self._out(data[raw_from:mark])
+            raise
+        if self.raw and not self.in_trailers and raw_from < end:
+            self._out(data if raw_from == 0 else data[raw_from:])
 
 
 class FrontProxy:
     """A reverse proxy from `listen` (host, port; port 0: any free one, see `port`) to `upstream`, counting
     requests in flight (`in_flight`) and calling `on_demand` at 0 -> 1 and 1 -> 0. Thread-safe to read.
 
+    `sock`: a listening TCP socket to serve instead of binding `listen` (handed down: it is not closed by
+    `close`, only our copy). `engine_ready`: False when the engine is still loading (`set_engine_ready`).
     `seed_view`: the engine's GPU entry (`{gpu_key, period_ms, self, peers, ...}`), called on a worker
     thread at most once per PROXY_SEED_VIEW_MAX_AGE_S; None: /gpu/peers and /props go to the engine as is.
-    `idle_keepalive_s`, `body_idle_s`, `max_connections`: the budgets (tests make them small). `on_error`:
-    told one line the first time each kind of unexpected exception (a bug) ends a connection or an accept."""
+    `idle_keepalive_s`, `body_idle_s`, `max_connections`, `engine_wait_s`: the budgets (tests make them
+    small). `on_error`: told one line the first time each kind of unexpected exception (a bug) ends a
+    connection or an accept."""
 
     def __init__(
         self,
@@ -216,6 +570,9 @@ class FrontProxy:
         body_idle_s: float = PROXY_BODY_IDLE_S,
         max_connections: int = PROXY_MAX_CONNECTIONS,
         on_error: Callable[[str], None] | None = None,
+        sock: socket.socket | None = None,
+        engine_ready: bool = True,
+        engine_wait_s: float = PROXY_ENGINE_WAIT_S,
     ) -> None:
         self.listen = listen
         self._on_error = on_error
@@ -227,6 +584,7 @@ class FrontProxy:
         self._seed_view = seed_view
         self.idle_keepalive_s = idle_keepalive_s
         self.body_idle_s = body_idle_s
+        self.engine_wait_s = engine_wait_s
         self.max_connections = connection_cap(max_connections)
         self.in_flight = 0
         self.requests_total = 0
@@ -234,14 +592,18 @@ class FrontProxy:
         self.timings: deque[RequestTiming] = deque(maxlen=TIMINGS_KEPT)
         self.demand_changes: deque[tuple[float, bool]] = deque(maxlen=TIMINGS_KEPT)  # (monotonic s, demand)
         self._clients: set[_Client] = set()
+        self._pool: list[_Upstream] = []  # idle engine connections, the most recently used last
         self._open = 0  # accepted and not ended (a connection counts from its accept, before it is a _Client)
         self._room: asyncio.Event | None = None
         self._seed_cache: tuple[float, dict] | None = None
         self._seed_pending: asyncio.Future | None = None
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | None = sock
+        self._engine_ready_at_start = engine_ready
+        self._engine_ready: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped: asyncio.Event | None = None
+        self._closing = False
         self.thread_native_id: int | None = None
 
     @property
@@ -255,24 +617,26 @@ class FrontProxy:
         return self._open
 
     def start(self) -> FrontProxy:
-        """Bind now (ProxyError if it cannot), then serve on a thread of its own."""
-        sock = socket.socket(socket.AF_INET6 if ":" in self.listen[0] else socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(self.listen)
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-        except OSError as e:
-            sock.close()
-            raise ProxyError(
-                f"front proxy cannot listen on {self.listen[0]}:{self.listen[1]}: {e.strerror or e}"
-            ) from None
-        self._sock = sock
+        """Bind now (ProxyError if it cannot; a socket handed down is served as it is), then serve on a thread
+        of its own."""
+        if self._sock is None:
+            self._sock = listen_socket(self.listen)
+        self._sock.setblocking(False)
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="gpushare-front-proxy", daemon=True)
         self._thread.start()
         ready.wait(5)
         return self
+
+    def set_engine_ready(self) -> None:
+        """The engine takes requests now (thread-safe): those waiting go to it."""
+        self._engine_ready_at_start = True
+        loop, event = self._loop, self._engine_ready
+        if loop is not None and event is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
 
     def close(self) -> None:
         """Stop serving (connections in progress are cut). Idempotent."""
@@ -298,7 +662,8 @@ class FrontProxy:
 
     def _run(self, ready: threading.Event) -> None:
         self.thread_native_id = threading.get_native_id()
-        loop = asyncio.new_event_loop()
+        _name_thread(THREAD_NAME)
+        loop = uvloop.new_event_loop()
         self._loop = loop
         try:
             loop.run_until_complete(self._serve(ready))
@@ -308,14 +673,20 @@ class FrontProxy:
     async def _serve(self, ready: threading.Event) -> None:
         self._stopped = asyncio.Event()
         self._room = asyncio.Event()
+        self._engine_ready = asyncio.Event()
+        if self._engine_ready_at_start:
+            self._engine_ready.set()
         accept = asyncio.create_task(self._accept_loop())
         ready.set()
         await self._stopped.wait()
+        self._closing = True
         accept.cancel()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for up in self._pool:
+            up.close()
 
     async def _accept_loop(self) -> None:
         """Accept while below the cap; at it, make room by closing the oldest connection with no request in
@@ -389,17 +760,17 @@ class FrontProxy:
             if self._room is not None:
                 self._room.set()
 
-    async def _serve_client(self, conn: socket.socket) -> None:
+    async def _serve_client(self, sock: socket.socket) -> None:
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
         try:
-            reader, writer = await asyncio.open_connection(sock=conn, limit=MAX_HEAD_BYTES)
+            _transport, conn = await asyncio.get_running_loop().connect_accepted_socket(_Conn, sock)
         except (OSError, asyncio.CancelledError):
-            conn.close()
+            sock.close()
             return
-        cl = _Client(reader, writer, self._clock())
+        cl = _Client(conn, self._clock())
         cl.task = asyncio.current_task()
         self._clients.add(cl)
         try:
@@ -419,8 +790,8 @@ class FrontProxy:
                     self._room.set()
         except _Cut as e:
             if e.status is not None and cl.h.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                await _answer(cl, e.status, {"error": str(e)}, close=True)
-        except (OSError, h11.ProtocolError, asyncio.IncompleteReadError):
+                _answer(cl, e.status, {"error": str(e)}, close=True)
+        except (OSError, h11.ProtocolError):
             pass
         except asyncio.CancelledError:  # close() or an eviction: end quietly
             pass
@@ -428,9 +799,18 @@ class FrontProxy:
             self._unexpected("a connection", e)
         finally:
             self._clients.discard(cl)
-            if cl.up is not None:
-                cl.up.close()
-            writer.close()
+            self._release(cl.up)
+            conn.close()
+
+    def _release(self, up: _Upstream | None) -> None:
+        """A client's engine connection, as it leaves: kept for the next client when it may carry another
+        request, else closed."""
+        if up is None:
+            return
+        if up.reusable(self._clock()) and len(self._pool) < UPSTREAM_POOL_MAX and not self._closing:
+            self._pool.append(up)
+        else:
+            up.close()
 
     async def _next_request(self, cl: _Client) -> h11.Request | None:
         """The next request head: a new connection's within PROXY_HEAD_DEADLINE_S of its accept, a kept-alive
@@ -440,10 +820,7 @@ class FrontProxy:
         head_until: float | None = None if cl.served else started + PROXY_HEAD_DEADLINE_S
         wait_until = started + self.idle_keepalive_s
         while True:
-            try:
-                ev = cl.h.next_event()
-            except h11.RemoteProtocolError as e:
-                raise _Cut(str(e), e.error_status_hint) from None
+            ev = _client_poll(cl)
             if isinstance(ev, h11.Request):
                 return ev
             if isinstance(ev, h11.ConnectionClosed):
@@ -457,46 +834,72 @@ class FrontProxy:
             try:
                 if left <= 0:
                     raise TimeoutError
-                data = await asyncio.wait_for(cl.reader.read(READ_CHUNK_BYTES), left)
+                data = await cl.conn.read(left)
             except TimeoutError:
                 if cl.buffered():
                     raise _Cut("no complete request head within the deadline", 408) from None
                 return None  # idle: closed quietly
             if data and head_until is None:
                 head_until = self._clock() + PROXY_HEAD_DEADLINE_S
-            cl.h.receive_data(data)
+            cl.pull(data)
 
     async def _client_event(self, cl: _Client) -> Any:
         """The client's next body event (Data, EndOfMessage): each read within the body-idle budget."""
         while True:
-            try:
-                ev = cl.h.next_event()
-            except h11.RemoteProtocolError as e:
-                raise _Cut(str(e), e.error_status_hint) from None
+            ev = _client_poll(cl)
             if ev is not h11.NEED_DATA:
                 return ev
             try:
-                data = await asyncio.wait_for(cl.reader.read(READ_CHUNK_BYTES), self.body_idle_s)
+                data = await cl.conn.read(self.body_idle_s)
             except TimeoutError:
                 raise _Cut(f"request body stalled for {self.body_idle_s:g} s", 408) from None
-            cl.h.receive_data(data)
+            cl.pull(data)
 
     async def _upstream(self, cl: _Client) -> _Upstream:
+        now = self._clock()
+        while cl.up is None and self._pool:
+            pooled = self._pool.pop()
+            if pooled.reusable(now):
+                cl.up = pooled
+            else:
+                pooled.close()
         up = cl.up
-        if up is not None and up.reusable(self._clock()):
+        if up is not None and up.reusable(now):
+            up.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
             return up
         if up is not None:
             up.close()
             cl.up = None
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(*self.upstream, limit=MAX_HEAD_BYTES), PROXY_UPSTREAM_CONNECT_S
+            _transport, conn = await asyncio.wait_for(
+                asyncio.get_running_loop().create_connection(_Conn, *self.upstream), PROXY_UPSTREAM_CONNECT_S
             )
         except (OSError, TimeoutError) as e:
             raise _Cut(f"engine unreachable: {e}", 502) from None
-        _nodelay(writer)
-        cl.up = _Upstream(reader, writer, self._clock())
+        cl.up = _Upstream(conn, self._clock())
         return cl.up
+
+    async def _wait_engine(self, cl: _Client) -> None:
+        """Until the engine takes requests, at most `engine_wait_s` (then 503); ConnectionResetError when the
+        client leaves meanwhile."""
+        ready = self._engine_ready
+        assert ready is not None
+        if ready.is_set():
+            return
+        waiter = asyncio.ensure_future(ready.wait())
+        cl.conn.on_lost = lambda: (waiter.cancel(), None)[1]
+        try:
+            async with asyncio.timeout(self.engine_wait_s):
+                await waiter
+        except TimeoutError:
+            raise _Cut(f"the engine is still loading its model after {self.engine_wait_s:g} s", 503) from None
+        except asyncio.CancelledError:
+            if not cl.conn.lost:
+                raise
+            raise ConnectionResetError("the client left") from None
+        finally:
+            cl.conn.on_lost = None
+            waiter.cancel()
 
     async def _exchange(self, cl: _Client, req: h11.Request) -> bool:
         """One request and its response; True when the client connection may carry another."""
@@ -509,12 +912,19 @@ class FrontProxy:
         ex = _Exchange(start)
         try:
             if method == "CONNECT":
-                await _answer(cl, 405, {"error": "CONNECT is not supported"}, close=True)
+                _answer(cl, 405, {"error": "CONNECT is not supported"}, close=True)
                 return False
+            ready = self._engine_ready
+            if path == HEALTH_PATH and method in ("GET", "HEAD") and ready is not None and not ready.is_set():
+                await self._discard_body(cl)
+                ex.first_byte_s, ex.status = self._clock(), 503
+                _answer(cl, 503, LOADING_BODY, head_only=method == "HEAD")
+                return True
+            await self._wait_engine(cl)
             if self._seed_view is not None and method in ("GET", "HEAD") and path == PEERS_PATH:
                 await self._discard_body(cl)
                 ex.first_byte_s, ex.status = self._clock(), 200
-                await _answer(cl, 200, await self._seed(), head_only=method == "HEAD")
+                _answer(cl, 200, await self._seed(), head_only=method == "HEAD")
                 return True
             props = self._seed_view is not None and method == "GET" and path == PROPS_PATH
             return await self._forward(cl, req, work, props, ex)
@@ -539,123 +949,150 @@ class FrontProxy:
         if not any(n.lower() == b"host" for n, _v in headers):
             headers.append((b"Host", f"{self.upstream[0]}:{self.upstream[1]}".encode()))
         try:  # the head and as much of the body as came with it, in one write
-            out = bytearray(up.h.send(h11.Request(method=req.method, target=req.target, headers=headers)))
+            out = bytearray(up.h.send(h11.Request(method=req.method, target=req.target, headers=headers, _parsed=True)))
             complete = False
             while not complete and (ev := _client_poll(cl)) is not h11.NEED_DATA:
                 out += up.h.send(_body_event(ev))
                 complete = isinstance(ev, h11.EndOfMessage)
-            up.writer.write(out)
-            await up.writer.drain()
+            up.conn.write(bytes(out))
         except (OSError, h11.LocalProtocolError) as e:
             raise _Cut(f"engine: {e}", 502) from None
-        if complete:
-            self._body_done(work, ex)
-        body = asyncio.create_task(self._pump_body(cl, up, work, ex, complete))
-        reply = asyncio.create_task(self._pump_reply(cl, up, req, props, ex))
+        up.clean = False  # until its reply has ended as it should
+        relays: list[_Relay] = []
+
+        def failed(e: BaseException) -> None:  # the client left, or its body broke: the reply's wait ends
+            up.conn.abort(e)
+            for relay in relays:
+                relay.fail(e)
+
+        def body_ended(task: asyncio.Task) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                failed(task.exception())  # type: ignore[arg-type]
+
+        cl.conn.on_lost = lambda: failed(ConnectionResetError("the client left"))
+        body: asyncio.Task | None = None
         try:
-            pending = {body, reply}
-            while reply in pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if body in done and body.exception() is not None:
-                    raise body.exception()  # type: ignore[misc]
-            reply.result()
+            if cl.conn.lost:
+                raise ConnectionResetError("the client left")
+            if complete:
+                self._body_done(cl, up, work, ex)
+            else:
+                body = asyncio.create_task(self._pump_body(cl, up, work, ex))
+                body.add_done_callback(body_ended)
+            await self._pump_reply(cl, up, req, props, ex, relays)
         finally:
-            for task in (body, reply):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(body, reply, return_exceptions=True)
+            cl.conn.on_lost = cl.conn.on_eof = None
+            if body is not None and not body.done():
+                body.remove_done_callback(body_ended)
+                body.cancel()
+                await asyncio.gather(body, return_exceptions=True)
         up.idle_since_s = self._clock()
-        if up.h.our_state is h11.DONE and up.h.their_state is h11.DONE:
-            up.h.start_next_cycle()
-        else:
+        if not (up.clean and up.h.our_state is h11.DONE):
             up.close()
             cl.up = None
         return cl.h.their_state is h11.DONE
 
-    def _body_done(self, work: bool, ex: _Exchange) -> None:
+    def _body_done(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
+        """The request's body is all sent: DEMAND from now; the client's EOF, with nothing more from it, is
+        passed on to the engine as a half-close (now, or when it comes)."""
         if work:
             self._demand(+1)
             ex.demand = True
 
-    async def _pump_body(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange, complete: bool) -> None:
-        """The rest of the request's body to the engine (unless `complete`); DEMAND from its end. Then the
-        client is read ahead (at most PROXY_PIPELINE_BUFFER_BYTES, its next pipelined requests) until the reply
-        ends; its EOF, with nothing more to send, is passed on to the engine as a half-close."""
-        while not complete:
+        def at_eof() -> None:
+            if cl.conn.eof and not cl.buffered() and not up.half_closed and not cl.conn.lost:
+                up.half_closed = True
+                try:
+                    if up.conn.transport is not None:
+                        up.conn.transport.write_eof()
+                except (OSError, RuntimeError):
+                    pass
+
+        at_eof()
+        cl.conn.on_eof = at_eof
+
+    async def _pump_body(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
+        """The rest of the request's body to the engine; DEMAND from its end."""
+        while True:
             ev = _body_event(await self._client_event(cl))
             try:
-                await up.send(ev)
+                up.conn.write(up.h.send(ev))
+                await up.conn.drain()
             except (OSError, h11.LocalProtocolError) as e:
                 raise _Cut(f"engine: {e}", 502) from None
             if isinstance(ev, h11.EndOfMessage):
-                self._body_done(work, ex)
-                complete = True
-        while cl.buffered() < PROXY_PIPELINE_BUFFER_BYTES:
-            data = await cl.reader.read(READ_CHUNK_BYTES)
-            cl.h.receive_data(data)
-            if not data:
-                if not cl.buffered():
-                    up.half_closed = True
-                    try:
-                        up.writer.write_eof()
-                    except OSError:
-                        pass
+                self._body_done(cl, up, work, ex)
                 return
-        await asyncio.Event().wait()  # read ahead in full: back-pressure until the reply ends
 
-    async def _pump_reply(self, cl: _Client, up: _Upstream, req: h11.Request, props: bool, ex: _Exchange) -> None:
-        """The engine's response to the client: 1xx relayed (an HTTP/1.0 client gets none), the head, the
-        body as it comes (each chunk of a stream at once); a /props reply to `props` with gpu_share added."""
-        held: tuple[h11.Response, list[bytes]] | None = None
+    async def _pump_reply(
+        self, cl: _Client, up: _Upstream, req: h11.Request, props: bool, ex: _Exchange, relays: list[_Relay]
+    ) -> None:
+        """The engine's response to the client: 1xx relayed (an HTTP/1.0 client gets none), the head, the body
+        as it comes (each chunk of a stream at once); a /props reply to `props` with gpu_share added."""
         while True:
             ev = up.poll()
             if ev is h11.NEED_DATA:
-                await _flush(cl)
-                await up.fill()
+                data = await up.conn.read()
+                if ex.first_byte_s is None:
+                    ex.first_byte_s = self._clock()
+                up.h.receive_data(data)
                 continue
-            if ex.first_byte_s is None:
-                ex.first_byte_s = self._clock()
             if isinstance(ev, h11.InformationalResponse):
                 if ev.status_code == 101:
                     raise _Cut("engine switched protocols unasked", 502)
                 if req.http_version != b"1.0":
-                    _emit(cl, h11.InformationalResponse(
-                        status_code=ev.status_code, headers=hop_filtered(list(ev.headers.raw_items())), reason=ev.reason
-                    ))  # fmt: skip
+                    headers = hop_filtered(list(ev.headers.raw_items()))
+                    info = h11.InformationalResponse(
+                        status_code=ev.status_code, headers=headers, reason=ev.reason, _parsed=True
+                    )
+                    cl.conn.write(cl.h.send(info))
                 continue
             if isinstance(ev, h11.Response):
-                ex.status = ev.status_code
-                head = h11.Response(
-                    status_code=ev.status_code, headers=hop_filtered(list(ev.headers.raw_items())), reason=ev.reason
-                )
-                if props and ev.status_code == 200:
-                    held = (head, [])
-                else:
-                    _emit(cl, head)
-                continue
-            if isinstance(ev, h11.Data):
-                if held is None:
-                    _emit(cl, h11.Data(data=ev.data))
-                    continue
-                held[1].append(bytes(ev.data))
-                if sum(map(len, held[1])) > PROXY_PROPS_MAX_BYTES:  # too large to parse: as it came
-                    _release(cl, *held)
-                    held = None
-                continue
-            if isinstance(ev, h11.EndOfMessage):
-                if held is not None:
-                    body = b"".join(held[1])
-                    added = with_gpu_share(body, {"enabled": True, **await self._seed()})
-                    if added is None:
-                        _release(cl, *held)
-                    else:
-                        _emit(cl, _with_length(held[0], len(added)))
-                        _emit(cl, h11.Data(data=added))
-                trailers = hop_filtered(list(ev.headers.raw_items())) if req.http_version != b"1.0" else []
-                _emit(cl, h11.EndOfMessage(headers=trailers))  # an HTTP/1.0 reply has no chunks to trail
-                await _flush(cl)
-                return
+                break
             raise _Cut("engine closed before its reply", 502)  # ConnectionClosed
+        ex.status = ev.status_code
+        head = h11.Response(
+            status_code=ev.status_code,
+            headers=hop_filtered(list(ev.headers.raw_items())),
+            reason=ev.reason,
+            _parsed=True,
+        )
+        framing, length = body_framing(req.method, ev)
+        keep_alive = ev.http_version == b"1.1" and not any(
+            n == b"connection" and b"close" in v.lower() for n, v in ev.headers
+        )
+        held: list[bytes] | None = [] if props and ev.status_code == 200 else None
+        # a chunked stream to an HTTP/1.1 client passes as it came (h11 would write the same chunks)
+        raw = framing == "chunked" and held is None and req.http_version != b"1.0"
+        relay = _Relay(cl, head, framing, length, raw, held)
+        relays.append(relay)
+        if held is None:
+            cl.conn.write(cl.h.send(head))
+        rest, closed = up.h.trailing_data
+        if framing == "length" and length == 0:  # no body
+            relay.extra = bool(rest)
+            relay.end()
+        else:
+            up.conn.sink, cl.conn.feeder = relay.feed, up.conn
+            if rest:
+                relay.feed(bytes(rest))
+            if closed or up.conn.eof:
+                relay.feed(b"")
+        try:
+            await relay.done
+        finally:
+            up.conn.sink, cl.conn.feeder = None, None
+            paused = cl.conn.write_paused  # the engine's reads were paused for it: not resumed, not reused
+        up.clean = keep_alive and not relay.extra and framing != "close" and not paused
+        if relay.held is not None:
+            added = with_gpu_share(b"".join(relay.held), {"enabled": True, **await self._seed()})
+            if added is None:
+                relay.release()
+            else:
+                cl.conn.write(cl.h.send(_with_length(head, len(added))) + cl.h.send(h11.Data(data=added)))
+        trailers = hop_filtered(relay.trailers) if req.http_version != b"1.0" else []
+        cl.conn.write(cl.h.send(h11.EndOfMessage(headers=trailers)))  # an HTTP/1.0 reply has no chunks to trail
+        await cl.conn.drain()
 
     async def _seed(self) -> dict:
         """The engine's GPU entry, read on a worker thread at most once per PROXY_SEED_VIEW_MAX_AGE_S
@@ -687,6 +1124,31 @@ class _Exchange:
     demand: bool = False
 
 
+def _whole_chunks(data: bytes) -> int:
+    """How far `data` is whole chunks but the last (`SIZE CRLF DATA CRLF`..., no extension): the stream's common
+    case, scanned without a regex; the rest is left to the full scan."""
+    pos, end = 0, len(data)
+    while True:
+        nl = data.find(b"\r\n", pos, pos + 22)
+        if nl <= pos or data[pos:nl].lstrip(HEX_DIGITS):  # not 1-20 hex digits then CRLF
+            return pos
+        size = int(data[pos:nl], 16)
+        after = nl + 2 + size
+        if not size or after + 2 > end or data[after : after + 2] != b"\r\n":
+            return pos
+        pos = after + 2
+        if pos == end:
+            return pos
+
+
+def listen_socket(listen: tuple[str, int]) -> socket.socket:
+    """A TCP socket listening on `listen` (core/host/listen_fds.bind_listening); ProxyError if it cannot."""
+    try:
+        return bind_listening(listen, LISTEN_BACKLOG)
+    except ListenFdError as e:
+        raise ProxyError(f"front proxy {e}") from None
+
+
 def _with_length(head: h11.Response, n: int) -> h11.Response:
     headers = [
         (k, v) for k, v in head.headers.raw_items() if k.lower() not in (b"content-length", b"transfer-encoding")
@@ -696,33 +1158,10 @@ def _with_length(head: h11.Response, n: int) -> h11.Response:
     )
 
 
-def _emit(cl: _Client, event: Any) -> None:
-    """`event` for the client, written at the next _flush."""
-    data = cl.h.send(event)
-    if data:
-        cl.out += data
-
-
-async def _flush(cl: _Client) -> None:
-    if cl.out:
-        cl.writer.write(bytes(cl.out))
-        cl.out.clear()
-        await cl.writer.drain()
-
-
-async def _write(cl: _Client, event: Any) -> None:
-    _emit(cl, event)
-    await _flush(cl)
-
-
-def _release(cl: _Client, head: h11.Response, parts: list[bytes]) -> None:
-    """A held reply as it came."""
-    _emit(cl, head)
-    for part in parts:
-        _emit(cl, h11.Data(data=part))
-
-
 def _client_poll(cl: _Client) -> Any:
+    """The client's next event from what is buffered (its connection's bytes handed to h11 first)."""
+    if cl.conn.buf:
+        cl.h.receive_data(cl.conn.take())
     try:
         return cl.h.next_event()
     except h11.RemoteProtocolError as e:
@@ -738,17 +1177,26 @@ def _body_event(ev: Any) -> Any:
     raise _Cut(f"unexpected {type(ev).__name__} in a request body", 400)
 
 
-async def _answer(cl: _Client, status: int, doc: dict, *, head_only: bool = False, close: bool = False) -> None:
+def _answer(cl: _Client, status: int, doc: dict, *, head_only: bool = False, close: bool = False) -> None:
     """A JSON reply of our own (no response may have begun)."""
     body = (json.dumps(doc, allow_nan=False) + "\n").encode()
     headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body))]
     if close:
         headers.append((b"Connection", b"close"))
     try:
-        await _write(cl, h11.Response(status_code=status, headers=headers))
-        await _write(cl, h11.Data(data=b"" if head_only else body))
-        await _write(cl, h11.EndOfMessage())
+        out = cl.h.send(h11.Response(status_code=status, headers=headers))
+        out += cl.h.send(h11.Data(data=b"" if head_only else body)) or b""
+        out += cl.h.send(h11.EndOfMessage()) or b""
+        cl.conn.write(out)
     except (OSError, h11.LocalProtocolError):
+        pass
+
+
+def _name_thread(name: bytes) -> None:
+    """This OS thread's name (at most 15 bytes), where the C library lets us set it."""
+    try:
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
         pass
 
 
@@ -764,12 +1212,3 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         await fut
     finally:
         loop.remove_reader(sock.fileno())
-
-
-def _nodelay(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass

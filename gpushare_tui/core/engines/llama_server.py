@@ -7,6 +7,7 @@ started on ENGINE_HOST and a free internal port (`EngineArgs.upstream`)."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,15 @@ def prepare_args(argv: list[str], proxy: bool = True) -> EngineArgs:
     return EngineArgs(tuple(out), host, port, flag_value(out, *MODEL_FLAGS), chosen, upstream)
 
 
+def public_address(argv: Sequence[str]) -> tuple[str, int] | None:
+    """Where a proxied llama-server's command line is served: (its --host, its --port or 0: any), or None when
+    the front proxy cannot serve it (several addresses, a UNIX socket: prepare_args says why)."""
+    host = flag_value(argv, "--host") or HOST_DEFAULT
+    if "," in host or host.endswith(".sock"):
+        return None
+    return host, engine_port(argv) or 0
+
+
 def _hosts(host: str) -> list[str]:
     """The TCP addresses of a --host value (llama-server takes several, comma-separated; `NAME.sock` is none)."""
     return [h for h in host.split(",") if h and not h.endswith(".sock")]
@@ -96,10 +106,11 @@ def model_stem(args: EngineArgs) -> str:
 
 
 def start(args: EngineArgs, log_path: str) -> subprocess.Popen:
-    """Start llama-server (command.start) once its port (and, proxied, the public one) is known to be free."""
+    """Start llama-server (command.start) once its port is known to be free (proxied: its internal one; the
+    public one is the front proxy's, bound before)."""
     resolve_binary(args.argv[0])  # a missing binary is said before a port
     assert args.port is not None  # prepare_args always gives one
-    for hosts, port in ((args.host, args.port), *([args.upstream] if args.upstream else [])):
+    for hosts, port in [args.upstream] if args.upstream else [(args.host, args.port)]:
         for host in _hosts(hosts):
             try:
                 if port_in_use(host, port):

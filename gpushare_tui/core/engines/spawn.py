@@ -67,11 +67,13 @@ def run_argv(
     sources: SourceOptions = SourceOptions(),
     klass: str = "batch",
     proxy: bool = True,
+    listen_fd: int | None = None,
 ) -> list[str]:
     """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`; `sources`:
     its --activity/--health... options (those given); `--class` only when not the default batch,
-    `--no-proxy` only when not `proxy`."""
+    `--no-proxy` only when not `proxy`; `listen_fd`: its public port's listening socket (inherited)."""
     options = {"weight": weight, "gpu_key": gpu_key, "load_timeout": load_timeout_s, "notify_fd": notify_fd}
+    options["listen_fd"] = listen_fd
     options |= {"name": name or None, "share_group": share_group, "class": _class_option(klass), **asdict(sources)}
     options["no_proxy"] = not proxy
     return gpushare_argv("run", options, engine_argv)

@@ -13,10 +13,12 @@ then ends it (SIGTERM, SIGKILL after 10 s): nothing of it is left stopped, nor
 running on unpaced and unseen.
 
 A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
-(core/engines/front_proxy.py) on the public --host/--port forwards to it and publishes DEMAND (spec §7)
-the moment a request arrives and when the last one ends. The proxy starts once the engine is
-healthy and joined (clients see the port refuse connections while the model loads: no request
-is accepted that could only fail, and DEMAND has a slot to go to) and is closed first at shutdown.
+(core/engines/front_proxy.py, in a process of its own: proxy_process.py) on the public --host/--port
+forwards to it and publishes DEMAND (spec §7) the moment a request arrives and when the last one
+ends. The proxy serves before the engine is started (its port bound, or a listening socket handed
+down by `up` or systemd: `listen_socket`): requests that come while the model loads wait for it
+(budgets.PROXY_ENGINE_WAIT_S), and are sent once the engine is healthy and joined (DEMAND has a
+slot to go to). It is closed first at shutdown.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -51,7 +54,7 @@ from ..schedule import v1 as schedule
 from . import activity, command, health, listener, spawn, watchdog
 from . import llama_server as ls
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
-from .front_proxy import FrontProxy
+from .proxy_process import ProxyProcess
 from .spawn import Progress
 
 RECHECK_US = 20_000  # re-read the registry at least this often
@@ -95,6 +98,7 @@ class Supervisor:
         klass: str = "batch",
         load_progress: Progress | None = None,
         seed_view: Callable[[int | None], dict] | None = None,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         """`args`: the command as it is started (llama_server.prepare_args for llama-server, whose
         sources' URLs left None are on its port; else command.prepare); `kind`, `activity_spec`,
@@ -102,7 +106,8 @@ class Supervisor:
         fraction; the `gpu` source). `quit_event`: set (by a signal handler, say) to stop; one set
         before `start()` starts nothing. `load_progress`: called while the engine loads (health.wait_ready's
         `progress`). `seed_view`: the engine's GPU entry given its slot (serve.peers.engine_view), which the
-        front proxy serves as `/gpu/peers` and adds to `/props` (spec §5); None: neither."""
+        front proxy serves as `/gpu/peers` and adds to `/props` (spec §5); None: neither. `listen_socket`:
+        the public port's listening socket, handed down (the proxy serves it instead of binding)."""
         self.args = args
         self.kind = kind
         self.activity_spec = activity_spec
@@ -118,6 +123,7 @@ class Supervisor:
         self._say = say
         self._load_progress = load_progress
         self._seed_view = seed_view
+        self._listen_socket = listen_socket
         self.engine_status = EngineStatus()
         self.proc: subprocess.Popen | None = None
         self.membership: Membership | None = None
@@ -139,7 +145,7 @@ class Supervisor:
         self.upstream: tuple[str, int] | None = getattr(args, "upstream", None) if kind == LLAMA_SERVER else None
         host, port = self.upstream or (args.host, args.port)
         self.base_url = sockets.http_url(host.split(",")[0], port) if port is not None else None
-        self.proxy: FrontProxy | None = None
+        self.proxy: ProxyProcess | None = None
         self._watchdog: watchdog.Watchdog | None = None
         self._run_us = 0  # the engine's continued time, up to _resumed_us (see run_us)
         self._resumed_us = mono_us()
@@ -166,6 +172,7 @@ class Supervisor:
             log_ready = health.LogReady(self.log_path, spec.log_regex or "")
         try:
             spawn.adopt_orphans()  # before the engine starts: its orphans come to us, not to init
+            self._start_proxy()
             if self.kind == LLAMA_SERVER:
                 self.proc = ls.start(self.args, self.log_path)
             else:
@@ -173,6 +180,9 @@ class Supervisor:
         except BaseException:
             if log_ready is not None:
                 log_ready.close()
+            if self.proxy is not None:
+                self.proxy.close()
+                self.proxy = None
             raise
         try:
             try:
@@ -203,18 +213,8 @@ class Supervisor:
                 interactive=self.klass == "interactive",
             )
             slot = self.membership.join()
-            if self.upstream is not None and self.args.port is not None:  # bound now (ProxyError if the port is taken)
-                public = (self.args.host, self.args.port)
-                seed, m = self._seed_view, self.membership
-                view = (lambda: seed(m.slot)) if seed is not None else None  # its slot now (a re-claim may move it)
-                self.proxy = FrontProxy(
-                    public,
-                    self.upstream,
-                    on_demand=self._proxy_demand,
-                    seed_view=view,
-                    on_error=lambda why: self._say(f"gpushare-tui: front proxy: {why}"),
-                )
-                self.proxy.start()
+            if self.proxy is not None:
+                self.proxy.set_engine_ready()  # the requests waiting go to the engine
             self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
         except BaseException:
             self.shutdown()
@@ -230,6 +230,24 @@ class Supervisor:
                 f"gpushare-tui: serving {serving} through the front proxy"
                 f" (engine on {sockets.host_port(*self.upstream)}; --no-proxy to serve it directly)"
             )
+
+    def _start_proxy(self) -> None:
+        """The front proxy on the public port (ProxyError if it cannot be bound), before the engine starts:
+        requests wait for it to load."""
+        if self.upstream is None or self.args.port is None:
+            return
+        seed = self._seed_view
+        # the slot at each read (a re-claim may move it); read only once the engine is ready (requests wait)
+        view = (lambda: seed(self.membership.slot if self.membership else None)) if seed is not None else None
+        self.proxy = ProxyProcess(  # a process of its own: its loop never holds the pace loop's interpreter lock
+            (self.args.host, self.args.port),
+            self.upstream,
+            on_demand=self._proxy_demand,
+            seed_view=view,
+            on_error=lambda why: self._say(f"gpushare-tui: front proxy: {why}"),
+            sock=self._listen_socket,
+            engine_ready=False,
+        ).start()
 
     def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:
         """Who listens where the readiness probe goes (http, tcp): ready only once it is the engine's tree."""

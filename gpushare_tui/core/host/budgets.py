@@ -149,6 +149,10 @@ PROXY_ACCEPT_BACKOFF_S = 0.05  # after accept() failed for want of fds (EMFILE, 
 PROXY_PIPELINE_BUFFER_BYTES = 64 * 2**10
 PROXY_PROPS_MAX_BYTES = 256 * 2**10  # a /props reply parsed to add opencoti.gpu_share (~5-20 KiB); larger: unchanged
 PROXY_SEED_VIEW_MAX_AGE_S = 0.25  # /gpu/peers and /props share one read of the segment at most this old
+# A request that comes while the engine (re)loads its model waits for it this long, then gets 503 (GET /health is
+# answered 503 at once). Loading a model from a local disk takes seconds to a few minutes; the waiting connections
+# count against PROXY_MAX_CONNECTIONS like any other.
+PROXY_ENGINE_WAIT_S = 300.0
 
 # -- who listens on an engine's port (core/host/sockets.py, core/engines/listener.py) ---------------------
 
