@@ -159,10 +159,10 @@ LATENCY_WINDOW_S = 60
 # role-only delta: counting it would make TTFT the engine's queueing, not its prefill). The chunks are parsed
 # for that up to this many bytes per request (a first event is ~100-300 bytes); past it, the next chunk counts.
 LATENCY_FIRST_TOKEN_SCAN_MAX_BYTES = 64 * 2**10
-# A `status` reply's histograms, as `serve`, `--once` and the dashboard read them from an engine's control
-# socket (any local process of ours may answer there): at most this many bounds each (vLLM's have 19-22);
-# a longer list is not a histogram (its p50/p99 are still shown).
-LATENCY_REPLY_MAX_BUCKETS = 64
+# A `status` reply's lists, as `serve`, `--once` and the dashboard read them from an engine's control socket (any
+# local process of ours may answer there): its only lists are the latency histograms' bounds and counts (vLLM's
+# have 19-23 items); a longer list is no histogram (the field is None: the p50/p99 beside it are still shown).
+STATUS_REPLY_LIST_MAX_ITEMS = 64
 
 # -- who listens on an engine's port (core/host/sockets.py, core/engines/listener.py) ---------------------
 

@@ -208,6 +208,8 @@ class LatencyRecorder:
         self._lock = threading.Lock()
         self._ring = [_Slot(-1) for _ in range(window_s)]
         self._cur = _Slot(-1)
+        self._sec_end = 0.0  # where the current slot's second ends: an event at or past it turns the ring
+        self._itl_sketch = self._cur.sketches[1]  # the current slot's, for the hot path
         self._total = _Slot(-1)  # the completed seconds from _total_lo to the current one (excluded)
         self._total_lo = 0
         self.in_flight = 0  # body received, response not ended
@@ -235,6 +237,8 @@ class LatencyRecorder:
                     self._total.add(old, -1)
             self._total_lo = max(self._total_lo, lo)
             slot = self._ring[sec % self.window_s] = self._cur = _Slot(sec)  # its old second was taken out above
+            self._sec_end = sec + 1.0
+            self._itl_sketch = slot.sketches[1]
         return slot
 
     # -- the proxy's events -----------------------------------------------------------------------------
@@ -263,10 +267,13 @@ class LatencyRecorder:
             gap = t_s - last
             self.itl_counts[bisect_left(ITL_BUCKETS_S, gap)] += 1
             self.itl_sum_s += gap
-            cur = self._cur
-            slot = cur if int(t_s) <= cur.sec else self._slot(t_s)
-            i = 0 if gap <= SKETCH_MIN_S else min(_LAST, int(_log(gap * _INV_MIN) * _INV_LOG_GAMMA) + 1)
-            slot.sketches[1][i] += 1
+            if t_s >= self._sec_end:
+                self._slot(t_s)
+            if gap > SKETCH_MIN_S:  # sketch_index, inlined: this is the one event per token
+                i = int(_log(gap * _INV_MIN) * _INV_LOG_GAMMA) + 1
+                self._itl_sketch[i if i < _LAST else _LAST] += 1
+            else:
+                self._itl_sketch[0] += 1
             return
         if not r.ok or not data:
             return
@@ -339,7 +346,9 @@ class LatencyRecorder:
         """The `status` reply's `latency`: the last minute's figures, what is in flight, the counters and the
         cumulative histograms."""
         w = self.window(now_s)
-        ms = {f"{f}_{q}_ms": _ms(w.percentile(f, p)) for f in FIGURES for q, p in (("p50", 0.5), ("p99", 0.99))}
+        ms = {}
+        for f in FIGURES:
+            ms[f"{f}_p50_ms"], ms[f"{f}_p99_ms"] = (_ms(x) for x in w.percentiles(f, (0.5, 0.99)))
         statuses = {f"status_{c}_total": n for c, n in zip(STATUS_CLASSES, self.by_status)}
         hist = self.histograms()
         fields: dict[str, object] = {
@@ -391,11 +400,15 @@ class WindowStats:
 
     def percentile(self, figure: str, q: float) -> float | None:
         """The `q` quantile (0-1, nearest rank) of `figure` over the window (s), None without samples."""
+        return self.percentiles(figure, (q,))[0]
+
+    def percentiles(self, figure: str, qs: tuple[float, ...]) -> tuple[float | None, ...]:
+        """The quantiles `qs` of `figure` (one pass over its sketch)."""
         cumulative = list(accumulate(self.sketches[figure]))
         n = cumulative[-1]
         if n == 0:
-            return None
-        return sketch_value(bisect_left(cumulative, max(1, math.ceil(q * n))))
+            return (None,) * len(qs)
+        return tuple(sketch_value(bisect_left(cumulative, max(1, math.ceil(q * n)))) for q in qs)
 
     def within_pct(self, figure: str, limit_s: float) -> float | None:
         """% of `figure`'s samples at or below `limit_s` (a sample in the bucket holding `limit_s` counts as
