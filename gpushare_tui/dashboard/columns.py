@@ -230,12 +230,16 @@ ACCOUNTING_COLUMNS: tuple[Column, ...] = (
 
 # -- latency as clients see it (core.observe.latency): an engine behind a front proxy, over the last minute ------
 MISSED_MARK = "!"  # after a p99 above the engine's target (its `slo`)
+SLO_REASON_SHOWN_CHARS = 300  # of a governor's reason (the engine's own text): a line, not a page
 
 
 def fmt_ms(ms: float | None) -> str:
-    """A duration in ms, at most 4 characters: "0.4", "85", "850", "1.2s", "12s", "99m" ("-": unknown)."""
+    """A duration in ms, at most 4 characters: "0.4", "85", "850", "1.2s", "12s", "99m" ("-": unknown; "?": below
+    0, what no clock measures: an engine's reply that says so is wrong)."""
     if ms is None:
         return "-"
+    if ms < 0:
+        return "?"
     if ms < 10:
         return f"{ms:.1f}"
     if ms < 999.5:
@@ -249,9 +253,11 @@ def fmt_ms(ms: float | None) -> str:
 
 
 def fmt_rate(x: float | None) -> str:
-    """Requests per second, at most 5 characters ("-": unknown)."""
+    """Requests per second, at most 5 characters ("-": unknown; "?": below 0)."""
     if x is None:
         return "-"
+    if x < 0:
+        return "?"
     return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}" if x < 99_999.5 else "many"
 
 
@@ -338,7 +344,8 @@ def slo_text(slo: SloReport) -> str:
     bounds = ""
     if slo.weight_min is not None and slo.weight_max is not None:
         bounds = f"; weight {slo.weight_min:g}-{slo.weight_max:g}" + (f", {slo.classes}" if slo.classes else "")
-    reason = f"; {slo.reason}" if slo.reason else ""
+    why = slo.reason or ""
+    reason = f"; {why[:SLO_REASON_SHOWN_CHARS]}{'…' if len(why) > SLO_REASON_SHOWN_CHARS else ''}" if why else ""
     return f"{', '.join(targets) or 'no target'}: {state}{bounds}{reason}"
 
 
