@@ -98,7 +98,8 @@ def test_d_shows_the_engines_latency_and_follows_it() -> None:
             assert [s.label for s in plot.series] == ["TTFT p99", "TTFT p50", "ITL p99"] and plot.target_ms == 300
             assert max(plot.series[0].ys) == pytest.approx(390, abs=10)
             source.models.append(with_latency(model_at(30), 900.0))  # the next refresh: a new figure, no target
-            await until(pilot, lambda: "p99 900 ms" in str(screen.query_one("#detail-latency").render()), what="refresh")
+            figures = screen.query_one("#detail-latency")
+            await until(pilot, lambda: "p99 900 ms" in str(figures.render()), what="the next refresh")
             assert plot.target_ms is None and "no latency target" in str(screen.query_one("#detail-slo").render())
             await pilot.press("escape")
             await until(pilot, lambda: not isinstance(app.screen, EngineDetail), what="closed")
