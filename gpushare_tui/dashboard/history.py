@@ -117,7 +117,6 @@ class History:
         out.sort(key=lambda s: s.slot)
         return tuple(out)
 
-
     def latency_series(
         self, row_key: tuple[str, int, int, int], now_s: float, span_s: float, buckets: int
     ) -> tuple[Series, ...]:
