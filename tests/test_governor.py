@@ -24,6 +24,7 @@ from gpushare_tui.core.pacing.governor import (
     GovernorConfigError,
     GovernorState,
     SloTarget,
+    default_bounds,
     figures_of,
     initial_state,
     ladder,
@@ -38,6 +39,11 @@ BOUNDS = GovernorBounds(weight_min=1, weight_max=8)
 
 def fig(ttft_ms: float | None, n: int = 20, itl_ms: float | None = None) -> Figures:
     return Figures(ttft_ms, itl_ms, n)
+
+
+def test_default_bounds_are_the_weight_to_eight_times_it() -> None:
+    assert default_bounds(2.0) == GovernorBounds(2.0, 16.0, ("batch", "interactive"))
+    assert default_bounds(1e38).weight_max == 3e38
 
 
 def test_the_ladder_goes_from_least_gpu_to_most() -> None:

@@ -140,6 +140,15 @@ class Decision:
     verdict: str = "idle"  # "missed" | "met" | "margin" | "idle" (too few requests) | "unreachable" | "settling"
 
 
+DEFAULT_WEIGHT_MAX_FACTOR = 8.0  # bounds not declared: from the engine's weight up to this many times it
+
+
+def default_bounds(weight: float, classes: tuple[str, ...] = CLASS_ORDER) -> GovernorBounds:
+    """The bounds of an engine that declares a target and no bounds: its weight to DEFAULT_WEIGHT_MAX_FACTOR x it
+    (within what a weight may be), both classes."""
+    return GovernorBounds(weight, min(3e38, weight * DEFAULT_WEIGHT_MAX_FACTOR), classes)
+
+
 def ladder(bounds: GovernorBounds) -> tuple[tuple[str, float], ...]:
     """The settings the governor moves along, least GPU first (see the module)."""
     weights = [bounds.weight_min]
