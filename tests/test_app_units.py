@@ -196,7 +196,7 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
     scrollbar); below 98 USER goes (each GPU's per-user line still names the users), GPU first of the rest,
     then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
     what is left. A column with nothing to show (VRAM without NVML, the latency columns while no engine reports
-    latency) goes before any other. With latency: REQ/S first, ITL99 with USER, TTFT99 just before VRAM."""
+    latency) goes before any other. With latency: REQ/S first, ITL99 with USER, TTFT99 after GPU."""
     must = [c.key for c in COLUMNS if not c.drop]
     acct = {"energy", "time", "user"}  # ENERGY goes first, then TIME and CLS; USER (each GPU's per-user line stays)
     lat = set(LATENCY_KEYS)
@@ -204,7 +204,7 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
         (77, lat, {"gpu", "vram", "hb", "class"} | acct | lat),
         (85, lat, {"gpu", "vram", "class"} | acct | lat),
         (97, lat, {"gpu", "class"} | acct | lat),
-        (97, set(), {"gpu", "class"} | acct | lat),  # latency known, but no room for it
+        (97, set(), {"gpu", "class", "itl", "reqs"} | acct),  # latency known: TTFT99 outlives GPU
         (120, set(), {"class", "energy", "user", "itl", "reqs"}),  # TTFT99 before TIME, HB, VRAM and GPU
         (130, set(), {"class", "energy", "reqs"}),
     )
