@@ -286,7 +286,8 @@ LATENCY_COLUMNS: tuple[Column, ...] = (
         True,
         True,
         drop=2,
-        help=f"time to first token, p99, {_WINDOW}: request body received → first token chunk relayed; {MISSED_MARK}: above its target",
+        help=f"time to first token, p99, {_WINDOW}: request body received → first token chunk relayed; "
+        f"{MISSED_MARK}: above its target",
         legend=f"time to first token p99, last minute ({MISSED_MARK}: above its target)",
     ),
     Column(
