@@ -102,7 +102,7 @@ class GovernorBounds:
 @dataclass(frozen=True)
 class Figures:
     """What the governor reads: the p99s (ms) over its last GOVERNOR_WINDOW_S (None: no sample) and how many
-    requests ended in it."""
+    requests it judges them by."""
 
     ttft_p99_ms: float | None
     itl_p99_ms: float | None
@@ -285,11 +285,11 @@ class SloReport:
 
 
 def figures_of(window: WindowStats) -> Figures:
-    """The governor's figures from a recorder's window (core/observe/latency.py)."""
+    """The governor's figures from a recorder's window (core/observe/latency.py): its requests are those whose
+    first token came in it (a long stream that has not ended is judged by its TTFT already)."""
     ttft, itl = window.percentile("ttft", 0.99), window.percentile("itl", 0.99)
-    return Figures(
-        None if ttft is None else ttft * 1000, None if itl is None else itl * 1000, window.requests
-    )  # fmt: skip
+    requests = window.count("ttft")
+    return Figures(None if ttft is None else ttft * 1000, None if itl is None else itl * 1000, requests)
 
 
 class Governor:
