@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ..core.observe.latency import HISTOGRAM_NAMES
 from ..dashboard.model import DashboardModel, GpuView, PeerRow
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -87,11 +88,8 @@ LATENCY_HISTOGRAMS = {
     "first token (2xx replies).",
     "gpushare_engine_e2e_request_latency_seconds": "Request body received -> response end (2xx replies).",
 }
-LATENCY_FIGURE_HISTOGRAM = {
-    "ttft": "gpushare_engine_time_to_first_token_seconds",
-    "itl": "gpushare_engine_inter_token_latency_seconds",
-    "e2e": "gpushare_engine_e2e_request_latency_seconds",
-}
+LATENCY_FIGURE_HISTOGRAM = {figure: f"gpushare_engine_{name}" for figure, name in HISTOGRAM_NAMES.items()}
+assert set(LATENCY_FIGURE_HISTOGRAM.values()) == set(LATENCY_HISTOGRAMS)
 LATENCY_COUNTERS = {
     "gpushare_engine_requests_total": "Requests answered through the engine's front proxy, by status class "
     '(2xx..5xx; "none": no response head), since its supervisor started.',

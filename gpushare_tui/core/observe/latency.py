@@ -27,8 +27,9 @@ histograms have vLLM's buckets; the last minute is a ring of LATENCY_WINDOW_S on
 array of LATENCY_SKETCH_BUCKETS counts per figure (log-spaced: a percentile is within
 LATENCY_SKETCH_REL_ERROR of the exact one), whatever the request rate or the latencies.
 
-One writer (the proxy's thread); `report` and `window` may run on any other thread: they read slots that the
-writer replaces whole each second (a sample racing a read is in this second's figures or the next's)."""
+One writer (the proxy's thread); `report` and `window` may run on any other thread. Completed seconds are never
+written again; the current one is written in place (a sample racing a read is in this read's figures or the
+next's); the running total of the window changes only when the second turns, under a lock the readers take."""
 
 from __future__ import annotations
 
