@@ -79,7 +79,8 @@ def per_event_ns(events: int, rounds: int) -> dict[str, tuple[float, float]]:
                 rec.chunk(r, t, PING)
             return n
 
-        def firsts(n: int = events // 10) -> int:
+        def before_first_token(name: str, data: bytes, n: int = events // 10) -> None:
+            """`n` requests each sent one chunk `data` before any token: its cost alone (parsed once)."""
             rec = LatencyRecorder(clock_s=lambda: 1000.0)
             reqs = []
             for i in range(n):
@@ -88,22 +89,8 @@ def per_event_ns(events: int, rounds: int) -> dict[str, tuple[float, float]]:
                 reqs.append(r)
             t0 = time.perf_counter_ns()
             for i, r in enumerate(reqs):
-                rec.chunk(r, 1000.1 + i * 1e-4, TOKEN)
-            out.setdefault("first token", []).append((time.perf_counter_ns() - t0) / n)
-            return n
-
-        def roles(n: int = events // 10) -> int:
-            rec = LatencyRecorder(clock_s=lambda: 1000.0)
-            reqs = []
-            for i in range(n):
-                r = rec.begin(1000.0 + i * 1e-4)
-                rec.head(r, 1000.0 + i * 1e-4, 200, True)
-                reqs.append(r)
-            t0 = time.perf_counter_ns()
-            for i, r in enumerate(reqs):
-                rec.chunk(r, 1000.1 + i * 1e-4, ROLE)
-            out.setdefault("role delta", []).append((time.perf_counter_ns() - t0) / n)
-            return n
+                rec.chunk(r, 1000.1 + i * 1e-4, data)
+            out.setdefault(name, []).append((time.perf_counter_ns() - t0) / n)
 
         def requests(n: int = events // 10) -> int:
             rec = LatencyRecorder(clock_s=lambda: 1000.0)
@@ -134,8 +121,8 @@ def per_event_ns(events: int, rounds: int) -> dict[str, tuple[float, float]]:
         timed("empty method call", floor)
         timed("chunk (token)", tokens)
         timed("chunk (ping)", pings)
-        firsts()
-        roles()
+        before_first_token("first token", TOKEN)
+        before_first_token("role delta", ROLE)
         timed("request (begin, head, end)", requests)
         reports()
     return {k: (statistics.median(v), min(v)) for k, v in out.items()}

@@ -10,7 +10,8 @@ Policies (each on a fresh gpu key, three engines `gpushare-tui launch`ed, same m
                weight and class (gpushare_tui/core/pacing/governor.py). Runs once `launch` takes --slo-ttft-p99-ms
                (the governor's wiring into the supervisor); until then it is listed as skipped, with why.
 Phases: `calm` (chat requests with Poisson arrivals, mean gap --mean-gap-s), then `flood` (chat requests back to
-back, --flood-streams at once), then calm again. The batch engines stream without pause throughout.
+back, --flood-streams at once), then calm again; requests of 64-128 tokens (bench/latency.py's InteractiveLoad).
+The batch engines stream without pause throughout.
 
 Per policy (and round): SLO attainment (% of chat requests whose TTFT, request sent -> first content token as the
 client sees it, is within the target) in each 10 s window of requests sent, its minimum after the first 30 s (the
@@ -28,17 +29,14 @@ import argparse
 import json
 import math
 import subprocess
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
 from bench import pacing
-from bench.latency import BATCH_N_PREDICT, Request, batch_solo_rate
+from bench.latency import BATCH_N_PREDICT, InteractiveLoad, Request, Setup, batch_solo_rate
 from bench.pacing import CLI, Engine, end, engine_argv, llama_server_path
 from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.core.registry.segment import shm_path
@@ -51,15 +49,6 @@ POLICIES = ("plain", "static", "governor")
 WINDOW_S = 10.0
 SETTLE_S = 30.0  # attainment is judged in the windows after this (the governor's time to act)
 GOVERNOR_WEIGHT_MAX = 8.0
-
-
-@dataclass
-class Setup:
-    server: str
-    model: str
-    threads: int
-    ctx: int
-    target_ms: float
 
 
 def governor_supported() -> str | None:
@@ -79,77 +68,12 @@ def launch(s: Setup, key: str, name: str, *extra: str) -> Engine:
     return Engine(1.0, info["port"], info["engine_pid"])
 
 
-def chat_options(policy: str, s: Setup) -> list[str]:
+def chat_options(policy: str, target_ms: float) -> list[str]:
     if policy == "static":
         return ["--class", "interactive"]
     if policy == "governor":
-        return ["--slo-ttft-p99-ms", f"{s.target_ms:g}", "--slo-weight-max", f"{GOVERNOR_WEIGHT_MAX:g}"]
+        return ["--slo-ttft-p99-ms", f"{target_ms:g}", "--slo-weight-max", f"{GOVERNOR_WEIGHT_MAX:g}"]
     return []
-
-
-@dataclass
-class ChatLoad:
-    """Streamed chat requests to `port`: Poisson arrivals while calm (each on its own thread), `streams` back to
-    back while flooding. Each request's send time and its content tokens' times are kept."""
-
-    port: int
-    mean_gap_s: float
-    seed: int
-    requests: list[Request] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        import random
-
-        self.rng = random.Random(self.seed)
-        self.url = f"http://127.0.0.1:{self.port}/completion"
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-
-    def calm(self, seconds: float) -> None:
-        end_at = time.monotonic() + seconds
-        nxt = time.monotonic() + self.rng.expovariate(1 / self.mean_gap_s)
-        while nxt < end_at and not self._stop.wait(max(0.0, nxt - time.monotonic())):
-            t = threading.Thread(target=self._alone, args=(self.rng.randint(32, 64),), daemon=True)
-            t.start()
-            self._threads.append(t)
-            nxt += self.rng.expovariate(1 / self.mean_gap_s)
-        self._stop.wait(max(0.0, end_at - time.monotonic()))
-
-    def flood(self, seconds: float, streams: int) -> None:
-        end_at = time.monotonic() + seconds
-
-        def loop() -> None:
-            with httpx.Client(timeout=120) as c:
-                while time.monotonic() < end_at and not self._stop.is_set():
-                    self._one(c, self.rng.randint(32, 64))
-
-        ts = [threading.Thread(target=loop, daemon=True) for _ in range(streams)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(seconds + 120)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(120)
-
-    def _alone(self, n_predict: int) -> None:
-        with httpx.Client(timeout=120) as c:
-            self._one(c, n_predict)
-
-    def _one(self, c: httpx.Client, n_predict: int) -> None:
-        body = {"prompt": "the a of", "n_predict": n_predict, "ignore_eos": True, "stream": True,
-                "cache_prompt": False, "logit_bias": [[t, False] for t in NON_TEXT_TOKEN_IDS]}  # fmt: skip
-        r = Request(time.monotonic(), n_predict)
-        try:
-            with c.stream("POST", self.url, json=body) as resp:
-                for line in resp.iter_lines():
-                    if line.startswith("data: ") and '"content"' in line:
-                        r.tokens_s.append(time.monotonic())
-        except httpx.HTTPError:
-            return
-        self.requests.append(r)
 
 
 def windows(reqs: list[Request], t0: float, t1: float, target_ms: float) -> list[dict]:
@@ -175,41 +99,46 @@ def run_policy(policy: str, s: Setup, a: argparse.Namespace, solo_tok_s: float, 
     row: dict = {"policy": policy, "load_avg_1m": psutil.getloadavg()[0]}
     engines: list[Engine] = []
     try:
-        engines.append(launch(s, key, f"chat-{policy}", *chat_options(policy, s)))
+        engines.append(launch(s, key, f"chat-{policy}", *chat_options(policy, a.target_ttft_ms)))
         for i in (1, 2):
             engines.append(launch(s, key, f"batch{i}-{policy}"))
         chat, batches = engines[0], engines[1:]
         for b in batches:
             b.load = StreamLoad(b.port, BATCH_N_PREDICT, banned_tokens=NON_TEXT_TOKEN_IDS).start()
         time.sleep(2.0)  # the batch engines are decoding before the first chat request
-        load = ChatLoad(chat.port, a.mean_gap_s, seed)
+        loads: list[InteractiveLoad] = []
         t0 = time.monotonic()
         c0 = pacing.decode_counts(engines)
         phases = []
-        for name, secs in (("calm", a.calm_s), ("flood", a.flood_s), ("calm", a.calm_s)):
+        for k, (name, secs) in enumerate((("calm", a.calm_s), ("flood", a.flood_s), ("calm", a.calm_s))):
             p0 = time.monotonic()
-            if name == "flood":
-                load.flood(secs, a.flood_streams)
-            else:
-                load.calm(secs)
+            # calm: Poisson arrivals; flood: --flood-streams clients, each sending its requests back to back
+            now = [InteractiveLoad(chat.port, a.mean_gap_s, seed + 10 * k)] if name == "calm" else [
+                InteractiveLoad(chat.port, a.mean_gap_s, seed + 10 * k + j, flood=True) for j in range(a.flood_streams)
+            ]  # fmt: skip
+            for load in now:
+                load.start()
+            time.sleep(secs)
+            for load in now:
+                load.stop()
+            loads += now
             phases.append({"phase": name, "from_s": round(p0 - t0, 1), "to_s": round(time.monotonic() - t0, 1)})
         c1 = pacing.decode_counts(engines)
         t1 = time.monotonic()
-        load.stop()
     finally:
         end(engines)
         Path(shm_path(key)).unlink(missing_ok=True)
     span = c1[0][0] - c0[0][0]
     rates = [(b[1] - x[1]) / max(1e-9, b[0] - x[0]) for x, b in zip(c0, c1)]
     chat_rate, batch_rate = rates[0], sum(rates[1:])
-    reqs = [r for r in load.requests if r.tokens_s]
+    reqs = [r for load in loads for r in load.requests if r.tokens_s]
     ttft = [(r.tokens_s[0] - r.sent_s) * 1000 for r in reqs]
-    wins = windows(reqs, t0, t1, s.target_ms)
+    wins = windows(reqs, t0, t1, a.target_ttft_ms)
     judged = [w["attained_pct"] for w in wins if w["from_s"] >= SETTLE_S and w["attained_pct"] is not None]
     left = max(1e-9, solo_tok_s - chat_rate)
     row.update(
         seconds=span, phases=phases, requests=len(reqs), ttft_p50_ms=_p(ttft, 0.5), ttft_p99_ms=_p(ttft, 0.99),
-        attained_pct=100.0 * sum(1 for x in ttft if x <= s.target_ms) / len(ttft) if ttft else None,
+        attained_pct=100.0 * sum(1 for x in ttft if x <= a.target_ttft_ms) / len(ttft) if ttft else None,
         windows=wins, min_window_attained_pct=min(judged) if judged else None,
         chat_decode_s=chat_rate, batch_tok_s=batch_rate, batch_of_left_pct=100 * batch_rate / left,
     )  # fmt: skip
@@ -273,10 +202,8 @@ def main() -> None:
     model = RESULTS / f"model-{a.embd}x{a.layers}.gguf"
     if not model.exists():
         write_tiny_llama(str(model), a.embd, a.layers)
-    s = Setup(llama_server_path(), str(model), a.threads, a.ctx, a.target_ttft_ms)
-    from bench.latency import Setup as LatencySetup
-
-    solo_tok_s = batch_solo_rate(LatencySetup(s.server, s.model, s.threads, s.ctx), 6.0)
+    s = Setup(llama_server_path(), str(model), a.threads, a.ctx)
+    solo_tok_s = batch_solo_rate(s, 6.0)
     no_governor = governor_supported() if "governor" in policies else None
     rows = []
     for rnd in range(a.rounds):

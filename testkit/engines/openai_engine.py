@@ -33,6 +33,8 @@ from urllib.parse import urlparse
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from testkit.engines import JsonHandler
+
 WORD = " tok"
 
 
@@ -66,16 +68,7 @@ def _event(doc: dict | str) -> bytes:
 
 
 def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(JsonHandler):
         def _error(self, status: int, message: str) -> None:
             doc = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status}
             self._reply(status, json.dumps(doc).encode())
@@ -167,9 +160,6 @@ def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 engine.success.labels(engine.model, "length").inc()
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client left: vLLM aborts the request
-
-        def log_message(self, *_args: object) -> None:
-            pass
 
     return Handler
 
