@@ -100,6 +100,14 @@ def test_a_large_miss_climbs_several_rungs() -> None:
     assert (d.klass, d.weight) == ("interactive", 4)
 
 
+def test_any_figure_is_a_decision_never_an_error() -> None:
+    tiny = SloTarget(ttft_p99_ms=1e-300)
+    d = step(tiny, BOUNDS, initial_state(BOUNDS, "batch", 1), fig(1.7e308), 0.0)  # the ratio overflows to inf
+    assert d.changed and d.state.rung == len(ladder(BOUNDS)) - 1
+    d = step(TARGET, BOUNDS, GovernorState(rung=99), fig(0.0), 0.0)  # a rung past the ladder: its top
+    assert (d.klass, d.weight) == ("interactive", 8)
+
+
 def test_between_the_margin_and_the_target_nothing_moves() -> None:
     s = initial_state(BOUNDS, "interactive", 4)
     for t in range(0, 600, 5):

@@ -229,7 +229,7 @@ def step(target: SloTarget, bounds: GovernorBounds, state: GovernorState, figure
             return hold(s, f"missed at the top of its bounds: {seen}", "missed")
         if since_change < GOVERNOR_WINDOW_S:
             return hold(s, f"missed: {seen}; settling after the last change", "settling")
-        new = min(top, rung + 1 + int(math.log2(worst)))
+        new = min(top, rung + 1 + int(math.log2(min(worst, 2.0**16))))  # a ratio may overflow to inf
         if s.last_move < 0:  # the rung below did not hold: a floor, and a longer wait before the next down
             down_after = min(GOVERNOR_DOWN_AFTER_MAX_S, 2 * s.down_after_s)
             s = replace(s, floor=new, floor_until_s=now_s + down_after, down_after_s=down_after, reversal_at_s=now_s)
