@@ -57,10 +57,12 @@ def governor_supported() -> str | None:
     return None if "--slo-ttft-p99-ms" in out.stdout else "launch has no --slo-ttft-p99-ms yet (the governor's wiring)"
 
 
-def launch(s: Setup, key: str, name: str, *extra: str) -> Engine:
+def launch(s: Setup, key: str, name: str, *extra: str, parallel: int = 1) -> Engine:
+    """`gpushare-tui launch` of one llama-server with `parallel` slots (-np: requests decoded together)."""
     port = free_port()
-    argv = [*CLI, "launch", "--json", "--weight", "1", "--gpu-key", key, "--name", name, *extra, "--",
-            *engine_argv(s.server, s.model, s.threads, s.ctx, port)]  # fmt: skip
+    engine = engine_argv(s.server, s.model, s.threads, s.ctx, port)
+    engine[engine.index("-np") + 1] = str(parallel)
+    argv = [*CLI, "launch", "--json", "--weight", "1", "--gpu-key", key, "--name", name, *extra, "--", *engine]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=180)
     if out.returncode != 0:
         raise RuntimeError(f"launch {name} failed: {out.stderr.strip()}")
@@ -99,7 +101,9 @@ def run_policy(policy: str, s: Setup, a: argparse.Namespace, solo_tok_s: float, 
     row: dict = {"policy": policy, "load_avg_1m": psutil.getloadavg()[0]}
     engines: list[Engine] = []
     try:
-        engines.append(launch(s, key, f"chat-{policy}", *chat_options(policy, a.target_ttft_ms)))
+        # the chat decodes its flood's requests together (a slot each): their TTFT is the GPU's share, not a queue
+        chat_options_ = chat_options(policy, a.target_ttft_ms)
+        engines.append(launch(s, key, f"chat-{policy}", *chat_options_, parallel=max(1, a.flood_streams)))
         for i in (1, 2):
             engines.append(launch(s, key, f"batch{i}-{policy}"))
         chat, batches = engines[0], engines[1:]
