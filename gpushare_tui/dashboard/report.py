@@ -65,7 +65,7 @@ def engine_json(row: PeerRow) -> dict | None:
         "log": e.log,
         "error": e.error,
         "latency": latency_json(e.latency),
-        "slo": None if e.slo is None else asdict(e.slo),
+        "slo": None if e.slo is None else _finite(asdict(e.slo)),
     }
 
 
@@ -79,7 +79,12 @@ def latency_json(latency: object) -> dict | None:
     if latency is None:
         return None
     doc = asdict(latency)  # type: ignore[call-overload]
-    return {k: _json_number(v) if isinstance(v, float) else v for k, v in doc.items() if k not in LATENCY_JSON_LEFT_OUT}
+    return _finite({k: v for k, v in doc.items() if k not in LATENCY_JSON_LEFT_OUT})
+
+
+def _finite(doc: dict) -> dict:
+    """`doc` with its non-finite floats null (the report is JSON without NaN)."""
+    return {k: _json_number(v) if isinstance(v, float) else v for k, v in doc.items()}
 
 
 def account_json(row: PeerRow) -> dict:
