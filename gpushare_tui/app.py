@@ -32,7 +32,7 @@ from .core.registry.abi import to_f32
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.columns import fmt_age
 from .dashboard.control import LocalControl
-from .dashboard.history import History
+from .dashboard.history import History, Series
 from .dashboard.model import DashboardModel, PeerRow, without_idle_segments
 from .dashboard.protocols import ControlClient, DataSource
 from .dashboard.source import LiveSource
@@ -573,7 +573,7 @@ class DashboardApp(App):
         screen = EngineDetail(row, self._latency_series(row), self.history_s)
         self.push_screen(screen)
 
-    def _latency_series(self, row: PeerRow) -> tuple:
+    def _latency_series(self, row: PeerRow) -> tuple[Series, ...]:
         p = row.peer
         now_s = self.model.plot_s if self.model is not None else 0.0
         return self.history.latency_series((row.gpu_key, p.slot, p.pid, p.boot_us), now_s, self.history_s, 200)

@@ -19,8 +19,8 @@ from .palette import slot_marker, slot_rgb
 from .plot_ticks import time_ticks
 
 NO_LATENCY = (
-    "no latency figures: its requests do not pass through a front proxy of gpushare-tui (a supervised engine's "
-    "port does; see docs/latency.md)"
+    "no latency figures: this engine reports none (its requests pass no front proxy of gpushare-tui, which a "
+    "supervised engine's port has; or it is not ours to ask: see docs/latency.md)"
 )
 
 
