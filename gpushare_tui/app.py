@@ -32,11 +32,12 @@ from .core.registry.abi import to_f32
 from .dashboard import MIN_INTERVAL_S
 from .dashboard.columns import fmt_age
 from .dashboard.control import LocalControl
-from .dashboard.history import History
+from .dashboard.history import History, Series
 from .dashboard.model import DashboardModel, PeerRow, without_idle_segments
 from .dashboard.protocols import ControlClient, DataSource
 from .dashboard.source import LiveSource
 from .widgets.confirm_stop import ConfirmStop
+from .widgets.engine_detail import EngineDetail
 from .widgets.gpu_panel import GpuPanel
 from .widgets.help_screen import HelpScreen, help_rows
 from .widgets.launch_form import SYNTHETIC, LaunchForm, LaunchResult, Runner
@@ -104,6 +105,13 @@ class DashboardApp(App):
         Binding("s", "stop_engine", "Stop", tooltip="stop the selected managed engine (asks first)"),
         Binding("w,plus,minus,l,s", "readonly_refused", show=False),
         Binding("L", "show_log", "Log", show=False, tooltip="show the selected managed engine's log, live"),
+        Binding(
+            "d",
+            "show_detail",
+            "Detail",
+            show=False,
+            tooltip="show the selected engine's latency: last minute's figures, its target, a plot over time",
+        ),
         Binding("o", "sort", "Sort", tooltip="cycle the sort (slot, share, busy, weight, tok/s, speed, name, pid)"),
         Binding("h", "span", "Span", tooltip=f"cycle the plots' time span ({_SPANS_HELP} minutes)"),
         Binding(
@@ -351,6 +359,8 @@ class DashboardApp(App):
         self._table.show(model.rows())
         self._select_gpu()
         self._show_plots()
+        if isinstance(self.screen, EngineDetail):
+            self._show_detail(self.screen)
 
     def _show_panels(self, model: DashboardModel) -> None:
         keys = [g.gpu_key for g in model.gpus]
@@ -555,6 +565,23 @@ class DashboardApp(App):
                 log.close()
 
         self.run_worker(work, thread=True, group="control", exit_on_error=False)
+
+    def action_show_detail(self) -> None:
+        row = self._selected()
+        if row is None:
+            return
+        screen = EngineDetail(row, self._latency_series(row), self.history_s)
+        self.push_screen(screen)
+
+    def _latency_series(self, row: PeerRow) -> tuple[Series, ...]:
+        p = row.peer
+        now_s = self.model.plot_s if self.model is not None else 0.0
+        return self.history.latency_series((row.gpu_key, p.slot, p.pid, p.boot_us), now_s, self.history_s, 200)
+
+    def _show_detail(self, screen: EngineDetail) -> None:
+        """The open detail view's engine, from the model just rendered (its last row if it is gone)."""
+        row = next((r for r in self.model.rows() if r.key == screen.row.key), screen.row) if self.model else screen.row
+        screen.show(row, self._latency_series(row), self.history_s)
 
     def action_launch(self) -> None:
         key = self.selected_gpu or self.gpu_key or ""

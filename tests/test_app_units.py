@@ -12,7 +12,16 @@ from gpushare_tui.core.engines.declaration import SourceOptions, SynthDecl
 from gpushare_tui.core.engines.kinds import KINDS
 from gpushare_tui.core.engines.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import abi
-from gpushare_tui.dashboard.columns import COLUMNS, FLOOR_MARK, GAP, NAME_KEEP, NAME_WIDTH, fit_columns, legend
+from gpushare_tui.dashboard.columns import (
+    COLUMNS,
+    FLOOR_MARK,
+    GAP,
+    LATENCY_KEYS,
+    NAME_KEEP,
+    NAME_WIDTH,
+    fit_columns,
+    legend,
+)
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.help_screen import column_table, screen_text
 from gpushare_tui.widgets.launch_form import COMMON, FIELDS, LaunchResult, validate_launch
@@ -92,6 +101,9 @@ def test_row_cells():
         "status": "active",
         "toks": "55.5",
         "speed": "50",
+        "ttft": "-",  # no latency figures: its requests pass no front proxy
+        "itl": "-",
+        "reqs": "-",
         "engine": "running",
         "time": "-",
         "energy": "-",
@@ -183,15 +195,20 @@ def test_columns_fit_the_width_dropping_the_least_useful_first():
     """Every column that matters fits at 80 terminal columns (78 inside the border, 77 with a vertical
     scrollbar); below 98 USER goes (each GPU's per-user line still names the users), GPU first of the rest,
     then VRAM, then HB, while NAME would get less than NAME_KEEP; NAME takes
-    what is left. A column with nothing to show (VRAM without NVML) goes before any other."""
+    what is left. A column with nothing to show (VRAM without NVML, the latency columns while no engine reports
+    latency) goes before any other. With latency: REQ/S first, ITL99 with USER, TTFT99 after GPU."""
     must = [c.key for c in COLUMNS if not c.drop]
     acct = {"energy", "time", "user"}  # ENERGY goes first, then TIME and CLS; USER (each GPU's per-user line stays)
+    lat = set(LATENCY_KEYS)
     cases = (
-        (77, set(), {"gpu", "vram", "hb", "class"} | acct),
-        (85, set(), {"gpu", "vram", "class"} | acct),
-        (97, set(), {"gpu", "class"} | acct),
+        (77, lat, {"gpu", "vram", "hb", "class"} | acct | lat),
+        (85, lat, {"gpu", "vram", "class"} | acct | lat),
+        (97, lat, {"gpu", "class"} | acct | lat),
+        (97, set(), {"gpu", "class", "itl", "reqs"} | acct),  # latency known: TTFT99 outlives GPU
+        (120, set(), {"class", "energy", "user", "itl", "reqs"}),  # TTFT99 before TIME, HB, VRAM and GPU
+        (130, set(), {"class", "energy", "reqs"}),
     )
-    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (200, {"energy"}, {"energy"}))
+    cases += ((200, set(), set()), (200, {"vram"}, {"vram"}), (200, {"energy"}, {"energy"}), (200, lat, lat))
     for available, empty, dropped in cases:
         shown, name = fit_columns(available, frozenset(empty))
         keys = [c.key for c in shown]

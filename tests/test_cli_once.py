@@ -64,7 +64,9 @@ PEER_TYPES = {
     "managed": bool,
     "engine": (dict, type(None)),
 }
-ENGINE_KEYS = ["state", "tok_s", "solo_tok_s", "speed_pct", "model", "port", "kind", "activity", "log", "error"]
+ENGINE_KEYS = [
+    "state", "tok_s", "solo_tok_s", "speed_pct", "model", "port", "kind", "activity", "log", "error", "latency", "slo"
+]  # fmt: skip
 BAD_PID = 4_000_123
 
 
@@ -170,6 +172,7 @@ def test_once_json_golden_shape(procs, gpu_key: str, shm_files, cli, runtime_dir
         assert (e["state"], e["kind"], e["model"], e["port"], e["log"], e["error"]) == (
             "running", "synth", "synthetic", None, None, None
         )  # fmt: skip
+        assert (e["latency"], e["slo"]) == (None, None)  # a synthetic engine has no front proxy, no target
         assert e["tok_s"] is None or e["tok_s"] >= 0.0
         assert e["solo_tok_s"] is None or e["solo_tok_s"] > 0.0
         if e["tok_s"] is not None and e["solo_tok_s"] is not None:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from gpushare_tui.serve.exposition import METRIC_NAMES
+from gpushare_tui.serve.exposition import COUNTER_RESETS, METRIC_NAMES, families
 from testkit.paths import REPO
 
 DEPLOY = REPO / "deploy"
@@ -40,6 +40,20 @@ def test_grafana_dashboard_metrics_exist() -> None:
     titles = " ".join(p["title"].lower() for p in dash["panels"])
     for what in ("share", "busy", "achieved", "tokens/s", "period", "peers", "device time by", "energy by engine"):
         assert what in titles
+
+
+def test_every_counter_says_what_restarts_it() -> None:
+    """Every counter and histogram `serve` exports is in COUNTER_RESETS and has a row of deploy/README.md's table
+    (`gpushare_user_busy_seconds_total` once went down at a `serve` restart with no word about it there)."""
+    from test_golden import fixed_model  # a model with every kind of series: accounts, latency, SLO
+
+    kinds = {f.name + ("_total" if f.type == "counter" else ""): f.type for f in families(fixed_model())}
+    assert {n for n, t in kinds.items() if t in ("counter", "histogram")} == set(COUNTER_RESETS)
+    readme = (DEPLOY / "README.md").read_text()
+    section = readme.split("### Counters, and what restarts them from 0", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in section.splitlines() if line.startswith("| `gpushare_")]
+    for name in COUNTER_RESETS:
+        assert any(f"`{name}`" in row.split(" | ")[0] for row in rows), name
 
 
 def test_systemd_unit_runs_serve() -> None:

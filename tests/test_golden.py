@@ -18,8 +18,10 @@ from gpushare_tui.cli.once import render_table
 from gpushare_tui.core.observe.accounting import GpuAccount, GpuAccountant
 from gpushare_tui.core.observe.energy import nvml_reading
 from gpushare_tui.core.observe.gpu import DeviceStats
+from gpushare_tui.core.observe.latency import LatencyRecorder, LatencyReport
 from gpushare_tui.core.observe.snapshot import GpuSnapshot, SegmentProblem, build_gpu_snapshot
 from gpushare_tui.core.pacing.control import SignalLateness
+from gpushare_tui.core.pacing.governor import SloReport
 from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares, unmanaged_view
 from gpushare_tui.dashboard.remote import gpu_from_json
@@ -83,13 +85,41 @@ def ext1(rec: abi.SlotRecord, busy_total_s: float, flags: int = 0) -> abi.SlotRe
     return replace(rec, flags=abi.FLAG_EXT1 | flags, busy_total_us=int(busy_total_s * 1e6))
 
 
+def golden_latency() -> LatencyReport:
+    """A chat engine's last minute through its front proxy: 30 streamed replies (TTFT 120-410 ms, 20 tokens 25 ms
+    apart), one 404 and one client that left before the head."""
+    rec = LatencyRecorder(clock_s=lambda: 1000.0)
+    for i in range(30):
+        t = 1001.0 + i
+        r = rec.begin(t)
+        rec.head(r, t + 0.01, 200, True)
+        rec.chunk(r, t + 0.01, b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n')
+        first = t + 0.12 + 0.01 * i
+        for k in range(20):
+            rec.chunk(r, first + 0.025 * k, b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
+        rec.end(r, first + 0.5)
+    for status in (404, None):
+        r = rec.begin(1040.0)
+        if status is not None:
+            rec.head(r, 1040.0, status, False)
+        rec.end(r, 1040.1)
+    return rec.report(1045.0)
+
+
+GOLDEN_SLO = SloReport(
+    ttft_p99_ms=300, ttft_attained_pct=63.3, state="missed", weight_min=1, weight_max=8, classes="batch,interactive",
+    reason="interactive weight 2: missed: ttft p99 410 ms > 300 (12 requests); settling after the last change",
+    changed_ago_s=4.0, paused_s=0.0,
+)  # fmt: skip
+
+
 def fixed_model() -> DashboardModel:
     """Two segments and one unreadable: managed engines (llama-server with lateness, synth, one whose
     control socket timed out), a foreign idle peer, a dead one, an invalid weight, an unthrottled GPU."""
     llama = EngineInfo(
         state="running", tok_s=42.5, solo_tok_s=50.0, model="qwen2.5-7b.gguf", owner_config="/home/alice/up.toml",
         config_weight=2.0, kind="llama-server", port=8081, lateness=SignalLateness(120, 150, 900, 2000),
-        log="/home/alice/.local/state/gpushare-tui/logs/chat.log",
+        log="/home/alice/.local/state/gpushare-tui/logs/chat.log", latency=golden_latency(), slo=GOLDEN_SLO,
     )  # fmt: skip
     synth = EngineInfo(state="running", tok_s=10.0, solo_tok_s=None, model="synthetic", kind="synth")
     mute = EngineInfo(state="running", error="no reply to status within 0.3 s")

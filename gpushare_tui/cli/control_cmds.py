@@ -8,6 +8,7 @@ connections) is retried for up to budgets.CONTROL_BUSY_RETRY_S. A pid that serve
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,6 +18,9 @@ from ..core.host.errors import GpushareError
 from ..core.registry.abi import WEIGHT_RULE, parse_weight
 from .common import engine_ref
 from .options import EngineArg, EngineKeyOpt, EngineSlotOpt
+
+if TYPE_CHECKING:
+    from ..core.pacing.control import StatusReply
 
 # a negative weight ("weight PID -1") is a value to reject, not an unknown option
 VALUE_CONTEXT = {"ignore_unknown_options": True}
@@ -41,25 +45,34 @@ def status(
     from ..core.pacing.control import StatusReply
 
     try:
-        reply = StatusReply.from_json(_ask(engine, "status", slot, gpu_key)[1]).to_json()
+        typed = StatusReply.from_json(_ask(engine, "status", slot, gpu_key)[1])
     except GpushareError as e:
         if as_json:
             print(json.dumps({"ok": False, "error": str(e)}))
         raise
+    reply = typed.to_json()
     if as_json:
         print(json.dumps(reply))
     else:
         for k, v in reply.items():
             if v is not None:
-                print(f"{k:>10}: {_status_value(v)}")
+                print(f"{k:>10}: {_status_value(typed, k, v)}")
 
 
-def _status_value(value: object) -> str:
-    """One `status` field for a person: a float to 2 places, the signal lateness in words."""
-    if isinstance(value, dict):  # the only nested field: signal_lateness
-        return lateness_text(value)
+def _status_value(reply: StatusReply, key: str, value: object) -> str:
+    """One `status` field for a person: a float to 2 places, the nested ones in words (untrusted text printable)."""
     from ..core.host.text import printable
 
+    if key == "latency" and reply.latency is not None:
+        from ..dashboard.columns import latency_text
+
+        return printable(latency_text(reply.latency))
+    if key == "slo" and reply.slo is not None:
+        from ..dashboard.columns import slo_text
+
+        return printable(slo_text(reply.slo))
+    if isinstance(value, dict):  # signal_lateness
+        return lateness_text(value)
     return f"{value:.2f}" if isinstance(value, float) else printable(str(value))
 
 

@@ -26,6 +26,9 @@ from .model import EngineInfo, PeerRow
 if TYPE_CHECKING:
     from _typeshed import SupportsRichComparison
 
+    from ..core.observe.latency import LatencyReport
+    from ..core.pacing.governor import SloReport
+
 
 @dataclass(frozen=True)
 class Column:
@@ -225,6 +228,131 @@ ACCOUNTING_COLUMNS: tuple[Column, ...] = (
 # -- end accounting ----------------------------------------------------------------------------------
 
 
+# -- latency as clients see it (core.observe.latency): an engine behind a front proxy, over the last minute ------
+MISSED_MARK = "!"  # after a p99 above the engine's target (its `slo`)
+SLO_REASON_SHOWN_CHARS = 300  # of a governor's reason (the engine's own text): a line, not a page
+
+
+def fmt_ms(ms: float | None) -> str:
+    """A duration in ms, at most 4 characters: "0.4", "85", "850", "1.2s", "12s", "99m" ("-": unknown; "?": below
+    0, what no clock measures: an engine's reply that says so is wrong)."""
+    if ms is None:
+        return "-"
+    if ms < 0:
+        return "?"
+    if ms < 10:
+        return f"{ms:.1f}"
+    if ms < 999.5:
+        return f"{ms:.0f}"
+    s = ms / 1000
+    if s < 9.95:
+        return f"{s:.1f}s"
+    if s < 999.5:
+        return f"{s:.0f}s"
+    return f"{s / 60:.0f}m" if s < 99.5 * 60 else "long"
+
+
+def fmt_rate(x: float | None) -> str:
+    """Requests per second, at most 5 characters ("-": unknown; "?": below 0)."""
+    if x is None:
+        return "-"
+    if x < 0:
+        return "?"
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:.0f}" if x < 99_999.5 else "many"
+
+
+def _p99_text(r: PeerRow, figure: str) -> str:
+    """TTFT99 / ITL99: the last minute's p99, MISSED_MARK when above the engine's target."""
+    lat = r.latency
+    ms = None if lat is None else getattr(lat, f"{figure}_p99_ms")
+    slo = r.engine.slo if r.engine is not None else None
+    target = None if slo is None else getattr(slo, f"{figure}_p99_ms")
+    return fmt_ms(ms) + (MISSED_MARK if ms is not None and target is not None and ms > target else "")
+
+
+def _p99_of(r: PeerRow, figure: str) -> float:
+    lat = r.latency
+    return _num_or(None if lat is None else getattr(lat, f"{figure}_p99_ms"))
+
+
+_WINDOW = "over the last minute, as its clients see it (measured at its front proxy; - without one)"
+LATENCY_COLUMNS: tuple[Column, ...] = (
+    Column(
+        "ttft",
+        "TTFT99",
+        6,
+        lambda r: _p99_text(r, "ttft"),
+        lambda r: _p99_of(r, "ttft"),
+        True,
+        True,
+        drop=2,
+        help=f"time to first token, p99, {_WINDOW}: request body received → first token chunk relayed; "
+        f"{MISSED_MARK}: above its target",
+        legend=f"time to first token p99, last minute ({MISSED_MARK}: above its target)",
+    ),
+    Column(
+        "itl",
+        "ITL99",
+        5,
+        lambda r: _p99_text(r, "itl"),
+        lambda r: _p99_of(r, "itl"),
+        True,
+        True,
+        drop=4,
+        help=f"inter-token latency, p99, {_WINDOW}: the gap between streamed chunks; {MISSED_MARK}: above its target",
+        legend="inter-token gap p99, last minute",
+    ),
+    Column(
+        "reqs",
+        "REQ/S",
+        5,
+        lambda r: fmt_rate(r.latency.req_s if r.latency is not None else None),
+        lambda r: _num_or(r.latency.req_s if r.latency is not None else None),
+        True,
+        True,
+        drop=5,
+        help=f"requests answered (2xx) per second {_WINDOW}",
+    ),
+)
+LATENCY_KEYS = frozenset(c.key for c in LATENCY_COLUMNS)
+
+
+def latency_text(lat: LatencyReport) -> str:
+    """An engine's latency in one line (`status NAME`, the detail view)."""
+    parts = []
+    for figure in ("ttft", "itl", "e2e"):
+        p50, p99 = getattr(lat, f"{figure}_p50_ms"), getattr(lat, f"{figure}_p99_ms")
+        if p50 is not None or p99 is not None:
+            parts.append(f"{figure} p50 {fmt_ms(p50)} p99 {fmt_ms(p99)} ms".replace("s ms", "s"))
+    window = f" over {lat.window_s:.0f} s" if lat.window_s is not None else ""
+    rate = f"{fmt_rate(lat.req_s)} req/s{window}" if lat.req_s is not None else "no rate"
+    now = f"{lat.in_flight if lat.in_flight is not None else '?'} in flight ({lat.waiting or 0} waiting)"
+    totals = ", ".join(f"{c} {n}" for c, n in lat.status_totals() if n)
+    return "; ".join(filter(None, [", ".join(parts) or "no request yet", rate, now, totals]))
+
+
+def slo_text(slo: SloReport) -> str:
+    """An engine's target and how it fares, in one line (`status NAME`, the detail view)."""
+    targets = []
+    for figure in ("ttft", "itl"):
+        target, pct = getattr(slo, f"{figure}_p99_ms"), getattr(slo, f"{figure}_attained_pct")
+        if target is not None:
+            within = f" ({pct:.1f}% within, last minute)" if pct is not None else ""
+            targets.append(f"{figure} p99 ≤ {target:g} ms{within}")
+    state = slo.state or "?"
+    if state == "paused" and slo.paused_s:
+        state += f" {slo.paused_s:.0f} s more (set by hand)"
+    bounds = ""
+    if slo.weight_min is not None and slo.weight_max is not None:
+        bounds = f"; weight {slo.weight_min:g}-{slo.weight_max:g}" + (f", {slo.classes}" if slo.classes else "")
+    why = slo.reason or ""
+    reason = f"; {why[:SLO_REASON_SHOWN_CHARS]}{'…' if len(why) > SLO_REASON_SHOWN_CHARS else ''}" if why else ""
+    return f"{', '.join(targets) or 'no target'}: {state}{bounds}{reason}"
+
+
+# -- end latency --------------------------------------------------------------------------------------------------
+
+
 def _state_order(r: PeerRow) -> int:
     p = r.peer
     return 0 if p.alive and p.active else 1 if p.alive else 2
@@ -379,6 +507,7 @@ COLUMNS: tuple[Column, ...] = (
         ),
         legend="speed vs solo (tok/s ÷ best tok/s alone; - while idle)",
     ),
+    *LATENCY_COLUMNS,
     Column(
         "engine",
         "ENGINE",

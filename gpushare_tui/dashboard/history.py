@@ -27,6 +27,11 @@ class _Line:
     label: str
     points: deque = field(default_factory=deque)  # (t_s, window share, busy, achieved|None)
     recent: deque = field(default_factory=deque)  # (t_s, raw achieved) over the last ACHIEVED_AVG_S
+    latency: deque = field(default_factory=deque)  # (t_s, {figure: ms}) of an engine that reports latency
+
+
+# The detail view's latency lines: figure -> the label of its line (ms, the last minute's at each refresh)
+LATENCY_LINES = {"ttft_p99_ms": "TTFT p99", "ttft_p50_ms": "TTFT p50", "itl_p99_ms": "ITL p99"}
 
 
 ACHIEVED_AVG_S = 5.0
@@ -55,11 +60,16 @@ class History:
                     line = self._lines[k] = _Line(p.slot, p.name or f"pid {p.pid}")
                 share = p.window_pct or 0.0  # what it gets (the floor included); 0 while not a member
                 line.points.append((t, share, p.busy_pct, self._smoothed(line, t, achieved.get(p.slot))))
+                lat = r.latency
+                if lat is not None:
+                    line.latency.append((t, {f: getattr(lat, f) for f in LATENCY_LINES}))
         cutoff = t - self.span_s
         for k in list(self._lines):
-            pts = self._lines[k].points
+            pts, lat_pts = self._lines[k].points, self._lines[k].latency
             while pts and pts[0][0] < cutoff:
                 pts.popleft()
+            while lat_pts and lat_pts[0][0] < cutoff:
+                lat_pts.popleft()
             if not pts:
                 del self._lines[k]
 
@@ -105,6 +115,31 @@ class History:
             xy = _compress(xy)
             out.append(Series(line.slot, line.label, tuple(x for x, _ in xy), tuple(y for _, y in xy)))
         out.sort(key=lambda s: s.slot)
+        return tuple(out)
+
+    def latency_series(
+        self, row_key: tuple[str, int, int, int], now_s: float, span_s: float, buckets: int
+    ) -> tuple[Series, ...]:
+        """One engine's latency lines (LATENCY_LINES, ms) over the last `span_s`, bucketed as `series`; its
+        row is (gpu key, slot, pid, boot_us). A line's slot is its index in LATENCY_LINES (its colour)."""
+        line = self._lines.get(row_key)
+        if line is None:
+            return ()
+        bw = span_s / max(1, buckets)
+        cutoff = now_s - span_s
+        out = []
+        for i, (figure, label) in enumerate(LATENCY_LINES.items()):
+            sums: dict[int, list[float]] = {}
+            for t, values in line.latency:
+                v = values.get(figure)
+                if t < cutoff or v is None:
+                    continue
+                acc = sums.setdefault(int(t // bw), [0.0, 0])
+                acc[0] += v
+                acc[1] += 1
+            if sums:
+                xy = _compress([(min(0.0, (b + 0.5) * bw - now_s), round(v / n, 1)) for b, (v, n) in sums.items()])
+                out.append(Series(i, label, tuple(x for x, _ in xy), tuple(y for _, y in xy)))
         return tuple(out)
 
 

@@ -17,7 +17,9 @@ from ..core.registry.abi import to_f32
 
 TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
+    from ..core.observe.latency import LatencyReport
     from ..core.pacing.control import SignalLateness
+    from ..core.pacing.governor import SloReport
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class EngineInfo:
     log: str | None = None  # its log file (a supervisor's engine log)
     gpu_key: str | None = None  # where it says it is joined (what confirms a row as managed: source.py)
     slot: int | None = None
+    latency: LatencyReport | None = None  # its clients' latency (engines behind a front proxy; else None)
+    slo: SloReport | None = None  # its latency target, attainment and the governor's last word (text printable)
 
     @property
     def speed_pct(self) -> float | None:
@@ -70,6 +74,11 @@ class PeerRow:
     @property
     def tok_s(self) -> float | None:
         return self.engine.tok_s if self.engine is not None else None
+
+    @property
+    def latency(self) -> LatencyReport | None:
+        """Its clients' latency over the last minute, for a live managed engine that reports it."""
+        return self.engine.latency if self.engine is not None and self.peer.alive else None
 
     @property
     def speed_pct(self) -> float | None:

@@ -64,7 +64,27 @@ def engine_json(row: PeerRow) -> dict | None:
         "activity": e.activity,
         "log": e.log,
         "error": e.error,
+        "latency": latency_json(e.latency),
+        "slo": None if e.slo is None else _finite(asdict(e.slo)),
     }
+
+
+LATENCY_JSON_LEFT_OUT = ("ttft_hist", "itl_hist", "e2e_hist")  # Prometheus material: `serve`'s /metrics has them
+
+
+def latency_json(latency: object) -> dict | None:
+    """A managed engine's `latency` (core.observe.latency.LatencyReport): the last minute's p50/p99 (ms), requests
+    and rate, what is in flight and the counters by status; null when the engine reports none (no front proxy).
+    The cumulative histograms are left out (LATENCY_JSON_LEFT_OUT)."""
+    if latency is None:
+        return None
+    doc = asdict(latency)  # type: ignore[call-overload]
+    return _finite({k: v for k, v in doc.items() if k not in LATENCY_JSON_LEFT_OUT})
+
+
+def _finite(doc: dict) -> dict:
+    """`doc` with its non-finite floats null (the report is JSON without NaN)."""
+    return {k: _json_number(v) if isinstance(v, float) else v for k, v in doc.items()}
 
 
 def account_json(row: PeerRow) -> dict:

@@ -20,6 +20,7 @@ from .model import DashboardModel, EngineInfo, GpuView, PeerRow, achieved_shares
 
 TYPE_CHECKING = False  # typing's, without importing typing: --once starts without it (issue 28)
 if TYPE_CHECKING:
+    from ..core.pacing.governor import SloReport
     from .protocols import ControlClient
 
 
@@ -107,6 +108,8 @@ class LiveSource:
                 log=text(r.log),
                 gpu_key=r.gpu_key,
                 slot=r.slot,
+                latency=r.latency,
+                slo=_printable_slo(r.slo) if self.sanitize and r.slo is not None else r.slo,
             )
             slow = time.monotonic() - t0 > self.status_timeout_s / 2
             due = mono + self.status_every_s * (5 if slow else 1)
@@ -166,6 +169,13 @@ def _trusted(g: GpuSnapshot) -> bool:
     """A segment only we can write: its slots' pids are our own engines' claims. In any other, a row
     is managed only when the engine's own status names this key and slot (issue 17: spoofed rows)."""
     return g.owner_uid == os.geteuid() and not g.writable_by_others
+
+
+def _printable_slo(slo: SloReport) -> SloReport:
+    """An engine's `slo` with its text made printable (the numbers are typed already)."""
+    from dataclasses import replace
+
+    return replace(slo, state=_printable(slo.state), classes=_printable(slo.classes), reason=_printable(slo.reason))
 
 
 def _printable(x: str | None) -> str | None:

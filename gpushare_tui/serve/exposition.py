@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from ..core.observe.latency import HISTOGRAM_NAMES
 from ..dashboard.model import DashboardModel, GpuView, PeerRow
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -76,6 +77,54 @@ ACCOUNTING_METRICS = {
     "gpushare_gpu_idle_energy_joules_total": "Device energy not attributed to any peer (the idle fraction) since "
     "this exporter started; only where an energy counter exists (NVML, or RAPL on a CPU host).",
 }
+# Latency as clients see it (core.observe.latency): engines behind a front proxy, peer labels. The histograms
+# have vLLM's names (after our prefix) and buckets, cumulative since the engine's supervisor started (a restart of
+# it is a counter reset; a `serve` restart changes nothing: they are read from the engine); the p50/p99 gauges
+# are over the last minute, the same figures as `--once --json`, `status` and the dashboard (the governor's).
+LATENCY_HISTOGRAMS = {
+    "gpushare_engine_time_to_first_token_seconds": "Time to first token: request body received -> first token "
+    "chunk relayed (2xx replies; measured at the engine's front proxy).",
+    "gpushare_engine_inter_token_latency_seconds": "Gap between two relayed chunks of a streamed reply after its "
+    "first token (2xx replies).",
+    "gpushare_engine_e2e_request_latency_seconds": "Request body received -> response end (2xx replies).",
+}
+LATENCY_FIGURE_HISTOGRAM = {figure: f"gpushare_engine_{name}" for figure, name in HISTOGRAM_NAMES.items()}
+assert set(LATENCY_FIGURE_HISTOGRAM.values()) == set(LATENCY_HISTOGRAMS)
+LATENCY_COUNTERS = {
+    "gpushare_engine_requests_total": "Requests answered through the engine's front proxy, by status class "
+    '(2xx..5xx; "none": no response head), since its supervisor started.',
+}
+LATENCY_GAUGES = {
+    **{
+        f"gpushare_engine_{figure}_{q}_seconds": f"{label} over the last minute, {q}."
+        for figure, label in (("ttft", "Time to first token"), ("itl", "Inter-token gap"), ("e2e", "End-to-end time"))
+        for q in ("p50", "p99")
+    },
+    "gpushare_engine_requests_per_second": "2xx replies per second over the last minute.",
+    "gpushare_engine_requests_in_flight": "Requests whose body was received and whose response has not ended.",
+    "gpushare_engine_requests_waiting": "Requests in flight with no response head yet.",
+}
+SLO_METRICS = {
+    "gpushare_engine_slo_ttft_p99_target_seconds": "The engine's TTFT p99 target (its slo).",
+    "gpushare_engine_slo_itl_p99_target_seconds": "The engine's inter-token p99 target (its slo).",
+    "gpushare_engine_slo_ttft_attained_ratio": "Requests within the TTFT target over the last minute, 0-1.",
+    "gpushare_engine_slo_itl_attained_ratio": "Inter-token gaps within the ITL target over the last minute, 0-1.",
+    "gpushare_engine_slo_unreachable": "1 while the engine's target is missed at the top of its governor's bounds.",
+}
+SLO_GPU_METRICS = {
+    "gpushare_gpu_slo_unreachable_engines": "Engines on the GPU whose target is unreachable at their bounds "
+    "(targets that cannot all hold).",
+}
+# Every counter and histogram, by when it starts from 0 again (deploy/README.md says the same: a test checks it).
+COUNTER_RESETS = {
+    **dict.fromkeys(LATENCY_COUNTERS, "supervisor"),
+    **dict.fromkeys(LATENCY_HISTOGRAMS, "supervisor"),
+    "gpushare_peer_busy_seconds_total": "serve (busy_ppm) / never (counter)",
+    "gpushare_peer_energy_joules_total": "serve",
+    "gpushare_gpu_busy_seconds_total": "serve",
+    "gpushare_user_busy_seconds_total": "serve",
+    "gpushare_gpu_idle_energy_joules_total": "serve",
+}
 METRIC_NAMES = frozenset(
     {
         **PEER_METRICS,
@@ -85,6 +134,11 @@ METRIC_NAMES = frozenset(
         **EXT1_PEER_METRICS,
         **EXT1_GPU_METRICS,
         **ACCOUNTING_METRICS,
+        **LATENCY_HISTOGRAMS,
+        **LATENCY_COUNTERS,
+        **LATENCY_GAUGES,
+        **SLO_METRICS,
+        **SLO_GPU_METRICS,
     }
 )
 
@@ -163,7 +217,75 @@ def families(model: DashboardModel) -> list[Metric]:
     errors = GaugeMetricFamily("gpushare_segment_errors", HOST_METRICS["gpushare_segment_errors"])
     errors.add_metric([], len(model.errors))
     accounting = _accounting(model)
-    return [*peer.values(), *engine.values(), state, info, *gpu.values(), errors, *ext1.values(), ext1_gpu, *accounting]
+    latency = _latency(model)
+    return [
+        *peer.values(), *engine.values(), state, info, *gpu.values(), errors, *ext1.values(), ext1_gpu, *accounting,
+        *latency,
+    ]  # fmt: skip
+
+
+def _latency(model: DashboardModel) -> list[Metric]:
+    """The latency families of every live managed engine that reports figures (see LATENCY_HISTOGRAMS); a
+    histogram only when the engine's is well formed (HistogramReport.valid: a reply may hold anything)."""
+    hists = {n: HistogramMetricFamily(n, LATENCY_HISTOGRAMS[n], labels=PEER_LABELS) for n in LATENCY_HISTOGRAMS}
+    requests = CounterMetricFamily(
+        "gpushare_engine_requests_total", LATENCY_COUNTERS["gpushare_engine_requests_total"],
+        labels=[*PEER_LABELS, "status"],
+    )  # fmt: skip
+    gauges = {n: _gauge(n, LATENCY_GAUGES, PEER_LABELS) for n in LATENCY_GAUGES}
+    slo = {n: _gauge(n, SLO_METRICS, PEER_LABELS) for n in SLO_METRICS}
+    unreachable_engines = _gauge("gpushare_gpu_slo_unreachable_engines", SLO_GPU_METRICS, GPU_LABELS)
+    for g in model.gpus:
+        unreachable = 0
+        for r in g.rows:
+            e = r.engine
+            if not r.peer.alive or e is None or e.error is not None:
+                continue
+            labels = _peer_labels(g, r)
+            lat = e.latency
+            if lat is not None:
+                for figure, name in LATENCY_FIGURE_HISTOGRAM.items():
+                    h = lat.histogram(figure)
+                    if h is not None and h.valid():
+                        assert h.le is not None and h.counts is not None and h.sum_s is not None
+                        buckets = [(_le(b), float(n)) for b, n in zip(h.le, h.counts)] + [("+Inf", float(h.counts[-1]))]
+                        hists[name].add_metric(labels, buckets, h.sum_s)
+                for cls, n in lat.status_totals():
+                    if n is not None:
+                        requests.add_metric([*labels, cls], n)
+                for figure in ("ttft", "itl", "e2e"):
+                    for q in ("p50", "p99"):
+                        ms = getattr(lat, f"{figure}_{q}_ms")
+                        if ms is not None:
+                            gauges[f"gpushare_engine_{figure}_{q}_seconds"].add_metric(labels, round(ms / 1000, 6))
+                for name, value in (
+                    ("gpushare_engine_requests_per_second", lat.req_s),
+                    ("gpushare_engine_requests_in_flight", lat.in_flight),
+                    ("gpushare_engine_requests_waiting", lat.waiting),
+                ):
+                    if value is not None:
+                        gauges[name].add_metric(labels, value)
+            t = e.slo
+            if t is None:
+                continue
+            for name, value, scale in (
+                ("gpushare_engine_slo_ttft_p99_target_seconds", t.ttft_p99_ms, 1e-3),
+                ("gpushare_engine_slo_itl_p99_target_seconds", t.itl_p99_ms, 1e-3),
+                ("gpushare_engine_slo_ttft_attained_ratio", t.ttft_attained_pct, 1e-2),
+                ("gpushare_engine_slo_itl_attained_ratio", t.itl_attained_pct, 1e-2),
+            ):
+                if value is not None:
+                    slo[name].add_metric(labels, value * scale)
+            slo["gpushare_engine_slo_unreachable"].add_metric(labels, 1 if t.state == "unreachable" else 0)
+            unreachable += t.state == "unreachable"
+        if any(r.engine is not None and r.engine.slo is not None for r in g.rows):
+            unreachable_engines.add_metric([g.gpu_key], unreachable)
+    return [*hists.values(), requests, *gauges.values(), *slo.values(), unreachable_engines]
+
+
+def _le(bound: float) -> str:
+    """A bucket's `le` as Prometheus clients write it (0.005, 10.0)."""
+    return repr(float(bound))
 
 
 def _add_ext1_peer(ext1: dict[str, GaugeMetricFamily], labels: list[str], r: PeerRow) -> None:

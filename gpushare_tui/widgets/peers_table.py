@@ -25,11 +25,23 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ..dashboard.columns import COLUMN_BY_KEY, COLUMNS, GAP, Column, busy_time_text, fit_columns, fmt_age, fmt_wh
+from ..dashboard.columns import (
+    COLUMN_BY_KEY,
+    COLUMNS,
+    GAP,
+    LATENCY_COLUMNS,
+    LATENCY_KEYS,
+    Column,
+    busy_time_text,
+    fit_columns,
+    fmt_age,
+    fmt_wh,
+)
 from ..dashboard.model import PeerRow
 from .palette import slot_colour
 
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
+LATENCY_ORDER = tuple(c.key for c in LATENCY_COLUMNS)
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
 _JUSTIFY: dict[str, JustifyMethod] = {c.key: "right" if c.right else "left" for c in COLUMNS}
 _ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
@@ -105,6 +117,7 @@ def display_key(r: PeerRow) -> tuple:
         (p.klass, p.demand, p.priority),  # the CLS cell (issue 20)
         busy_time_text(r),  # accounting (TIME, ENERGY): text changes once a second / per 10 mWh at most
         fmt_wh(r.account.energy_j if r.account else None),
+        tuple(COLUMN_BY_KEY[k].text(r) for k in LATENCY_ORDER),  # TTFT99, ITL99, REQ/S
     )
 
 
@@ -224,6 +237,8 @@ class PeersTable(ScrollView, can_focus=True):
         empty = frozenset() if any(r.vram_mib is not None for r in rows) else frozenset({"vram"})
         if not any(r.account is not None and r.account.energy_j is not None for r in rows):
             empty |= {"energy"}  # no energy source (NVML's energy counter, RAPL)
+        if not any(r.latency is not None for r in rows):
+            empty |= LATENCY_KEYS  # no engine behind a front proxy reports its clients' latency
         if empty != self._empty:
             self._empty = empty
             self._fit()

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from http.server import BaseHTTPRequestHandler
 
 from testkit.paths import REPO
 
@@ -52,3 +53,20 @@ def engine_command(module: str, *args: str) -> list[str]:
     any cwd and under any supervisor (which runs a command exactly as given, in its own cwd and environment):
     `env` puts this checkout on PYTHONPATH, then execs `python -m testkit.engines.MODULE ARGS` (same pid)."""
     return ["env", f"PYTHONPATH={REPO}", sys.executable, "-m", f"testkit.engines.{module}", *args]
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """The stand-in HTTP engines' request handler base: HTTP/1.1 (kept alive), `_reply` with a Content-Length,
+    no access log."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: object) -> None:
+        pass

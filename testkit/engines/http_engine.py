@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from testkit.engines import burn_units, die_with_parent
+from testkit.engines import JsonHandler, burn_units, die_with_parent
 
 DEFAULT_GAUGE = "engine_requests_running"
 
@@ -74,16 +74,7 @@ class Engine:
 
 
 def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:
             path = urlparse(self.path).path
             if path == "/health":
@@ -108,9 +99,6 @@ def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             units = int(parse_qs(url.query).get("units", [str(engine.work_units)])[0])
             engine.work(units)
             self._reply(200, json.dumps({"units": units}).encode())
-
-        def log_message(self, *_args: object) -> None:
-            pass
 
     return Handler
 

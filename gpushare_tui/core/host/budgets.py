@@ -154,6 +154,20 @@ PROXY_SEED_VIEW_MAX_AGE_S = 0.25  # /gpu/peers and /props share one read of the 
 # count against PROXY_MAX_CONNECTIONS like any other.
 PROXY_ENGINE_WAIT_S = 300.0
 
+# -- latency as clients see it (core/observe/latency.py: fed by the front proxy; the `status` reply's `latency`) --
+
+# The last-minute figures are a ring of this many one-second slots, each a fixed array of counts per figure:
+# the memory is fixed whatever the request rate (60 x 3 x ~1050 x 4 bytes, ~0.75 MB per engine).
+LATENCY_WINDOW_S = 60
+# A streamed reply's first token is the first SSE chunk that carries text (an OpenAI stream begins with a
+# role-only delta: counting it would make TTFT the engine's queueing, not its prefill). The chunks are parsed
+# for that up to this many bytes per request (a first event is ~100-300 bytes); past it, the next chunk counts.
+LATENCY_FIRST_TOKEN_SCAN_MAX_BYTES = 64 * 2**10
+# A `status` reply's lists, as `serve`, `--once` and the dashboard read them from an engine's control socket (any
+# local process of ours may answer there): its only lists are the latency histograms' bounds and counts (vLLM's
+# have 19-23 items); a longer list is no histogram (the field is None: the p50/p99 beside it are still shown).
+STATUS_REPLY_LIST_MAX_ITEMS = 64
+
 # -- who listens on an engine's port (core/host/sockets.py, core/engines/listener.py) ---------------------
 
 # The listening sockets come from the kernel's sock_diag dump (listening ones only: ~0.1 ms of CPU a look);

@@ -33,14 +33,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass, replace
-from typing import Protocol, get_args, get_type_hints, runtime_checkable
+from typing import Protocol, get_args, get_origin, get_type_hints, runtime_checkable
 
 from ..host import budgets
 from ..host.errors import ControlError, GpushareError, UsageError
 from ..host.paths import runtime_dir, unlink_in
+from ..observe.latency import LatencyReport
 from ..registry import abi
 from ..registry.abi import parse_weight
 from ..registry.ownership import Owner
+from .governor import SloReport
 from .sockets import socket_index, socket_path, socket_paths
 
 MAX_REQUEST_BYTES = 4096
@@ -92,6 +94,9 @@ class StatusReply:
     config_weight: float | None = None  # its weight there (the live weight may differ: a dashboard edit)
     restarts: int | None = None
     klass: str | None = None  # the latency class, "interactive" | "batch" (JSON key `class`, spec §7)
+    # latency as clients see it, where a front proxy sees the engine's requests (core/observe/latency.py)
+    latency: LatencyReport | None = None
+    slo: SloReport | None = None  # its latency target and the governor's view of it (core/pacing/governor.py)
 
     def to_json(self) -> dict:
         """Every field, in order (`klass` as `class`); None as null."""
@@ -100,8 +105,9 @@ class StatusReply:
     @classmethod
     def from_json(cls, data: object) -> StatusReply:
         """A reply as an engine sent it (any JSON value): a field that is missing or of the wrong
-        type is None (a string stays the string it was, unsanitised; a number must be finite);
-        other keys ("ok", unknown ones) are ignored. Never raises."""
+        type is None (a string stays the string it was, unsanitised; a number must be finite; a list
+        holds at most STATUS_REPLY_LIST_MAX_ITEMS items, each of its type); other keys ("ok", unknown
+        ones) are ignored. Never raises."""
         data = data if isinstance(data, dict) else {}
         return cls(**_typed_fields(cls, {name: data.get(key) for name, key in _JSON_KEYS.items()} | _unkeyed(data)))
 
@@ -125,9 +131,16 @@ def _field_kinds(cls: type) -> dict[str, type]:
 
 
 def _typed(value: object, kind: type) -> object:
-    """`value` if it is a `kind` (an int is a float too, a bool is neither, a float must be finite), else None."""
+    """`value` if it is a `kind` (an int is a float too, a bool is neither, a float must be finite; a
+    `tuple[T, ...]` is a list of at most STATUS_REPLY_LIST_MAX_ITEMS Ts), else None."""
     if is_dataclass(kind):
         return kind(**_typed_fields(kind, value)) if isinstance(value, dict) else None
+    if get_origin(kind) is tuple:
+        if not isinstance(value, list) or len(value) > budgets.STATUS_REPLY_LIST_MAX_ITEMS:
+            return None
+        item = get_args(kind)[0]
+        items = tuple(_typed(v, item) for v in value)
+        return None if any(i is None for i in items) else items
     if kind is str:
         return value if isinstance(value, str) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
