@@ -30,3 +30,11 @@ def cli_argv_threads_at_exit(*args: str) -> list[str]:
 
 def run_cli(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess:
     return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+
+
+def status_json(pid: int) -> dict:
+    """What `gpushare-tui status PID --json` prints, asked from this process over the engine's control socket:
+    for a test about the engine's reply, not the CLI's start-up (which costs ~0.5 s of CPU a call)."""
+    from gpushare_tui.core.pacing import control
+
+    return control.StatusReply.from_json(control.request(pid, "status")).to_json()

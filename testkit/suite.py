@@ -1,0 +1,256 @@
+"""The test run's own rules, a pytest plugin (pyproject's addopts load it: `-p testkit.suite`); docs/testing.md
+says how to use them.
+
+- **A sandbox.** The run's XDG_RUNTIME_DIR and XDG_STATE_HOME are fresh directories under /tmp (removed at
+  the end), so the control sockets and logs of the run never land in the user's own.
+- **Quiet CPU.** A test marked `alone` (or listed in ALONE below) runs while no other test of the run does:
+  under pytest-xdist the workers share a reader-writer lock (flock) around each test; every `alone` test is in
+  one xdist group, so they run one after another on one worker, which holds the lock for all of them.
+- **Module fixtures stay on one worker.** A test that uses a module- or class-scoped fixture (a real
+  llama-server started once for its module) is grouped with its module (`--dist loadgroup`), so the fixture is
+  started once, not once per worker.
+- **Nothing left behind.** At the end the run fails when /dev/shm holds a segment (`opencoti-gpu-*`) or a named
+  semaphore (`sem.*`) that was not there at its start, when the user's runtime or state directory of
+  gpushare-tui gained an entry, or when a process the run started is still alive (every process of the run
+  inherits GPUSHARE_TUI_TEST_RUN in its environment).
+- **Its time.** The run says its wall time and the load average before and after, last.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from gpushare_tui.core.registry import abi
+
+RUN_ENV = "GPUSHARE_TUI_TEST_RUN"  # the run's token, inherited by every process it starts
+SANDBOX_ENV = "GPUSHARE_TUI_TEST_SANDBOX"  # the run's sandbox directory (its lock files, XDG dirs)
+ALONE_GROUP = "alone"
+SHM_DIR = "/dev/shm"
+APP_DIR = "gpushare-tui"
+LEFTOVER_GRACE_S = 10.0  # processes ending at the run's end (xdist's workers, their last children) may take this
+
+# Tests that measure real time on the CPU (shares, rates, latencies) or that starve it on purpose: they run
+# alone. A node id prefix: a file, or a file::test. New tests say it with @pytest.mark.alone.
+ALONE: tuple[str, ...] = ()
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+# -- the sandbox and the run's token -----------------------------------------------------------------------
+
+
+def _user_dirs() -> list[Path]:
+    """The runtime and state directories gpushare-tui would use without the sandbox (and its /tmp fallback)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    dirs = [Path(f"/tmp/{APP_DIR}-{os.geteuid()}"), Path(state) / APP_DIR]
+    if runtime:
+        dirs.append(Path(runtime) / APP_DIR)
+    return dirs
+
+
+def _listing(directory: Path) -> set[str]:
+    try:
+        return set(os.listdir(directory))
+    except OSError:
+        return set()
+
+
+def _shm_names() -> set[str]:
+    return {n for n in _listing(Path(SHM_DIR)) if n.startswith(abi.SEGMENT_PREFIX) or n.startswith("sem.")}
+
+
+class _Run:
+    """What the controller (or the only process) of a run keeps from its start to its end."""
+
+    def __init__(self) -> None:
+        self.started_s = time.monotonic()
+        self.load_before = os.getloadavg()[0]
+        self.token = uuid.uuid4().hex[:12]
+        self.sandbox = Path(tempfile.mkdtemp(prefix="gst-run-", dir="/tmp"))
+        os.chmod(self.sandbox, 0o700)
+        for name in ("runtime", "state"):
+            (self.sandbox / name).mkdir(mode=0o700)
+        self.user_dirs = {d: _listing(d) for d in _user_dirs()}
+        self.shm = _shm_names()
+        os.environ[RUN_ENV] = self.token
+        os.environ[SANDBOX_ENV] = str(self.sandbox)
+        os.environ["XDG_RUNTIME_DIR"] = str(self.sandbox / "runtime")
+        os.environ["XDG_STATE_HOME"] = str(self.sandbox / "state")
+
+    def leftovers(self) -> list[str]:
+        """What the run made and did not remove, one line each."""
+        found = [f"{SHM_DIR}/{n}" for n in sorted(_shm_names() - self.shm)]
+        for d, before in self.user_dirs.items():
+            found += [f"{d}/{n}" for n in sorted(_listing(d) - before)]
+        found += [f"process {pid}: {cmd}" for pid, cmd in _processes_of_run(self.token)]
+        return found
+
+
+def _processes_of_run(token: str) -> list[tuple[int, str]]:
+    """(pid, command line) of the live processes, other than this one, whose environment holds the run's token."""
+    needle = f"{RUN_ENV}={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":  # a zombie is dead: its parent (gone, or init) reaps it
+            found.append((int(entry), cmd[:200]))
+    return found
+
+
+_run: _Run | None = None
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker more than the CPUs (most tests wait on processes and real time, not on a CPU)."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if given and given.isdigit():
+        return int(given)
+    return len(os.sched_getaffinity(0)) + 1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _run
+    if not _is_worker(config) and _run is None:
+        _run = _Run()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own: its workers are gone by then
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _is_worker(session.config) or _run is None:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    left = _run.leftovers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _run.leftovers()
+    if left:
+        lines = [f"the run left {len(left)} things behind (remove them; a test must clean up what it makes):"]
+        lines += [f"  {x}" for x in left]
+        if reporter is not None:
+            reporter.write("\n")
+            reporter.write_sep("=", "left behind", red=True)
+            for line in lines:
+                reporter.write_line(line)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(_run.sandbox, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if _is_worker(config) or _run is None:
+        return
+    wall_s = time.monotonic() - _run.started_s
+    # CPU of this process and of every descendant that was waited for (a daemon re-parented to init is not)
+    cpu_s = sum(
+        u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+    terminalreporter.write_line(
+        f"test run: {wall_s:.0f} s wall, {cpu_s:.0f} s CPU ({cpu_s / wall_s:.1f} cores on average);"
+        f" load average {_run.load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
+
+
+# -- quiet CPU and module fixtures: markers and xdist groups ---------------------------------------------
+
+
+def _wide_fixture_scope(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture that lives longer than a test but not the whole session."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values() for d in defs)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(ALONE):
+            item.add_marker(pytest.mark.alone)
+        if item.get_closest_marker("alone"):
+            item.add_marker(pytest.mark.xdist_group(ALONE_GROUP))
+        elif _wide_fixture_scope(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+class _Room:
+    """A reader-writer lock over the run's workers (flock on two files in the sandbox): a test holds the
+    room shared, an `alone` test exclusively. A writer takes the turnstile first and keeps it, so readers
+    that come after it wait at the turnstile rather than keep the room busy for ever."""
+
+    def __init__(self, sandbox: str) -> None:
+        self.turnstile = os.open(os.path.join(sandbox, "turnstile.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        self.room = os.open(os.path.join(sandbox, "room.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        self.exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self.room, fcntl.LOCK_SH)
+        fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.room, fcntl.LOCK_UN)
+
+    def enter_alone(self) -> None:
+        if not self.exclusive:
+            fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+            fcntl.flock(self.room, fcntl.LOCK_EX)
+            self.exclusive = True
+
+    def leave_alone(self) -> None:
+        if self.exclusive:
+            fcntl.flock(self.room, fcntl.LOCK_UN)
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            self.exclusive = False
+
+
+_room: _Room | None = None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's: a wait here is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    global _room
+    sandbox = os.environ.get(SANDBOX_ENV)
+    if not _is_worker(item.config) or not sandbox:
+        yield
+        return
+    if _room is None:
+        _room = _Room(sandbox)
+    room = _room
+    if item.get_closest_marker("alone"):
+        room.enter_alone()
+        try:
+            yield
+        finally:
+            if nextitem is None or not nextitem.get_closest_marker("alone"):
+                room.leave_alone()
+    else:
+        room.leave_alone()
+        with room.shared():
+            yield
