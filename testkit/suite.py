@@ -10,19 +10,21 @@ says how to use them.
   llama-server started once for its module) is grouped with its module (`--dist loadgroup`), so the fixture is
   started once, not once per worker.
 - **Nothing left behind.** At the end the run fails when /dev/shm holds a segment (`opencoti-gpu-*`) or a named
-  semaphore (`sem.*`) that was not there at its start, when the user's runtime or state directory of
-  gpushare-tui gained an entry, or when a process the run started is still alive (every process of the run
-  inherits GPUSHARE_TUI_TEST_RUN in its environment).
-- **Its time.** The run says its wall time and the load average before and after, last.
+  semaphore (`sem.*`) of its own that was not there at its start, when the user's runtime or state directory of
+  gpushare-tui gained an entry of its own, or when a process the run started is still alive (every process of
+  the run inherits GPUSHARE_TUI_TEST_RUN in its environment; _Tracker tells its files from other jobs').
+- **Its time.** The run says its wall time, how busy the machine's CPUs were and the load average before and
+  after, last.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import resource
+import re
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Generator, Iterator
@@ -39,6 +41,7 @@ ALONE_GROUP = "alone"
 SHM_DIR = "/dev/shm"
 APP_DIR = "gpushare-tui"
 LEFTOVER_GRACE_S = 10.0  # processes ending at the run's end (xdist's workers, their last children) may take this
+TRACK_EVERY_S = 0.25  # how often the process table is looked at (~1-3 ms of CPU a look)
 
 # Tests that measure real time on the CPU (shares, rates, latencies) or that starve it on purpose: they run
 # alone. A node id prefix: a file, or a file::test. New tests say it with @pytest.mark.alone.
@@ -73,12 +76,86 @@ def _shm_names() -> set[str]:
     return {n for n in _listing(Path(SHM_DIR)) if n.startswith(abi.SEGMENT_PREFIX) or n.startswith("sem.")}
 
 
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, all) jiffies of the machine's CPUs so far (/proc/stat)."""
+    fields = [int(x) for x in (_read("/proc/stat") or b"cpu 0 0 0 0").split(b"\n")[0].split()[1:]]
+    idle = sum(fields[3:5])  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class _Tracker(threading.Thread):
+    """Watches the process table while the run lasts (every TRACK_EVERY_S): which processes are the run's
+    (the token in their environment: exact) and which /dev/shm files they map or hold open. A file left at
+    the end is the run's when one of its processes had it, or when its name holds one of their pids (a
+    test's key `t-PID-...`, a socket `PID.sock`, a log `NAME-PID.log`): on a host where other jobs run at
+    the same time, their files are told apart (and listed, not counted)."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__(name="suite-tracker", daemon=True)
+        self.needle = f"{RUN_ENV}={token}".encode()
+        self.known: dict[int, tuple[bytes, bool]] = {}  # pid -> (its start time field, whether it is ours)
+        self.pids: set[int] = set()  # every pid of the run seen
+        self.shm: set[str] = set()  # /dev/shm names its processes had
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(TRACK_EVERY_S):
+            self.look()
+
+    def ours(self, pid: int) -> bool:
+        stat = _read(f"/proc/{pid}/stat")
+        if stat is None:
+            return False
+        started = stat.rsplit(b")", 1)[-1].split()[19:20]  # field 22, starttime: tells a reused pid
+        key = started[0] if started else b""
+        if pid not in self.known or self.known[pid][0] != key:
+            env = _read(f"/proc/{pid}/environ") or b""
+            self.known[pid] = (key, self.needle in env.split(b"\0"))
+        return self.known[pid][1]
+
+    def look(self) -> list[int]:
+        """Record the run's live processes and their /dev/shm files; their pids."""
+        live = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) != os.getpid() and self.ours(int(e))]
+        for pid in live:
+            self.pids.add(pid)
+            maps = _read(f"/proc/{pid}/maps") or b""
+            self.shm.update(
+                os.path.basename(ln.split(maxsplit=5)[-1].decode(errors="replace").removesuffix(" (deleted)"))
+                for ln in maps.splitlines()
+                if b" /dev/shm/" in ln
+            )
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(SHM_DIR + "/"):
+                    self.shm.add(os.path.basename(target))
+        return live
+
+    def made(self, name: str) -> bool:
+        return name in self.shm or any(int(n) in self.pids for n in re.findall(r"\d+", name))
+
+
 class _Run:
     """What the controller (or the only process) of a run keeps from its start to its end."""
 
     def __init__(self) -> None:
         self.started_s = time.monotonic()
         self.load_before = os.getloadavg()[0]
+        self.cpu_before = _cpu_ticks()
         self.token = uuid.uuid4().hex[:12]
         self.sandbox = Path(tempfile.mkdtemp(prefix="gst-run-", dir="/tmp"))
         os.chmod(self.sandbox, 0o700)
@@ -90,36 +167,22 @@ class _Run:
         os.environ[SANDBOX_ENV] = str(self.sandbox)
         os.environ["XDG_RUNTIME_DIR"] = str(self.sandbox / "runtime")
         os.environ["XDG_STATE_HOME"] = str(self.sandbox / "state")
+        self.tracker = _Tracker(self.token)
+        self.tracker.start()
 
-    def leftovers(self) -> list[str]:
-        """What the run made and did not remove, one line each."""
-        found = [f"{SHM_DIR}/{n}" for n in sorted(_shm_names() - self.shm)]
+    def leftovers(self) -> tuple[list[str], list[str]]:
+        """(what the run made and did not remove, what appeared meanwhile that it cannot tell as its own)."""
+        live = self.tracker.look()
+        new = [f"{SHM_DIR}/{n}" for n in sorted(_shm_names() - self.shm)]
         for d, before in self.user_dirs.items():
-            found += [f"{d}/{n}" for n in sorted(_listing(d) - before)]
-        found += [f"process {pid}: {cmd}" for pid, cmd in _processes_of_run(self.token)]
-        return found
+            new += [f"{d}/{n}" for n in sorted(_listing(d) - before)]
+        ours = [x for x in new if self.tracker.made(os.path.basename(x))]
+        ours += [f"process {pid}: {_command_line(pid)}" for pid in live]
+        return ours, [x for x in new if x not in ours]
 
 
-def _processes_of_run(token: str) -> list[tuple[int, str]]:
-    """(pid, command line) of the live processes, other than this one, whose environment holds the run's token."""
-    needle = f"{RUN_ENV}={token}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":  # a zombie is dead: its parent (gone, or init) reaps it
-            found.append((int(entry), cmd[:200]))
-    return found
+def _command_line(pid: int) -> str:
+    return (_read(f"/proc/{pid}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace").strip()[:200]
 
 
 _run: _Run | None = None
@@ -144,21 +207,27 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _is_worker(session.config) or _run is None:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    _run.tracker.stop.set()
+    _run.tracker.join(5)
     deadline = time.monotonic() + LEFTOVER_GRACE_S
-    left = _run.leftovers()
+    left, others = _run.leftovers()
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = _run.leftovers()
+        left, others = _run.leftovers()
+    lines = []
     if left:
-        lines = [f"the run left {len(left)} things behind (remove them; a test must clean up what it makes):"]
+        lines += [f"the run left {len(left)} things behind (a test must remove what it makes):"]
         lines += [f"  {x}" for x in left]
-        if reporter is not None:
-            reporter.write("\n")
-            reporter.write_sep("=", "left behind", red=True)
-            for line in lines:
-                reporter.write_line(line)
         if session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if others:
+        lines += [f"{len(others)} appeared meanwhile that no process of this run had (another job's?), not counted:"]
+        lines += [f"  {x}" for x in others]
+    if lines and reporter is not None:
+        reporter.write("\n")
+        reporter.write_sep("=", "left behind", red=bool(left), yellow=not left)
+        for line in lines:
+            reporter.write_line(line)
     shutil.rmtree(_run.sandbox, ignore_errors=True)
 
 
@@ -166,12 +235,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if _is_worker(config) or _run is None:
         return
     wall_s = time.monotonic() - _run.started_s
-    # CPU of this process and of every descendant that was waited for (a daemon re-parented to init is not)
-    cpu_s = sum(
-        u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    )
+    busy, total = (now - then for now, then in zip(_cpu_ticks(), _run.cpu_before, strict=True))
+    cpus = len(os.sched_getaffinity(0))
     terminalreporter.write_line(
-        f"test run: {wall_s:.0f} s wall, {cpu_s:.0f} s CPU ({cpu_s / wall_s:.1f} cores on average);"
+        f"test run: {wall_s:.0f} s wall; the machine's {cpus} CPUs {100 * busy / max(total, 1):.0f}% busy meanwhile;"
         f" load average {_run.load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
 

@@ -342,7 +342,8 @@ def test_lone_engine_learns_its_solo_rate(engines):
     """Alone and decoding, a supervised llama-server's tok/s is measured over 1 s windows of work and its
     best one is its solo rate; idle, tok/s is 0 and the solo rate stays."""
     _, pid, _ = engines.run()
-    st = _status(pid)
+    # tok_s is None until the monitor's first reading (a status asked at once, in-process, may come first)
+    st = wait_for(lambda: (s := _status(pid))["tok_s"] is not None and s, 10, 0.05, "the first tok/s reading")
     assert (st["tok_s"], st["solo_tok_s"]) == (0.0, None)  # idle: nothing decoded, never measured
     lo = start_load(port_of(pid), 2000)
     try:

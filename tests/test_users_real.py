@@ -70,10 +70,10 @@ def _synth(procs: Procs, key: str, weight: float, name: str, other: bool = False
     nice = ["nice", "-n", ENGINE_NICE]  # root lowers it, then setpriv drops to uid 65534 (the nice value stays)
     argv = cli_argv("synth", "--weight", str(weight), "--name", name, "--gpu-key", key)
     argv += ["--share-group", GROUP, "--step-ms", STEP_MS, "-q"]
-    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME")}
-    if other:
+    if other:  # its own directories: ours (the run's, 0700) are not its to use
+        env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME")}
         return procs.start([*nice, *AS_OTHER, *argv], env={**env, "HOME": "/tmp"}, cwd="/")
-    return procs.start([*nice, *argv], env=env)
+    return procs.start([*nice, *argv])  # our directories, as the CLI's `weight` below uses
 
 
 def _snap(key: str) -> GpuSnapshot | None:
