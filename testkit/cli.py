@@ -38,3 +38,18 @@ def status_json(pid: int) -> dict:
     from gpushare_tui.core.pacing import control
 
     return control.StatusReply.from_json(control.request(pid, "status")).to_json()
+
+
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The CLI run in this process (`gpushare_tui.cli.main`), its stdout and stderr captured: for a test of what a
+    command says and returns, not of its start-up (a process costs ~0.5 s of CPU). Keep one real process per
+    such test (run_cli) for the start-up's part: the signal guard, the imports, the exit status itself."""
+    import contextlib
+    import io
+
+    from gpushare_tui.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["gpushare-tui", *args], code, out.getvalue(), err.getvalue())
