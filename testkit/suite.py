@@ -1,5 +1,4 @@
-"""The test run's own rules, a pytest plugin (pyproject's addopts load it: `-p testkit.suite`); docs/testing.md
-says how to use them.
+"""The test run's own rules, a pytest plugin (tests/conftest.py loads it); docs/testing.md says how to use them.
 
 - **A sandbox.** The run's XDG_RUNTIME_DIR and XDG_STATE_HOME are fresh directories under /tmp (removed at
   the end), so the control sockets and logs of the run never land in the user's own.
@@ -33,13 +32,13 @@ from pathlib import Path
 
 import pytest
 
+from gpushare_tui.core.host.paths import APP_DIR
 from gpushare_tui.core.registry import abi
+from testkit.shm import SHM_DIR
 
 RUN_ENV = "GPUSHARE_TUI_TEST_RUN"  # the run's token, inherited by every process it starts
 SANDBOX_ENV = "GPUSHARE_TUI_TEST_SANDBOX"  # the run's sandbox directory (its lock files, XDG dirs)
 ALONE_GROUP = "alone"
-SHM_DIR = "/dev/shm"
-APP_DIR = "gpushare-tui"
 LEFTOVER_GRACE_S = 10.0  # processes ending at the run's end (xdist's workers, their last children) may take this
 TRACK_EVERY_S = 0.25  # how often the process table is looked at (~1-3 ms of CPU a look)
 
