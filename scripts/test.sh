@@ -7,8 +7,8 @@
 # - Prometheus + promtool (the exporter tests): installed with apt-get when missing and we are
 #   root; otherwise those tests skip.
 # The inner loop needs neither: python -m pytest -m "not slow and not llama" (docs/testing.md)
-# pytest runs on workers (pyproject's addopts); it ends with the run's wall and CPU time, and this script
-# with its own total, provisioning included.
+# pytest runs on workers (pyproject's addopts); it ends with the run's wall time and how busy the CPUs were, and this
+# script with its own total, provisioning included.
 set -euo pipefail
 started_s=$SECONDS
 cd "$(dirname "$0")/.."
