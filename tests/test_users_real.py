@@ -246,7 +246,9 @@ def test_a_pid_in_a_child_pid_namespace_is_unverifiable_and_forces_the_fallback(
     _need_users()
     if shutil.which("unshare") is None:
         pytest.skip("unshare not found")
-    p = procs.start(["unshare", "--pid", "--fork", *AS_OTHER, "/usr/bin/python3", "-I", "-c", SLEEPER])
+    # --kill-child: the namespace's first process dies with `unshare` (procs ends that one by pid; without it the
+    # sleeper was left running for its 60 s after the run)
+    p = procs.start(["unshare", "--pid", "--fork", "--kill-child", *AS_OTHER, "/usr/bin/python3", "-I", "-c", SLEEPER])
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     child = int(subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()[0])
     assert users.parse_status(users.read_status_head(child) or b"")[1] == 2  # NSpid: host pid, namespace pid
