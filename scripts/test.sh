@@ -6,8 +6,11 @@
 #   build fails this command: the suite is not run without its llama-server tests.
 # - Prometheus + promtool (the exporter tests): installed with apt-get when missing and we are
 #   root; otherwise those tests skip.
-# The inner loop needs neither: python -m pytest -m "not slow and not llama"
+# The inner loop needs neither: python -m pytest -m "not slow and not llama" (docs/testing.md)
+# pytest runs on workers (pyproject's addopts); it ends with the run's wall time and how busy the CPUs were, and this
+# script with its own total, provisioning included.
 set -euo pipefail
+started_s=$SECONDS
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$(command -v python || command -v python3)}"  # a venv's `python`, else python3
 
@@ -29,4 +32,7 @@ if [ -z "${LLAMA_SERVER:-}" ]; then
 fi
 echo "test.sh: llama-server: $LLAMA_SERVER" >&2
 
-exec "$PYTHON" -m pytest "$@"
+rc=0
+"$PYTHON" -m pytest "$@" || rc=$?
+echo "test.sh: $((SECONDS - started_s)) s in all, exit $rc" >&2
+exit "$rc"

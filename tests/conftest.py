@@ -22,6 +22,8 @@ from testkit.other_user import OTHER_GID, OTHER_UID, SYSTEM_PYTHON, why_not_othe
 from testkit.procs import Procs
 from testkit.shm import SHM_DIR, remove, shm_file, unique_key
 
+pytest_plugins = ("testkit.suite",)  # the run's sandbox, quiet-CPU lock and leftover check (docs/testing.md)
+
 
 @pytest.fixture
 def gpu_key() -> Iterator[str]:

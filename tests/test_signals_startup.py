@@ -318,9 +318,11 @@ def run_once(cmd: Command, sig: int, point: Point, base: str) -> tuple[str, dict
                 p.send_signal(signal.SIGTERM)
         reloaded = False
         if cmd.hup_reloads and sig == signal.SIGHUP:
-            try:
-                p.wait(1.0)
-            except subprocess.TimeoutExpired:  # a reload, as documented: stop it now
+            # a reload says so in a line (`reloaded ...`, `reload failed ...`); a start-up cut short exits, however
+            # long a loaded box takes to (taking "still running 1 s later" for a reload failed at load 6)
+            said = lambda: any(" reload" in ln for _, ln in started.lines)  # noqa: E731
+            _wait(lambda: p.poll() is not None or said(), EXIT_TIMEOUT_S, 0.01)
+            if p.poll() is None and said():  # a reload, as documented: stop it now
                 reloaded = True
                 p.send_signal(signal.SIGTERM)
         try:

@@ -18,7 +18,7 @@ from llama_env import Engines, end_pid, proc_state, read_join_line
 
 from gpushare_tui.core.engines.llama_server import port_in_use
 from gpushare_tui.core.registry.segment import Segment, shm_path
-from testkit.cli import cli_argv, cli_argv_threads_at_exit, run_cli
+from testkit.cli import cli_argv, cli_argv_threads_at_exit, run_cli, status_json
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
 from testkit.wait import wait_for
@@ -34,7 +34,7 @@ def engines(procs, gpu_key, llama_server, tiny_model, runtime_dir):  # noqa: F81
 
 
 def port_of(pid: int) -> int:
-    return json.loads(run_cli("status", str(pid), "--json").stdout)["port"]
+    return status_json(pid)["port"]
 
 
 def start_load(port: int, n_predict: int = 256) -> StreamLoad:
@@ -326,7 +326,8 @@ def test_paced_engines_report_running_not_stopped(engines):
     loads = [start_load(port_of(p)) for p in (a, b)]
     try:
         wait_for(lambda: proc_state(a) == "T" or proc_state(b) == "T", 20, 0.002, "an engine paused by pacing")
-        states = {json.loads(run_cli("status", str(p), "--json").stdout)["state"] for _ in range(15) for p in (a, b)}
+        states = {status_json(p)["state"] for _ in range(15) for p in (a, b)}
+        states |= {json.loads(run_cli("status", str(p), "--json").stdout)["state"] for p in (a, b)}  # as the CLI says
         assert states == {"running"}
     finally:
         for lo in loads:
@@ -334,14 +335,15 @@ def test_paced_engines_report_running_not_stopped(engines):
 
 
 def _status(pid: int) -> dict:
-    return json.loads(run_cli("status", str(pid), "--json").stdout)
+    return status_json(pid)
 
 
 def test_lone_engine_learns_its_solo_rate(engines):
     """Alone and decoding, a supervised llama-server's tok/s is measured over 1 s windows of work and its
     best one is its solo rate; idle, tok/s is 0 and the solo rate stays."""
     _, pid, _ = engines.run()
-    st = _status(pid)
+    # tok_s is None until the monitor's first reading (a status asked at once, in-process, may come first)
+    st = wait_for(lambda: (s := _status(pid))["tok_s"] is not None and s, 10, 0.05, "the first tok/s reading")
     assert (st["tok_s"], st["solo_tok_s"]) == (0.0, None)  # idle: nothing decoded, never measured
     lo = start_load(port_of(pid), 2000)
     try:

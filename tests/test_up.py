@@ -137,9 +137,12 @@ def test_killed_engine_is_restarted_with_a_new_pid(start_up) -> None:
 
 
 def test_a_crash_loop_backs_off_and_is_reported(start_up, tmp_path) -> None:
+    # a health check it never meets: with none, a command is ready once joined, and a loaded box can let
+    # the supervisor join before `sh` exits (then "ready", and not the same never-ready failure 5 times)
     crash = TWO.replace(
         "synth = {{ step_ms = 5 }}\n\n[[engine]]",
-        'command = ["sh", "-c", "echo no such model here >&2; exit 3"]\n\n[[engine]]',
+        'command = ["sh", "-c", "echo no such model here >&2; exit 3"]\nhealth = {{ log = "never said" }}'
+        "\n\n[[engine]]",
         1,
     )
     up = start_up(crash)

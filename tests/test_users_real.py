@@ -10,6 +10,7 @@ from __future__ import annotations
 import grp
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,10 +71,10 @@ def _synth(procs: Procs, key: str, weight: float, name: str, other: bool = False
     nice = ["nice", "-n", ENGINE_NICE]  # root lowers it, then setpriv drops to uid 65534 (the nice value stays)
     argv = cli_argv("synth", "--weight", str(weight), "--name", name, "--gpu-key", key)
     argv += ["--share-group", GROUP, "--step-ms", STEP_MS, "-q"]
-    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME")}
-    if other:
+    if other:  # its own directories: ours (the run's, 0700) are not its to use
+        env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME")}
         return procs.start([*nice, *AS_OTHER, *argv], env={**env, "HOME": "/tmp"}, cwd="/")
-    return procs.start([*nice, *argv], env=env)
+    return procs.start([*nice, *argv])  # our directories, as the CLI's `weight` below uses
 
 
 def _snap(key: str) -> GpuSnapshot | None:
@@ -242,11 +243,17 @@ def test_a_status_longer_than_the_budget_is_unverifiable_and_read_no_further(pro
     assert users.real_uid_of(p.pid) is None
 
 
-def test_a_pid_in_a_child_pid_namespace_is_unverifiable_and_forces_the_fallback(procs: Procs, gpu_key: str) -> None:
+def test_a_pid_in_a_child_pid_namespace_is_unverifiable_and_forces_the_fallback(
+    procs: Procs, gpu_key: str, request: pytest.FixtureRequest
+) -> None:
     _need_users()
     if shutil.which("unshare") is None:
         pytest.skip("unshare not found")
-    p = procs.start(["unshare", "--pid", "--fork", *AS_OTHER, "/usr/bin/python3", "-I", "-c", SLEEPER])
+    # a process group of its own, ended whole: procs ends `unshare` by pid, and its child (the sleeper, pid 1 of
+    # the namespace) outlived the test by its 60 s (unshare's --kill-child is a parent-death signal, which the
+    # kernel clears when setpriv changes the uid)
+    p = procs.start(["unshare", "--pid", "--fork", *AS_OTHER, "/usr/bin/python3", "-I", "-c", SLEEPER], process_group=0)
+    request.addfinalizer(lambda: os.killpg(p.pid, signal.SIGKILL))
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     child = int(subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()[0])
     assert users.parse_status(users.read_status_head(child) or b"")[1] == 2  # NSpid: host pid, namespace pid

@@ -51,13 +51,15 @@ def test_end_of_file_continues_then_ends_the_whole_group(group) -> None:
     assert proc_state(child) in (None, "Z")
 
 
-IGNORES_TERM = "import os,signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"
+IGNORES_TERM = (
+    "import signal,time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ignoring', flush=True)\ntime.sleep(60)"
+)
 ESCAPES = "import os,time\nif os.fork()==0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)"
 
 
 def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(procs) -> None:
     p = procs.start([sys.executable, "-c", IGNORES_TERM], process_group=0)
-    time.sleep(0.3)  # its handler is set
+    assert p.stdout.readline() == "ignoring\n"  # its handler is set (a fixed sleep was not enough on a loaded box)
     wd = watchdog.start(p.pid, grace_s=0.5)
     os.killpg(p.pid, signal.SIGSTOP)
     t0 = time.monotonic()

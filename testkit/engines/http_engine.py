@@ -6,7 +6,7 @@
 - `GET /health`: 503 for the first `--load-s` seconds ("loading"), then 200; TCP accepts from the start
   (as vLLM's server does), so a TCP health check is ready before an HTTP one.
 - `POST /work` (optional query `?units=U`): does U units of CPU work (testkit.engines.burn_units) in a
-  worker process (a pool of `--workers` started at launch: children of this process), replies
+  worker process (`--workers` started at launch: children of this process, each on a pipe), replies
   `{"units": U}` when done.
 - `GET /metrics`: Prometheus text: the gauge `--gauge` (requests in flight) and the counters
   `engine_work_units_total`, `engine_requests_total`.
@@ -21,12 +21,14 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from urllib.parse import parse_qs, urlparse
 
 import httpx
@@ -35,6 +37,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from testkit.engines import JsonHandler, burn_units, die_with_parent
 
 DEFAULT_GAUGE = "engine_requests_running"
+
+
+def serve_work(parent_pid: int, conn: Connection) -> None:
+    """A worker: for each number of units received, burn them and send the result back."""
+    die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends us
+    while True:
+        conn.send(burn_units(conn.recv()))
 
 
 class Engine:
@@ -49,15 +59,25 @@ class Engine:
         self.workers = workers
 
     def start_workers(self) -> None:
-        # spawn: each worker is a fresh interpreter, a child of this process (in its process group)
-        self.pool = ProcessPoolExecutor(
-            max_workers=self.workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=die_with_parent,
-            initargs=(os.getpid(),),
-        )
-        for f in [self.pool.submit(burn_units, 0) for _ in range(self.workers)]:
-            f.result()  # start every worker now, not at the first request
+        # spawn: each worker is a fresh interpreter, a child of this process (in its process group). Pipes,
+        # not a ProcessPoolExecutor: its queues are named semaphores in /dev/shm that only this process's
+        # exit handlers or multiprocessing's resource tracker unlink, and a supervisor ending the engine's
+        # process group by SIGKILL takes both with it.
+        ctx = multiprocessing.get_context("spawn")
+        self.processes: list[BaseProcess] = []
+        self.idle: queue.SimpleQueue[Connection] = queue.SimpleQueue()
+        conns = []
+        for _ in range(self.workers):
+            ours, theirs = ctx.Pipe()
+            p = ctx.Process(target=serve_work, args=(os.getpid(), theirs), daemon=True)
+            p.start()
+            theirs.close()
+            self.processes.append(p)
+            conns.append(ours)
+        for conn in conns:  # every worker up now, not at the first request
+            conn.send(0)
+            conn.recv()
+            self.idle.put(conn)
         self.pool_started.set()
 
     def ready(self) -> bool:
@@ -65,12 +85,17 @@ class Engine:
 
     def work(self, units: int) -> None:
         with self.in_flight.track_inprogress():
-            self.pool.submit(burn_units, units).result()
+            conn = self.idle.get()  # a free worker (requests beyond --workers wait here)
+            try:
+                conn.send(units)
+                conn.recv()
+            finally:
+                self.idle.put(conn)
         self.units.inc(units)
         self.requests.inc()
 
     def worker_pids(self) -> list[int]:
-        return sorted(p.pid for p in self.pool._processes.values() if p.pid is not None)
+        return sorted(p.pid for p in self.processes if p.pid is not None)
 
 
 def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:

@@ -19,19 +19,19 @@ import os
 import signal
 import sys
 import time
-from multiprocessing.synchronize import Event
+from multiprocessing.connection import Connection
 
 from testkit.engines import burn_cpu_s, burn_units, die_with_parent
 
 
-def worker(parent_pid: int, work_cpu_s: float | None, finished: Event) -> None:
+def worker(parent_pid: int, work_cpu_s: float | None, finished: Connection) -> None:
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends us
     if work_cpu_s is None:
         while True:
             burn_units(10)
     burn_cpu_s(work_cpu_s)
-    finished.set()
+    finished.send(True)
     while True:
         time.sleep(3600)
 
@@ -42,8 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work-cpu-s", type=float, default=None, help="CPU seconds each worker works, then idles")
     a = ap.parse_args(argv)
     ctx = multiprocessing.get_context("spawn")
-    finished = [ctx.Event() for _ in range(a.workers)]
-    procs = [ctx.Process(target=worker, args=(os.getpid(), a.work_cpu_s, f), daemon=True) for f in finished]
+    # A pipe per worker, not ctx.Event(): an Event is five named semaphores in /dev/shm that only this
+    # process's exit handlers or multiprocessing's resource tracker unlink, and a supervisor ending the
+    # engine's process group by SIGKILL takes both with it (70 sem.mp-* files left by one test run).
+    pipes = [ctx.Pipe(duplex=False) for _ in range(a.workers)]
+    procs = [ctx.Process(target=worker, args=(os.getpid(), a.work_cpu_s, w), daemon=True) for _, w in pipes]
 
     def end(*_: object) -> None:
         for p in procs:
@@ -55,10 +58,15 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, end)
     for p in procs:
         p.start()
+    for _, w in pipes:
+        w.close()  # each worker holds its own end: a worker that dies is an EOF here
     print("workers", *(p.pid for p in procs), flush=True)
     if a.work_cpu_s is not None:
-        for f in finished:
-            f.wait()
+        for r, _ in pipes:
+            try:
+                r.recv()
+            except EOFError:
+                end()  # a worker died before its work was done: so does the engine
         print("idle", f"{time.time():.3f}", flush=True)
     while all(p.is_alive() for p in procs):
         time.sleep(0.2)
