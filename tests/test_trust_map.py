@@ -173,10 +173,21 @@ SURFACES = (
     Surface(
         "the front proxy's port (HTTP clients)",
         "The front proxy on a supervised llama-server's port",
-        ("core/engines/front_proxy.py",),
+        ("core/engines/front_proxy.py", "core/engines/proxy_process.py"),
         (
             "test_front_proxy.py::test_a_head_that_drips_gets_408_and_a_silent_connection_is_closed",
             "test_front_proxy.py::test_at_the_cap_the_oldest_idle_connection_makes_room",
+            "test_front_proxy.py::test_an_engines_malformed_chunked_body_ends_the_clients_connection",
+        ),
+    ),
+    Surface(
+        "a listening socket handed down (systemd's LISTEN_FDS, up's --listen-fd)",
+        "A listening socket handed down",
+        ("core/host/listen_fds.py",),
+        (
+            "test_listen_fds.py::test_a_bad_count_for_us_is_one_clear_error",
+            "test_listen_fds.py::test_what_is_no_listening_tcp_socket_is_refused",
+            "test_listen_fds.py::test_run_on_a_bad_socket_from_systemd_exits_2_with_one_line",
         ),
     ),
     Surface(
