@@ -15,6 +15,7 @@ from gpushare_tui.core.engines.declaration import DeclarationError, check_name
 from gpushare_tui.core.host.clock import wall_us
 from gpushare_tui.core.host.logtail import display_line
 from gpushare_tui.core.host.text import printable
+from gpushare_tui.core.pacing.control import StatusReply
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.segment import Segment
 from gpushare_tui.dashboard.source import LiveSource
@@ -93,7 +94,8 @@ def test_error_lines_status_and_logs(capsys: pytest.CaptureFixture[str]) -> None
     err = capsys.readouterr().err
     assert not any(c in err for c in FORMAT_CHARS)
     assert err == "gpushare-tui: engine 1: no engine named gpt\ufffdexe.txt\ufffdx\ufffdy\n--- tail ---\nline \ufffd2\n"
-    assert _status_value(HOSTILE_NAME) == "gpt\ufffdexe.txt\ufffdx\ufffdy"  # `status`
+    shown = _status_value(StatusReply(name=HOSTILE_NAME), "name", HOSTILE_NAME)  # `status`
+    assert shown == "gpt\ufffdexe.txt\ufffdx\ufffdy"
     assert display_line(f"token {RLO}\t1") == "token \ufffd 1"  # tab to column 8  # `logs`
 
 
