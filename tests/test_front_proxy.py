@@ -75,6 +75,20 @@ class _Handler(socketserver.StreamRequestHandler):
                 w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbye")
                 w.flush()
                 return
+            elif path == "/closing":  # a keep-alive response, then the origin closes as the next request comes
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nclosing")
+                w.flush()
+                self.rfile.readline()  # the next request's first line: closed unanswered (the idle-timeout race)
+                return
+            elif path == "/closing-late":  # the same, the next request read whole before the close
+                w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nclosing")
+                w.flush()
+                head = b""
+                while not head.endswith(b"\r\n\r\n") and (line := self.rfile.readline()):
+                    head += line
+                sizes = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")]
+                self.rfile.read(sizes[0] if sizes else 0)
+                return
             elif path == "/props":  # whatever the test set (a JSON object, something else, a large one)
                 props = srv.props
                 w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(props))
@@ -199,6 +213,38 @@ def test_the_engine_closing_an_idle_keepalive_connection_is_reconnected(proxy, u
         time.sleep(0.2)
         assert c.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
     assert proxy.requests_total == 2
+
+
+def test_a_request_on_a_connection_the_engine_closes_as_it_crosses_is_sent_again(proxy, upstream) -> None:
+    """The engine may close a kept-alive connection as idle while a request is on its way, before the FIN
+    reached the proxy: it never read that request, which goes again on another connection (not a 502)."""
+    url = f"http://127.0.0.1:{proxy.port}"
+    assert httpx.get(url + "/closing").text == "closing"  # its engine connection is pooled for the next client
+    assert httpx.get(url + "/len").text == "hello"  # sent on it, unanswered: sent again
+    assert httpx.get(url + "/closing").text == "closing"
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:  # a body after the head
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nConnection: close\r\n\r\n")
+        time.sleep(0.2)  # the head went alone; the engine closed on it; the body comes later
+        s.sendall(b"abc")
+        time.sleep(0.05)
+        s.sendall(b"def")
+        reply = _read_all(s)
+    assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b"\r\n\r\nabcdef"), reply
+    assert upstream.bodies[-1] == b"abcdef" and proxy.in_flight == 0
+    wait_for(lambda: proxy.changes[-1:] == [False], 5, what="demand dropped")
+    assert proxy.changes == [True, False] * 4  # one rise per request, a resend included
+
+
+def test_a_large_request_the_engine_closes_on_gets_one_clear_502(proxy, upstream) -> None:
+    """A request whose body is over PROXY_RESEND_MAX_BYTES is not kept: when the engine closes its kept-alive
+    connection unanswered after reading that much, the client gets 502, and the proxy serves the next request."""
+    from gpushare_tui.core.host.budgets import PROXY_RESEND_MAX_BYTES
+
+    url = f"http://127.0.0.1:{proxy.port}"
+    assert httpx.get(url + "/closing-late").text == "closing"
+    r = httpx.post(url + "/echo", content=b"x" * (PROXY_RESEND_MAX_BYTES + 1), timeout=10)
+    assert r.status_code == 502 and r.json()["error"].startswith("engine"), (r.status_code, r.content[:200])
+    assert httpx.get(url + "/len").text == "hello" and proxy.in_flight == 0
 
 
 def test_health_checks_and_scrapes_are_no_work(proxy, upstream) -> None:

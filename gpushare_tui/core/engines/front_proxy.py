@@ -77,6 +77,7 @@ from ..host.budgets import (
     PROXY_MAX_HEAD_BYTES,
     PROXY_PIPELINE_BUFFER_BYTES,
     PROXY_PROPS_MAX_BYTES,
+    PROXY_RESEND_MAX_BYTES,
     PROXY_SEED_VIEW_MAX_AGE_S,
     PROXY_UPSTREAM_CONNECT_S,
 )
@@ -123,6 +124,42 @@ class _Cut(Exception):
     def __init__(self, why: str, status: int | None = None) -> None:
         super().__init__(why)
         self.status = status
+
+
+class _Unanswered(_Cut):
+    """The engine ended a connection it had kept alive before a byte of its reply to the request sent on it:
+    it closed the connection as idle while the request crossed (cpp-httplib closes one idle for 5 s, and a
+    connection whose reply ended as the engine closed it looks reusable until its FIN is read). The engine
+    never read that request, so it is sent again on another connection, as browsers and Go's net/http do."""
+
+
+class _Sent:
+    """A request's events as sent to the engine, kept for a resend; `events` is None once they pass
+    PROXY_RESEND_MAX_BYTES (a body that large is not resent: the error stands)."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events: list[Any] | None = events
+        self.bytes = 0
+        self.complete = False
+
+    def add(self, ev: Any) -> None:
+        if isinstance(ev, h11.EndOfMessage):
+            self.complete = True
+        if self.events is None:
+            return
+        if isinstance(ev, h11.Data):
+            self.bytes += len(ev.data)
+            if self.bytes > PROXY_RESEND_MAX_BYTES:
+                self.events = None
+                return
+        self.events.append(ev)
+
+
+def _engine_failed(up: _Upstream, ex: _Exchange, e: BaseException) -> _Cut:
+    """A write to the engine failed: resent when the connection was a kept-alive one with no reply yet."""
+    if up.reused and ex.first_byte_s is None:
+        return _Unanswered(f"engine: {e}", 502)
+    return _Cut(f"engine: {e}", 502)
 
 
 @dataclass(frozen=True)
@@ -348,6 +385,7 @@ class _Upstream:
         self.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.idle_since_s = now_s
         self.half_closed = False
+        self.reused = False  # it carried an exchange before this one: the engine may be closing it (_Unanswered)
         self.clean = True  # the last exchange ended at its reply's end, nothing after it, keep-alive both ways
 
     def reusable(self, now_s: float) -> bool:
@@ -866,6 +904,7 @@ class FrontProxy:
         up = cl.up
         if up is not None and up.reusable(now):
             up.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+            up.reused = True
             return up
         if up is not None:
             up.close()
@@ -944,24 +983,21 @@ class FrontProxy:
                 raise _Cut("request body too large", 413)
 
     async def _forward(self, cl: _Client, req: h11.Request, work: bool, props: bool, ex: _Exchange) -> bool:
-        up = await self._upstream(cl)
         headers = hop_filtered(list(req.headers.raw_items()))
         if not any(n.lower() == b"host" for n, _v in headers):
             headers.append((b"Host", f"{self.upstream[0]}:{self.upstream[1]}".encode()))
-        try:  # the head and as much of the body as came with it, in one write
-            out = bytearray(up.h.send(h11.Request(method=req.method, target=req.target, headers=headers, _parsed=True)))
-            complete = False
-            while not complete and (ev := _client_poll(cl)) is not h11.NEED_DATA:
-                out += up.h.send(_body_event(ev))
-                complete = isinstance(ev, h11.EndOfMessage)
-            up.conn.write(bytes(out))
-        except (OSError, h11.LocalProtocolError) as e:
-            raise _Cut(f"engine: {e}", 502) from None
-        up.clean = False  # until its reply has ended as it should
+        # the request as sent so far, kept for a resend (see _Unanswered) while within PROXY_RESEND_MAX_BYTES
+        sent: _Sent = _Sent([h11.Request(method=req.method, target=req.target, headers=headers, _parsed=True)])
+        complete = False
+        while not complete and (ev := _client_poll(cl)) is not h11.NEED_DATA:
+            sent.add(_body_event(ev))
+            complete = isinstance(ev, h11.EndOfMessage)
         relays: list[_Relay] = []
+        up: _Upstream | None = None
 
         def failed(e: BaseException) -> None:  # the client left, or its body broke: the reply's wait ends
-            up.conn.abort(e)
+            if up is not None:
+                up.conn.abort(e)
             for relay in relays:
                 relay.fail(e)
 
@@ -972,14 +1008,32 @@ class FrontProxy:
         cl.conn.on_lost = lambda: failed(ConnectionResetError("the client left"))
         body: asyncio.Task | None = None
         try:
-            if cl.conn.lost:
-                raise ConnectionResetError("the client left")
-            if complete:
-                self._body_done(cl, up, work, ex)
-            else:
-                body = asyncio.create_task(self._pump_body(cl, up, work, ex))
-                body.add_done_callback(body_ended)
-            await self._pump_reply(cl, up, req, props, ex, relays)
+            while True:
+                up = await self._upstream(cl)
+                try:
+                    self._send(up, sent, ex)
+                    up.clean = False  # until its reply has ended as it should
+                    if cl.conn.lost:
+                        raise ConnectionResetError("the client left")
+                    if complete:
+                        self._body_done(cl, up, work, ex)
+                    elif body is None:
+                        body = asyncio.create_task(self._pump_body(cl, up, work, ex, sent))
+                        body.add_done_callback(body_ended)
+                    await self._pump_reply(cl, up, req, props, ex, relays)
+                    break
+                except _Unanswered:
+                    if sent.events is None:
+                        raise
+                    # a kept-alive connection the engine closed as the request crossed: again, on another
+                    up.close()
+                    cl.up = None
+                    if body is not None:
+                        body.remove_done_callback(body_ended)
+                        body.cancel()
+                        await asyncio.gather(body, return_exceptions=True)
+                        body = None
+                    complete = sent.complete
         finally:
             cl.conn.on_lost = cl.conn.on_eof = None
             if body is not None and not body.done():
@@ -992,10 +1046,18 @@ class FrontProxy:
             cl.up = None
         return cl.h.their_state is h11.DONE
 
+    def _send(self, up: _Upstream, sent: _Sent, ex: _Exchange) -> None:
+        """The request as received so far to the engine, in one write."""
+        assert sent.events is not None
+        try:
+            up.conn.write(b"".join(up.h.send(ev) or b"" for ev in sent.events))
+        except (OSError, h11.LocalProtocolError) as e:
+            raise _engine_failed(up, ex, e) from None
+
     def _body_done(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
         """The request's body is all sent: DEMAND from now; the client's EOF, with nothing more from it, is
         passed on to the engine as a half-close (now, or when it comes)."""
-        if work:
+        if work and not ex.demand:
             self._demand(+1)
             ex.demand = True
 
@@ -1011,15 +1073,16 @@ class FrontProxy:
         at_eof()
         cl.conn.on_eof = at_eof
 
-    async def _pump_body(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
+    async def _pump_body(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange, sent: _Sent) -> None:
         """The rest of the request's body to the engine; DEMAND from its end."""
         while True:
             ev = _body_event(await self._client_event(cl))
+            sent.add(ev)
             try:
                 up.conn.write(up.h.send(ev))
                 await up.conn.drain()
             except (OSError, h11.LocalProtocolError) as e:
-                raise _Cut(f"engine: {e}", 502) from None
+                raise _engine_failed(up, ex, e) from None
             if isinstance(ev, h11.EndOfMessage):
                 self._body_done(cl, up, work, ex)
                 return
@@ -1033,8 +1096,11 @@ class FrontProxy:
             ev = up.poll()
             if ev is h11.NEED_DATA:
                 data = await up.conn.read()
-                if ex.first_byte_s is None:
-                    ex.first_byte_s = self._clock()
+                if data:
+                    if ex.first_byte_s is None:
+                        ex.first_byte_s = self._clock()
+                elif ex.first_byte_s is None and up.reused:
+                    raise _Unanswered("engine closed before its reply", 502)
                 up.h.receive_data(data)
                 continue
             if isinstance(ev, h11.InformationalResponse):

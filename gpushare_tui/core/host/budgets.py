@@ -148,6 +148,10 @@ PROXY_ACCEPT_BACKOFF_S = 0.05  # after accept() failed for want of fds (EMFILE, 
 # client is not read until the reply ends (TCP back-pressure), so pipelining costs at most this much memory.
 PROXY_PIPELINE_BUFFER_BYTES = 64 * 2**10
 PROXY_PROPS_MAX_BYTES = 256 * 2**10  # a /props reply parsed to add opencoti.gpu_share (~5-20 KiB); larger: unchanged
+# A request's bytes kept while it is answered, so that it can be sent again when the engine closed the kept-alive
+# connection it went on (as idle, while the request crossed); a request whose body passes this is not kept, and
+# gets 502 in that case. Memory: at most this per connection in flight (llama-server's requests are < 64 KiB).
+PROXY_RESEND_MAX_BYTES = 256 * 2**10
 PROXY_SEED_VIEW_MAX_AGE_S = 0.25  # /gpu/peers and /props share one read of the segment at most this old
 # A request that comes while the engine (re)loads its model waits for it this long, then gets 503 (GET /health is
 # answered 503 at once). Loading a model from a local disk takes seconds to a few minutes; the waiting connections
