@@ -198,10 +198,38 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return len(os.sched_getaffinity(0)) + 1
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--by-file",
+        action="store_true",
+        help="end with a table of where the time went: per test file, its tests and their seconds (set-up, call"
+        " and tear-down summed over the workers), slowest first",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _run
     if not _is_worker(config) and _run is None:
         _run = _Run()
+
+
+_seconds_by_file: dict[str, list[float]] = {}  # file -> [tests, seconds], on the controller (--by-file)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    entry = _seconds_by_file.setdefault(report.nodeid.split("::", 1)[0], [0, 0.0])
+    entry[1] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        entry[0] += 1
+
+
+def by_file_table(seconds_by_file: dict[str, list[float]]) -> list[str]:
+    """The --by-file table's lines: file, tests, seconds and share of the sum, slowest first."""
+    rows = sorted(seconds_by_file.items(), key=lambda kv: -kv[1][1])
+    total_s = sum(s for _n, s in seconds_by_file.values()) or 1.0
+    lines = [f"{'file':<48} {'tests':>5} {'seconds':>8} {'share':>6}"]
+    lines += [f"{f:<48} {int(n):>5} {s:>8.1f} {100 * s / total_s:>5.1f}%" for f, (n, s) in rows]
+    return lines
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's own: its workers are gone by then
@@ -239,6 +267,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     wall_s = time.monotonic() - _run.started_s
     busy, total = (now - then for now, then in zip(_cpu_ticks(), _run.cpu_before, strict=True))
     cpus = len(os.sched_getaffinity(0))
+    if config.getoption("by_file", False) and _seconds_by_file:
+        terminalreporter.write_sep("=", "where the time went, by file (test seconds summed over the workers)")
+        for line in by_file_table(_seconds_by_file):
+            terminalreporter.write_line(line)
     terminalreporter.write_line(
         f"test run: {wall_s:.0f} s wall; the machine's {cpus} CPUs {100 * busy / max(total, 1):.0f}% busy meanwhile;"
         f" load average {_run.load_before:.2f} before, {os.getloadavg()[0]:.2f} after"

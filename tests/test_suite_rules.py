@@ -88,3 +88,13 @@ def test_leaks():
             remove(path)
         for pid in re.findall(r"^  process (\d+): ", out, re.M):
             os.kill(int(pid), signal.SIGKILL)
+
+
+def test_by_file_says_where_the_time_went_slowest_file_first(tmp_path: Path) -> None:
+    (tmp_path / "test_quick.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    r = nested_run(tmp_path, SPELLS, "-n", "2", "--dist", "loadgroup", "--by-file", env={"SPELLS_LOG": "/dev/null"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = re.findall(r"^(test_\w+\.py) +(\d+) +([\d.]+) +([\d.]+)%$", r.stdout, re.M)
+    assert [(f, n) for f, n, _s, _p in rows] == [("test_nested.py", "10"), ("test_quick.py", "2")], r.stdout
+    seconds = float(rows[0][2])
+    assert 10 * 0.3 <= seconds < 10 * 0.3 + 5  # ten tests that sleep 0.3 s each, summed over the workers
