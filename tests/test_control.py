@@ -227,6 +227,33 @@ def test_server_in_process_replaces_stale_socket_and_cleans_up(runtime_dir: str)
     assert not os.path.exists(path)
 
 
+def test_a_client_that_finds_the_socket_is_never_refused(runtime_dir: str, monkeypatch) -> None:
+    """The socket's name appears only once it listens: a client that connects the moment it sees the name
+    (`status` right after a start) is served, not refused. The set-up is slowed between bind and listen,
+    where the old order (bind to the name, then listen) refused such a client."""
+    import threading
+    import time
+
+    real_chmod = os.chmod
+    monkeypatch.setattr(control.os, "chmod", lambda *a, **k: (time.sleep(0.3), real_chmod(*a, **k))[1])
+    pid = os.getpid()
+    path = control.socket_path(pid)
+    made: list[ControlServer] = []
+    starter = threading.Thread(target=lambda: made.append(ControlServer(pid, {"status": lambda _r: {"up": 1}})))
+    starter.start()
+    try:
+        wait_for(lambda: os.path.exists(path), 10, interval=0.001, what="the socket's name")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(path)  # ConnectionRefusedError when the name came before listen()
+        starter.join(10)
+        assert control.request(pid, "status") == {"ok": True, "up": 1}
+        assert [n for n in os.listdir(os.path.dirname(path)) if n.endswith(".part")] == []
+    finally:
+        starter.join(10)
+        for server in made:
+            server.close()
+
+
 def test_runtime_dir_must_be_private(runtime_dir: str) -> None:
     d = os.path.join(runtime_dir, "gpushare-tui")
     os.makedirs(d, exist_ok=True)

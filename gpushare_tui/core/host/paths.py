@@ -277,6 +277,14 @@ def unlink_in(path: str) -> None:
         pass
 
 
+def rename_in(path: str, new_name: str) -> None:
+    """Rename `path` to `new_name` in the same (trusted) directory, through the directory's fd: atomic,
+    replacing what had that name. OSError (UntrustedPathError among them) on failure."""
+    directory, name = os.path.split(os.path.abspath(path))
+    with trusted_dir(directory) as dfd:
+        os.rename(name, new_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
 def replace_file(path: str, data: bytes) -> None:
     """Write `data` to `path` atomically: a new file created exclusively (O_EXCL, O_NOFOLLOW, a
     random name) beside it, then renamed over it (a rename replaces a symbolic link, never follows

@@ -37,7 +37,7 @@ from typing import Protocol, get_args, get_origin, get_type_hints, runtime_check
 
 from ..host import budgets
 from ..host.errors import ControlError, GpushareError, UsageError
-from ..host.paths import runtime_dir, unlink_in
+from ..host.paths import rename_in, runtime_dir, unlink_in
 from ..observe.latency import LatencyReport
 from ..registry import abi
 from ..registry.abi import parse_weight
@@ -290,25 +290,31 @@ class ControlServer:
             raise
 
     def _bind(self) -> socket.socket:
+        """The listening socket, its name made only once it listens: bound under a name of the same length
+        that no client looks for (`.part` for `.sock`), then renamed into place. A client that finds the name
+        is never refused (bind makes the name, listen comes after: a connect between the two is refused)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        part = self.path[: -len(".sock")] + ".part"
         bound = False
         try:
             # stale: no server of this process holds the name (_claim_index), and no other live
             # process serves our engine's pid (a dead one of the same pid left it)
             unlink_in(self.path)
+            unlink_in(part)
             old = os.umask(0o177)
             try:
-                sock.bind(self.path)
+                sock.bind(part)
                 bound = True
             finally:
                 os.umask(old)
-            os.chmod(self.path, 0o600)
+            os.chmod(part, 0o600)
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
+            rename_in(part, os.path.basename(self.path))
         except BaseException as e:
             sock.close()
             if bound:
-                self._unlink()
+                unlink_in(part)
             if isinstance(e, OSError):
                 raise ControlError(f"control socket {self.path}: {e.strerror or e}") from None
             raise
