@@ -1,12 +1,19 @@
-"""The supervisor's pacing decision (pure): run inside the window, stop a lead before its end."""
+"""The pacing policy's §5 windows (pure) with the supervisor's lead: run inside the window, stop a lead before
+its end."""
 
 from __future__ import annotations
 
-from gpushare_tui.core.engines.supervisor import STOP_LEAD_US, run_until
+from gpushare_tui.core.engines.pace_loop import STOP_LEAD_US
+from gpushare_tui.core.pacing import policy
 from gpushare_tui.core.schedule import v1 as schedule
 
 BASE_US = 1_800_000_000_000_000 - 1_800_000_000_000_000 % 120_000  # a period boundary
 SCHED = schedule.build_schedule([(0, 2.0), (1, 1.0)])  # period 120 ms: slot 0 [0, 80) ms, slot 1 [80, 120) ms
+
+
+def run_until(sched: schedule.Schedule | None, slot: int, now_us: int, stop_lead_us: int = STOP_LEAD_US):
+    assert sched is not None
+    return policy.run_until(sched, slot, now_us, stop_lead_us)
 
 
 def test_schedule_under_test() -> None:

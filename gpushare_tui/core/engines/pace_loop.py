@@ -1,0 +1,131 @@
+"""The supervisor's pace loop: a thin driver of the pacing policy (core/pacing/policy.py, every rule there)
+whose actions are signals to the engine's process group — SIGCONT at its window's start, SIGSTOP at its end,
+stopped while a priority member holds the device. It also measures the engine's device time (its continued
+time while working: busy_total_us, spec §7, and the PRIORITY budget's meter) and how late each signal went
+out after its window edge."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ..host.clock import mono_us, wall_us
+from ..observe.accounting import BusyFromMarks
+from ..pacing import policy as policy_
+from ..pacing.pacer import DecisionSource
+from ..registry.membership import Membership
+from ..registry.segment import SegmentError
+from ..schedule import ext2 as schedule_ext2
+from ..schedule import v1 as schedule
+
+RECHECK_US = 20_000  # decide again at least this often
+UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
+# A run ends this long before its window does. A SIGSTOP takes effect only once the engine's own thread runs
+# to take it; sent at the edge, that thread competes for the cores with the engine just continued, and both
+# ran together for 13-18% of the time on 2 vCPUs (0% with a 500 µs lead).
+STOP_LEAD_US = 500
+BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
+
+
+class PaceLoop:
+    """`run` until `quit` is set or `alive()` is False. `stop`/`cont`/`stopped`: the engine's process group
+    (SIGSTOP, SIGCONT, whether it is stopped). `window_end_us`: the end of the run in progress (wall µs; None
+    when not running by the schedule); `decision`: the schedule in force (and why), as last read."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        *,
+        alive: Callable[[], bool],
+        quit_event: threading.Event,
+        stop: Callable[[], None],
+        cont: Callable[[], None],
+        stopped: Callable[[], bool],
+        lateness_us: deque[int],
+    ) -> None:
+        self._m, self._alive, self._quit = membership, alive, quit_event
+        self._stop, self._cont, self._stopped = stop, cont, stopped
+        self.lateness_us = lateness_us
+        self.policy = policy_.PacingPolicy()
+        self.window_end_us: int | None = None
+        self.decision: schedule_ext2.Decision | None = None
+
+    def run(self) -> None:
+        _raise_priority()
+        m = self._m
+        source = DecisionSource(m, self.policy)
+        prev: schedule.Schedule | None = None
+        busy = BusyFromMarks(BUSY_MARK_GAP_US)
+        last_mono, last_wall = mono_us(), wall_us()
+        while not self._quit.is_set() and self._alive():
+            if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
+                self.window_end_us = None
+                self._cont()
+                time.sleep(UNTHROTTLED_POLL_S)
+                continue
+            now, mono = wall_us(), mono_us()
+            if not self._stopped():
+                self.policy.ran(m.slot, last_mono, mono, last_wall, now)
+                busy.continued(last_mono, mono)
+            device_us = busy.mark(m.last_active_us)  # device time: continued while working
+            m.add_busy_us(device_us)  # busy_total_us (spec §7)
+            self.policy.busy(mono, device_us)  # the PRIORITY budget's meter
+            last_mono, last_wall = mono, now
+            slot = m.slot
+            try:
+                d = self.decision = source.read(now, mono)
+            except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
+                source.repair(e)
+                continue
+            a = self.policy.act(d, slot, now, mono, lead_us=STOP_LEAD_US, demand=m.demand)
+            at_edge = d.schedule is prev  # not a membership change, which acts at once, off any edge
+            prev = d.schedule
+            self.window_end_us = a.until_us if a.kind == policy_.RUN else None
+            if a.kind == policy_.UNPACED:
+                self._cont()
+                wait_us = min(int(UNTHROTTLED_POLL_S * 1e6), a.reread_us or int(UNTHROTTLED_POLL_S * 1e6))
+            elif a.run:
+                if self._stopped():
+                    self._cont()
+                    if at_edge and a.scheduled:
+                        self._note_lateness(a.schedule, slot, edge=0)
+            elif not self._stopped():
+                self._stop()
+                if at_edge and a.kind == policy_.STOP:
+                    self._note_lateness(a.schedule, slot, edge=1)
+            if a.kind != policy_.UNPACED:
+                assert a.until_us is not None  # wait, run and stop have an end
+                wait_us = min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
+            time.sleep(max(wait_us, 0) / 1e6)
+
+    def _note_lateness(self, sched: schedule.Schedule | None, slot: int | None, edge: int) -> None:
+        """How late after its edge (0: window start, 1: window end less the stop lead) a signal went out."""
+        window = sched.window_of(slot) if sched is not None and slot is not None else None
+        assert sched is not None and window is not None  # at a window edge: a member
+        boundary = window[edge] - (STOP_LEAD_US if edge else 0)
+        self.lateness_us.append((wall_us() - boundary) % sched.period_us)
+
+
+def lateness_summary(lateness_us: deque[int]) -> dict:
+    """p50/p99/max µs by which SIGCONT/SIGSTOP trailed their window edges."""
+    xs = sorted(lateness_us)
+    if not xs:
+        return {"n": 0, "p50_us": None, "p99_us": None, "max_us": None}
+    return {
+        "n": len(xs),
+        "p50_us": xs[len(xs) // 2],
+        "p99_us": xs[min(len(xs) - 1, len(xs) * 99 // 100)],
+        "max_us": xs[-1],
+    }
+
+
+def _raise_priority() -> None:
+    """Real-time priority for the calling (pacing) thread where permitted (root or
+    RLIMIT_RTPRIO): window edges then stay sharp even when every core is busy."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except (OSError, AttributeError):
+        pass
