@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 
 from .core.engines.spawn import spawn, synth_argv
-from .core.engines.synthetic import calibrate_units
 from .core.host.clock import wall_us
 from .core.host.errors import GpushareError
 from .core.host.lifecycle import on_signals, termination_deferred
@@ -54,7 +53,6 @@ class Demo:
     logs: list[str] = field(default_factory=list)
     janitor: subprocess.Popen | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
-    work_units: int = 0  # the engines' work per step (one calibration for all)
     launched: list[tuple[int, str]] = field(default_factory=list)  # (pid, log) of adopted engines
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -95,15 +93,13 @@ def alive_peers(key: str) -> list[int]:
 def start_demo(key: str | None = None, *, engines=DEMO_ENGINES, step_ms: float = 5.0, timeout_s: float = 20.0) -> Demo:
     """Start the engines and wait until all are registered; on failure nothing is left running."""
     demo = Demo(key or default_key())
-    # One calibration for all: engines that calibrate themselves at the same time on
-    # a busy machine get different work per step, and their tok/s stop being comparable.
-    units = demo.work_units = calibrate_units(step_ms)
     try:
         for name, weight, busy_idle in engines:
             # mkstemp: a new file of ours (O_EXCL, 0600), handed over as it is: never reopened by name
             fd, log = tempfile.mkstemp(prefix=f"gpushare-demo-{demo.key}-{name}-", suffix=".log")
             demo.logs.append(log)
-            argv = synth_argv(gpu_key=demo.key, name=name, weight=weight, busy_idle=busy_idle, work_units=units)
+            # step_ms's work at the reference rate, as any synth's: their TOK/S and those of the form's compare
+            argv = synth_argv(gpu_key=demo.key, name=name, weight=weight, busy_idle=busy_idle, step_ms=step_ms)
             try:
                 with termination_deferred():  # started and recorded, or neither: stop_demo ends what is recorded
                     demo.procs.append(spawn(argv, fd, parent_death=signal.SIGTERM))
@@ -285,7 +281,6 @@ def run_demo(
             history_s=history_s,
             launch_runner=launch,
             demo=True,
-            launch_defaults={"work_units": str(demo.work_units)},  # as much work per step: tok/s compare
         )
         state["app"] = app
         app.run()

@@ -25,7 +25,8 @@ from textual.geometry import Region
 from textual.widgets import Button, Input, Select, Static
 
 from gpushare_tui.app import ADMIN_ACTIONS, DashboardApp
-from gpushare_tui.core.engines.kinds import KIND_BY_KEY, KINDS
+from gpushare_tui.core.engines.kinds import FORM_KINDS as KINDS
+from gpushare_tui.core.engines.kinds import KIND_BY_KEY
 from gpushare_tui.core.engines.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.host.errors import EngineError
 from gpushare_tui.core.pacing.control import socket_path
@@ -805,7 +806,7 @@ def test_launch_form_starts_a_real_synthetic_engine_that_joins(gpu_key, tmp_path
             form = await open_form(pilot)
             assert form.kind == "llama-server" and form.query_one("#r-binary").display
             assert not form.query_one("#r-step_ms").display
-            form.query_one("#f-kind", Select).value = "synthetic"  # switched at once: the fields are its own
+            form.query_one("#f-kind", Select).value = "synth"  # switched at once: the fields are its own
             assert not form.query_one("#r-binary").display
             assert form.query_one("#r-step_ms").display and form.query_one("#r-work_units").display
             assert set(form.values()) == {"kind", "step_ms", "work_units", "weight", "class", "name", "gpu_key"}
@@ -851,7 +852,7 @@ BAD_KIND_VALUES = {
     "sglang": ("command", "no-such-sglang-xyz --port 30000", "not on PATH"),
     "tgi": ("command", f"{sys.executable} --port 99999", "must be 1..65535"),
     "command": ("health_url", "localhost:1", "http:// or https://"),
-    "synthetic": ("step_ms", "0", "must be between"),
+    "synth": ("step_ms", "0", "must be between"),
 }
 
 
@@ -999,18 +1000,17 @@ def test_the_demos_form_starts_a_synthetic_engine_that_ends_with_the_demo(runtim
         def launch(spec):
             return launch_in_worker(spec, started=demo.adopt)
 
-        units = {"work_units": str(demo.work_units)}  # as run_demo: the demo engines' work per step
-        app = DashboardApp(gpu_key=key, interval_s=0.2, launch_runner=launch, demo=True, launch_defaults=units)
+        app = DashboardApp(gpu_key=key, interval_s=0.2, launch_runner=launch, demo=True)
         async with app.run_test(size=SIZE) as pilot:
             form = await open_form(pilot)
-            assert form.kind == "synthetic" and "end with it" in form.status_text + str(
+            assert form.kind == "synth" and "end with it" in form.status_text + str(
                 form.query_one("#launch-status").render()
             )
-            assert form.values()["work_units"] == str(demo.work_units) != "0"
+            assert form.values()["work_units"] == ""  # step_ms's work, as the demo engines': their TOK/S compare
             await press_launch(pilot, form)  # every default is valid: name "synth", weight 1, step 5 ms
             await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
             assert form.last_spec is not None and form.last_spec.synth is not None
-            assert form.last_spec.synth.work_units == demo.work_units
+            assert form.last_spec.synth.work_units is None
             row = await _launched_row(pilot, "synth")
             pids.append(row.peer.pid)
 

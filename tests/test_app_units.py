@@ -9,7 +9,7 @@ from slots import NOW, slot, snap
 
 from gpushare_tui.app import nudged_weight
 from gpushare_tui.core.engines.declaration import SourceOptions, SynthDecl
-from gpushare_tui.core.engines.kinds import KINDS
+from gpushare_tui.core.engines.kinds import FORM_KINDS as KINDS
 from gpushare_tui.core.engines.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.registry import abi
 from gpushare_tui.dashboard.columns import (
@@ -270,6 +270,9 @@ def test_validate_launch_of_a_synthetic_engine_checks_its_fields_in_core_declara
     spec, errors = validate_launch(synth)
     assert errors == {}
     assert spec == LaunchSpec((), "k", 3.0, name="synth", synth=SynthDecl(2.5, 0))
+    # "synthetic" is an alias of the kind's one name; work units left empty: step_ms's work at the reference rate
+    spec, errors = validate_launch({**synth, "kind": "synth", "work_units": ""})
+    assert errors == {} and spec is not None and spec.synth == SynthDecl(2.5, None)
     spec, errors = validate_launch(
         {"kind": "synthetic", "step_ms": "nan", "work_units": "1.5", "weight": "0", "name": "x" * 49, "gpu_key": ""}
     )
@@ -280,7 +283,7 @@ def test_validate_launch_of_a_synthetic_engine_checks_its_fields_in_core_declara
     spec, errors = validate_launch({**synth, "binary": "/nope", "work_units": "7"})
     assert errors == {} and spec is not None and spec.synth == SynthDecl(2.5, 7)
     assert validate_launch({"kind": "ollama"})[1] == {
-        "kind": "'ollama': not one of llama-server, vllm, sglang, tgi, command, synthetic"
+        "kind": "'ollama': not one of llama-server, vllm, sglang, tgi, command, synth"
     }
 
 
@@ -302,7 +305,7 @@ KIND_CASES = {
     "sglang": ({"command": f"{PY} -c pass"}, ("command", "not on PATH")),
     "tgi": ({"command": f"{PY} -c pass --port 3001"}, ("command", "must be 1..65535")),
     "command": ({"command": f"{PY} -c pass", "activity": "cpu"}, ("activity", "needs a metrics URL")),
-    "synthetic": ({"step_ms": "2", "work_units": "0"}, ("step_ms", "must be between")),
+    "synth": ({"step_ms": "2", "work_units": "0"}, ("step_ms", "must be between")),
 }
 BAD = {
     "llama-server": {"model": "/nonexistent/m.gguf"},
@@ -310,7 +313,7 @@ BAD = {
     "sglang": {"command": "no-such-sglang-xyz --port 30000"},
     "tgi": {"command": f"{PY} --port 99999"},
     "command": {"activity": "metrics"},
-    "synthetic": {"step_ms": "0"},
+    "synth": {"step_ms": "0"},
 }
 
 
@@ -326,7 +329,7 @@ def test_each_kind_validates_to_a_launch_spec_or_inline_errors(kind, tmp_path):
     spec, errors = validate_launch({**common, **good})
     assert errors == {} and spec is not None
     assert (spec.gpu_key, spec.weight, spec.klass) == ("k", 2.0, "interactive")
-    if kind == "synthetic":
+    if kind == "synth":
         assert spec.synth == SynthDecl(2.0, 0) and spec.engine_argv == ()
     elif kind == "llama-server":
         assert spec.engine_argv == (good["binary"], "-m", good["model"]) and spec.sources == SourceOptions()

@@ -8,23 +8,73 @@ import pytest
 
 from gpushare_tui.core.engines import declaration
 from gpushare_tui.core.engines.declaration import DeclarationError
-from gpushare_tui.core.engines.kinds import KIND_BY_KEY, KINDS, kind_engine
+from gpushare_tui.core.engines.kinds import (
+    FORM_KINDS,
+    KIND_BY_KEY,
+    KINDS,
+    SUPERVISED_KINDS,
+    command_kind,
+    kind,
+    kind_engine,
+    kind_named,
+)
 
 
 def test_the_table_offers_every_declarable_kind_once() -> None:
-    assert [k.key for k in KINDS] == [*declaration.ENGINE_KINDS[:4], "command", "synthetic"]
+    assert [k.key for k in FORM_KINDS] == [*SUPERVISED_KINDS, "synth"]
     assert len(KIND_BY_KEY) == len(KINDS)
-    for k in KINDS:
+    for k in FORM_KINDS:
         assert k.fields and len({f.key for f in k.fields}) == len(k.fields)
         assert all(not f.choices or f.default in f.choices for f in k.fields)
-    assert KIND_BY_KEY["synthetic"].defaults() == {"step_ms": "5", "work_units": "0"}
+    assert KIND_BY_KEY["synth"].defaults() == {"step_ms": "5", "work_units": ""}
 
 
-@pytest.mark.parametrize("kind", ["vllm", "sglang", "tgi"])
-def test_each_preset_kinds_default_command_names_its_own_port(kind) -> None:
-    (command,) = KIND_BY_KEY[kind].fields
-    port = declaration.ENGINE_DEFAULT_PORTS[kind]
-    assert declaration.engine_port(command.default.split()) == port
+def test_synth_has_one_name_and_the_old_one_is_an_alias() -> None:
+    """`synth` is the kind's one name (status, the dashboard, the form); `synthetic`, the form's old one, too."""
+    assert kind_named("synthetic") is kind_named("synth") is kind("synthetic") is KIND_BY_KEY["synth"]
+    assert "synthetic" not in KIND_BY_KEY and kind_named("nope") is None and kind_named(None) is None
+
+
+@pytest.mark.parametrize("key", ["vllm", "sglang", "tgi"])
+def test_each_preset_kinds_default_command_names_its_own_port_and_is_recognised(key) -> None:
+    (command,) = KIND_BY_KEY[key].fields
+    argv = command.default.split()
+    assert declaration.engine_port(argv) == KIND_BY_KEY[key].default_port
+    assert command_kind(argv) == key
+
+
+def test_a_preset_kinds_sources_come_from_its_record() -> None:
+    """The port, gauge and health a preset resolves to are its record's, and nothing else's."""
+    for k in KINDS:
+        if not k.preset:
+            continue
+        sources = declaration.resolve_sources(("x",), declaration.SourceOptions(activity=k.key))
+        assert (sources.kind, sources.port, sources.activity.gauge) == (k.key, k.default_port, k.gauge)
+        assert sources.activity.metrics_url == f"http://127.0.0.1:{k.default_port}/metrics"
+        assert sources.health.url == f"http://127.0.0.1:{k.default_port}/health"
+
+
+def test_no_module_outside_the_registry_names_a_kinds_port_gauge_or_program() -> None:
+    """Each kind lives in one record (core/engines/kinds.py): its default port, gauge and program are
+    written there only (docs, tests and the registry itself aside)."""
+    import pathlib
+    import re
+
+    import gpushare_tui
+
+    package = pathlib.Path(gpushare_tui.__file__).parent
+    words = set()
+    for k in KINDS:
+        words |= {str(k.default_port)} if k.default_port else set()
+        words |= {k.gauge} if k.gauge else set()
+        words |= {p for p in k.programs if p != k.key} | {f"{m}." for m in k.modules}  # a key names the kind
+    found = []
+    for path in package.rglob("*.py"):
+        if path.name == "kinds.py" and path.parent.name == "engines":
+            continue
+        text = path.read_text()
+        found += [f"{path.relative_to(package)}: {w}" for w in words if re.search(rf"(?<![\w.-]){re.escape(w)}", text)]
+    assert not found, found
 
 
 def test_a_preset_kind_runs_with_its_preset() -> None:
@@ -59,7 +109,7 @@ def test_a_command_runs_with_the_chosen_source_and_health() -> None:
         ("vllm", {"command": "'unclosed"}, "command", "cannot split"),
         ("command", {"command": "sh", "activity": "metrics"}, "activity", "needs a metrics URL"),
         ("command", {"command": "sh", "health_url": "localhost:1"}, "health", "http:// or https://"),
-        ("llama-server", {}, "kind", "takes vllm, sglang, tgi or command"),
+        ("llama-server", {}, "kind", "takes vllm, sglang, tgi, command"),
     ],
 )
 def test_bad_values_name_their_field(kind, values, field, needle) -> None:
@@ -78,5 +128,5 @@ def test_the_table_is_ui_free_and_the_forms_only_one() -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
     from gpushare_tui.widgets import launch_form
 
-    assert not hasattr(launch_form, "KINDS") or launch_form.KINDS is KINDS
-    assert {f.key for f in launch_form.FIELDS} >= {f.key for k in KINDS for f in k.fields}
+    assert not hasattr(launch_form, "KINDS")
+    assert {f.key for f in launch_form.FIELDS} >= {f.key for k in FORM_KINDS for f in k.fields}

@@ -47,8 +47,10 @@ def test_run_argv() -> None:
 
 
 def test_synth_and_serve_argv() -> None:
-    argv = spawn.synth_argv(gpu_key="k", weight=2.0, name="chat", step_ms=5.0, work_units=0, busy_idle=None)
+    argv = spawn.synth_argv(gpu_key="k", weight=2.0, name="chat", step_ms=5.0, work_units=None, busy_idle=None)
     assert argv == [*PY, "synth", "--weight", "2.0", "--gpu-key", "k", "--name", "chat", "--step-ms", "5.0", "--quiet"]
+    calibrated = spawn.synth_argv(gpu_key="k", weight=2.0, name="chat", work_units=0)  # 0: calibrate, written
+    assert calibrated[-3:] == ["--work-units", "0", "--quiet"]
     argv = spawn.synth_argv(gpu_key="k", weight=1, name="a", share_group="g", work_units=12, busy_idle="25:10")
     assert argv[4:] == [
         "--weight", "1", "--gpu-key", "k", "--name", "a", "--share-group", "g", "--work-units", "12",

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
@@ -308,3 +309,36 @@ def test_sigterm_soon_after_join_exits_in_order_every_time(procs, gpu_key: str, 
         assert not os.path.exists(os.path.join(runtime_dir, "gpushare-tui", f"{p.pid}.sock")), what
         with Segment.attach_readonly(shm_file(gpu_key)) as seg:
             assert all(r.pid != p.pid for r in seg.read_slots()), what
+
+
+def test_synth_engines_do_the_same_work_per_step_by_default(procs, new_gpu_key, tmp_path) -> None:
+    """Two `synth` processes started as the README's `synth &` lines and `up deploy/synth.toml` start them
+    (no --work-units) do the same work per step, step_ms's at the reference rate, whatever the machine's
+    load at their start: their TOK/S compare (each calibrating itself, they differed 3.75x). A CPU hog
+    beside the second start makes a calibration there come out different."""
+    key = new_gpu_key()
+    sa, sb = tmp_path / "a.json", tmp_path / "b.json"
+    base = ("synth", "--gpu-key", key, "-q", "--duration", "3")
+    procs.start(cli_argv(*base, "--weight", "2", "--name", "a", "--status-file", str(sa)))
+    hog = procs.start([sys.executable, "-c", "while True: pass"])
+    try:
+        procs.start(cli_argv(*base, "--name", "b", "--status-file", str(sb)))  # --weight: 1 by default
+        da = wait_for(lambda: read_json_file(sa), 15, what="a's status file")
+        db = wait_for(lambda: read_json_file(sb), 15, what="b's status file")
+    finally:
+        hog.kill()
+    assert da["units"] == db["units"] == synthetic.step_units(5.0) == round(5.0 * synthetic.REFERENCE_UNITS_PER_MS)
+    assert synthetic.step_units(5.0, 0) >= 1 and synthetic.step_units(5.0, 7) == 7  # 0: calibrated; N: N
+
+
+def test_a_synth_engine_declared_in_a_file_gets_no_work_units_of_its_own() -> None:
+    """`up`'s synth engines (deploy/synth.toml: synth = { step_ms = 5 }) are started with step_ms only."""
+    from gpushare_tui.core.engines import spawn
+    from gpushare_tui.up import config
+    from testkit.paths import REPO
+
+    cfg = config.load(str(REPO / "deploy" / "synth.toml"))
+    for d in cfg.engines:
+        assert d.synth is not None and d.synth.work_units is None
+        argv = spawn.synth_argv(gpu_key="k", weight=d.weight, name=d.name, step_ms=d.synth.step_ms)
+        assert "--work-units" not in argv

@@ -109,7 +109,7 @@ def test_check_accepts_a_good_file_and_starts_nothing(tmp_path, gpu_key, runtime
     cfg = config.load(path)
     chat, batch = cfg.engines
     assert chat.command[0] == "sh" and chat.restart == "always" and dict(chat.env) == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert batch.synth == config.SynthDecl(5.0, 0) and batch.restart == "on-failure" and batch.weight == 1.0
+    assert batch.synth == config.SynthDecl(5.0, None) and batch.restart == "on-failure" and batch.weight == 1.0
 
 
 def test_gpu_index_without_nvml_names_the_engine(tmp_path, capsys, monkeypatch) -> None:

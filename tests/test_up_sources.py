@@ -10,10 +10,12 @@ from gpushare_tui.core.engines import declaration, spawn
 from gpushare_tui.core.engines.declaration import (
     ActivitySpec,
     DeclarationError,
+    EngineDecl,
     HealthSpec,
     SourceOptions,
     parse_engine,
 )
+from gpushare_tui.core.engines.kinds import SUPERVISED_KINDS, kind
 from testkit.cli import run_cli, run_cli_here
 from testkit.engines import engine_command
 
@@ -130,7 +132,7 @@ BAD = [
     ),
     ("kind-unknown", 'kind = "ollama"', "kind: must be one of llama-server, vllm, sglang, tgi, command, got 'ollama'"),
     ("health-unknown", 'health = "maybe"', 'health: must be "none", "http" or'),
-    ("health-tcp-bare", 'health = "tcp"', "health: needs its value: health = { port = 8000 }, got 'tcp'"),
+    ("health-tcp-bare", 'health = "tcp"', "health: needs its value: health = { port = 8080 }, got 'tcp'"),
     ("health-log-bare", 'health = "log"', 'needs its value: health = { log = "ready" }'),
     ("health-http-command", 'health = "http"', "a command has no /health of its own"),
     ("health-url-bad", 'health = { url = "localhost:8000/health" }', "health: must be an http:// or https:// URL"),
@@ -165,7 +167,10 @@ def test_synth_takes_no_sources() -> None:
 
 
 def test_every_declared_kind_has_a_default_activity() -> None:
-    assert set(declaration._KIND_ACTIVITY) == set(declaration.ENGINE_KINDS)
+    for key in SUPERVISED_KINDS:
+        choice = kind(key).activity_choice
+        assert choice in declaration.ACTIVITY_CHOICES
+        assert EngineDecl("e", command=("x",), kind=key).run_options().activity == choice
 
 
 def test_the_readmes_any_engine_toml_checks(tmp_path, monkeypatch, capsys) -> None:

@@ -8,24 +8,35 @@ import os
 import typer
 
 from ..core.engines.declaration import check_class, check_name, check_step_ms, check_work_units
+from ..core.engines.kinds import SYNTH_STEP_MS_DEFAULT
 from ..core.host.errors import UsageError
 from ..core.registry.abi import parse_weight
 from .common import checked_group, resolve_key
-from .options import WEIGHT_HELP, ClassOpt, GpuIndexOpt, GpuKeyOpt, ShareGroupOpt
+from .options import ClassOpt, GpuIndexOpt, GpuKeyOpt, ShareGroupOpt, WeightOpt
 
 
 def synth(
-    weight: str = typer.Option(..., "--weight", help=WEIGHT_HELP),
+    weight: str = WeightOpt,
     name: str = typer.Option("synth", "--name", help="Display name in the registry."),
     gpu_key: str | None = GpuKeyOpt,
     gpu: int | None = GpuIndexOpt,
-    step_ms: float = typer.Option(5.0, "--step-ms", help="CPU work per decode step, in ms (unpaced)."),
+    step_ms: float = typer.Option(
+        SYNTH_STEP_MS_DEFAULT,
+        "--step-ms",
+        help="Work per decode step, in ms at a fixed reference rate: the same work in every process, so the"
+        " TOK/S of synthetic engines compare (a step takes longer or shorter on another CPU).",
+    ),
     duration: float = typer.Option(0.0, "--duration", help="Seconds to run (0 = until stopped)."),
     status_file: str | None = typer.Option(None, "--status-file", help="Write JSON stats here every second."),
     no_pace: bool = typer.Option(False, "--no-pace", help="Join but never sleep (baseline)."),
     busy_idle: str | None = typer.Option(None, "--busy-idle", help="BUSY_S:IDLE_S duty pattern."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-second lines on stdout."),
-    work_units: int = typer.Option(0, "--work-units", help="Fixed work per step (0 = calibrate to --step-ms)."),
+    work_units: int | None = typer.Option(
+        None,
+        "--work-units",
+        help="Work units per step instead of --step-ms's (0: calibrated to take --step-ms on this machine and"
+        " its load now; engines calibrated apart do different work and their TOK/S do not compare).",
+    ),
     share_group: str | None = ShareGroupOpt,
     klass: str = ClassOpt,
 ) -> None:
@@ -35,7 +46,8 @@ def synth(
     check_step_ms(step_ms, label="--step-ms")
     if not (math.isfinite(duration) and duration >= 0):
         raise UsageError(f"invalid --duration {duration}: a finite number of seconds >= 0 (0 = until stopped)")
-    check_work_units(work_units, label="--work-units")
+    if work_units is not None:
+        check_work_units(work_units, label="--work-units")
     check_class(klass, label="--class")
     if status_file is not None:
         _check_status_file(status_file)
@@ -55,7 +67,7 @@ def synth(
         pattern=pattern,
         status_file=status_file,
         report=(lambda _line: None) if quiet else None,
-        units=work_units or None,
+        units=work_units,
         owner=Owner.from_env(),
         klass=klass,
     )

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..core.engines.kinds import kind_named
 from ..core.host.text import counted
 from ..core.observe.accounting import SOURCE_BUSY_PPM
 from ..core.observe.snapshot import GpuSnapshot
@@ -108,8 +109,6 @@ def engine_text(r: PeerRow) -> str:
 
 
 # -- issue 19: a running engine that names its activity source shows its kind (and the source, unless the kind's own)
-KIND_SHORT = {"llama-server": "llama", "command": "cmd", "python": "py"}
-KIND_ACTIVITY = {"llama-server": "llama", "vllm": "metrics", "sglang": "metrics", "tgi": "metrics"}
 
 
 def kind_text(e: EngineInfo) -> str | None:
@@ -117,9 +116,10 @@ def kind_text(e: EngineInfo) -> str | None:
     "llama·always"); None when its status gave no activity (an older reply, a GpuShare or synthetic engine)."""
     if e.activity is None:
         return None
-    kind = e.kind or "?"
-    short = KIND_SHORT.get(kind, kind)
-    return short if KIND_ACTIVITY.get(kind) == e.activity else f"{short}·{e.activity}"
+    k = kind_named(e.kind)
+    if k is None:
+        return f"{e.kind or '?'}·{e.activity}"
+    return k.short if k.activity == e.activity else f"{k.short}·{e.activity}"
 
 
 # -- latency class (issue 20, spec §7 Extension 1) --------------------------------------------------------

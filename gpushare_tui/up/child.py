@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from ..core.engines import spawn
-from ..core.engines.declaration import LLAMA_SERVER
+from ..core.engines.kinds import LLAMA_SERVER
 from ..core.engines.llama_server import public_address
 from ..core.host.listen_fds import ListenFdError, bind_listening
 from ..core.host.paths import UntrustedPathError, up_log_path

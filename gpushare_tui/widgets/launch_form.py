@@ -1,6 +1,6 @@
 """`l`: start an engine detached (like `gpushare-tui launch`), and report how it went.
 
-The form renders core/engines/kinds.py's KINDS: its first field picks the engine kind, and the fields shown
+The form renders core/engines/kinds.py's FORM_KINDS: its first field picks the engine kind, and the fields shown
 are that kind's own, then COMMON (weight, latency class, name, GPU key). It validates every field
 first (core/engines/declaration.py; inline errors, nothing started); then it calls
 `core.launcher.launch_detached` in a thread worker for the kind's LaunchSpec (llama-server:
@@ -28,7 +28,6 @@ from textual.worker import get_current_worker
 
 from ..core.engines.declaration import (
     LATENCY_CLASSES,
-    LLAMA_SERVER,
     MODEL_FLAGS,
     PORT_FLAG,
     DeclarationError,
@@ -41,11 +40,20 @@ from ..core.engines.declaration import (
     check_step_ms,
     check_weight,
     check_work_units,
-    is_llama_server,
     launch_problems,
     synth_problems,
 )
-from ..core.engines.kinds import KIND_BY_KEY, KINDS, EngineKindInfo, KindField, kind_engine
+from ..core.engines.kinds import (
+    FORM_KINDS,
+    LLAMA_SERVER,
+    SYNTH,
+    EngineKind,
+    KindField,
+    is_llama_server,
+    kind_engine,
+    kind_named,
+)
+from ..core.engines.kinds import kind as kind_record
 from ..core.engines.launcher import SYNTH_NAME, LaunchReply, LaunchSpec, Started, launch_detached
 from ..core.host.errors import GpushareError
 from .dialog import Dialog
@@ -61,14 +69,14 @@ COMMON = (
     KindField("gpu_key", "GPU key", "segment key"),
 )
 DEFAULT_KIND = LLAMA_SERVER
-SYNTHETIC = KIND_BY_KEY["synthetic"]
+SYNTHETIC = kind_record(SYNTH)
 
 
 def _all_fields() -> tuple[KindField, ...]:
     """Every kind's fields once by key (vllm/sglang/tgi/command share `command`), then COMMON."""
     seen: dict[str, KindField] = {}
-    for kind in KINDS:
-        for f in kind.fields:
+    for k in FORM_KINDS:
+        for f in k.fields:
             seen.setdefault(f.key, f)
     return (*seen.values(), *COMMON)
 
@@ -111,11 +119,12 @@ def _synth_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
         errors.setdefault(problem.part, problem.at_field)
     if errors:
         return None
-    work = SynthDecl(check_step_ms(float(v["step_ms"])), check_work_units(int(v["work_units"])))
+    units = check_work_units(int(v["work_units"])) if v["work_units"] else None  # None: step_ms's
+    work = SynthDecl(check_step_ms(float(v["step_ms"])), units)
     return LaunchSpec((), v["gpu_key"], check_weight(v["weight"]), name=name, synth=work)
 
 
-def _declared_spec(kind: EngineKindInfo, v: dict[str, str], errors: Errors) -> LaunchSpec | None:
+def _declared_spec(kind: EngineKind, v: dict[str, str], errors: Errors) -> LaunchSpec | None:
     """vllm/sglang/tgi/command: core.kinds.kind_engine's checked declaration; its command runs as
     given, with its `run_options()` (activity, health). Each problem at its field."""
     weight = 1.0
@@ -194,15 +203,21 @@ def default_binary() -> str:
     return next((c for c in candidates if os.access(c, os.X_OK)), "llama-server")
 
 
+def _form_kind(name: object) -> EngineKind | None:
+    """The form's kind of that name (or an alias of one), else None."""
+    k = kind_named(name)
+    return k if k is not None and k.in_form else None
+
+
 def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, Errors]:
     """(what to launch, {}) or (None, {field: error}): `values["kind"]` (default: llama-server) picks
-    the kind (core.kinds.KINDS) whose fields are checked, by core.declaration (as `launch` / `up`
-    check theirs), with the common ones (`class` empty or absent: batch); each problem is shown at
-    its field."""
+    the kind (core.kinds.FORM_KINDS; an alias names its kind) whose fields are checked, by
+    core.declaration (as `launch` / `up` check theirs), with the common ones (`class` empty or absent:
+    batch); each problem is shown at its field."""
     errors: Errors = {}
-    kind = KIND_BY_KEY.get(values.get("kind") or DEFAULT_KIND)
+    kind = _form_kind(values.get("kind") or DEFAULT_KIND)
     if kind is None:
-        return None, {"kind": f"{values.get('kind')!r}: not one of {', '.join(KIND_BY_KEY)}"}
+        return None, {"kind": f"{values.get('kind')!r}: not one of {', '.join(k.key for k in FORM_KINDS)}"}
     v = {f.key: (values.get(f.key) or "").strip() for f in (*kind.fields, *COMMON)}
     builder = _BUILDERS.get(kind.key)
     spec = builder(v, errors) if builder is not None else _declared_spec(kind, v, errors)
@@ -258,13 +273,14 @@ class LaunchForm(Dialog[LaunchResult | None]):
         self.runner = runner or launch_in_worker
         self.given = {"gpu_key": gpu_key, **(defaults or {})}
         kind = self.given.get("kind")
-        self.first_kind = kind if isinstance(kind, str) and kind in KIND_BY_KEY else DEFAULT_KIND
-        first = self.kind_defaults(self.first_kind)
+        first = _form_kind(kind)
+        self.first_kind = first.key if first is not None else DEFAULT_KIND
+        first_values = self.kind_defaults(self.first_kind)
         others: dict[str, str] = {}  # a field the first kind lacks: the default of the first kind with it
-        for k in KINDS:
+        for k in FORM_KINDS:
             for key, value in self.kind_defaults(k.key).items():
                 others.setdefault(key, value)
-        self.defaults = {"kind": self.first_kind, **others, **first}
+        self.defaults = {"kind": self.first_kind, **others, **first_values}
         self.shown_kind = self.first_kind
         self.note = note or "The engine runs detached and keeps running after the dashboard exits."
         self.running = False
@@ -272,12 +288,12 @@ class LaunchForm(Dialog[LaunchResult | None]):
         self.errors: dict[str, str] = {}
         self.status_text = ""
 
-    def kind_defaults(self, kind: str) -> dict[str, str]:
+    def kind_defaults(self, kind_key: str) -> dict[str, str]:
         """The initial values of `kind`'s fields and the common ones: core.kinds' defaults (a llama-server
         binary: the one found here), then what the form was given."""
-        info = KIND_BY_KEY[kind]
+        info = kind_record(kind_key)
         values = {f.key: f.default for f in (*info.fields, *COMMON)}
-        if kind == LLAMA_SERVER:
+        if kind_key == LLAMA_SERVER:
             values["binary"] = default_binary()
         return values | {k: str(v) for k, v in self.given.items() if k in values}
 
@@ -286,7 +302,7 @@ class LaunchForm(Dialog[LaunchResult | None]):
             yield Label("Launch an engine (like gpushare-tui launch)", classes="title")
             with Horizontal(classes="row"):
                 yield Label("Engine kind")
-                options = [(k.label, k.key) for k in KINDS]
+                options = [(k.label, k.key) for k in FORM_KINDS]
                 yield Select(options, value=self.first_kind, allow_blank=False, id="f-kind", compact=True)
             yield Static("", id="e-kind", classes="field-error -empty")
             for f in FIELDS:
@@ -317,11 +333,12 @@ class LaunchForm(Dialog[LaunchResult | None]):
     @property
     def kind(self) -> str:
         value = self.query_one("#f-kind", Select).value  # blank until the selector has mounted: its first kind
-        return value if isinstance(value, str) and value in KIND_BY_KEY else self.first_kind
+        k = _form_kind(value)
+        return k.key if k is not None else self.first_kind
 
     def kind_fields(self) -> tuple[KindField, ...]:
         """The fields shown: the selected kind's, then the common ones."""
-        return (*KIND_BY_KEY[self.kind].fields, *COMMON)
+        return (*kind_record(self.kind).fields, *COMMON)
 
     def _value(self, key: str) -> str:
         w = self.query_one(f"#f-{key}")
@@ -333,8 +350,8 @@ class LaunchForm(Dialog[LaunchResult | None]):
         if isinstance(w, (Input, Select)):
             w.value = value
 
-    def _show_kind(self, kind: str) -> None:
-        info = KIND_BY_KEY[kind]
+    def _show_kind(self, kind_key: str) -> None:
+        info = kind_record(kind_key)
         own = {f.key: f for f in info.fields}
         for f in FIELDS:
             if f not in COMMON:
@@ -342,13 +359,13 @@ class LaunchForm(Dialog[LaunchResult | None]):
                 if f.key in own and not own[f.key].choices:  # a field kinds share: this kind's hint
                     self.query_one(f"#f-{f.key}", Input).placeholder = own[f.key].hint
         # a value left empty or at a kind's default (e.g. vLLM's command) becomes this kind's; what was typed stays
-        untouched = {(key, value) for k in KINDS for key, value in self.kind_defaults(k.key).items()}
-        new = self.kind_defaults(kind)
+        untouched = {(key, value) for k in FORM_KINDS for key, value in self.kind_defaults(k.key).items()}
+        new = self.kind_defaults(kind_key)
         for key in own:
             if key not in self.given and (not self._value(key) or (key, self._value(key)) in untouched):
                 self._set_value(key, new[key])
-        self.shown_kind = kind
-        self.query_one("#f-name", Input).placeholder = _NAME_HINTS.get(kind, _NAME_HINT)
+        self.shown_kind = kind_key
+        self.query_one("#f-name", Input).placeholder = _NAME_HINTS.get(kind_key, _NAME_HINT)
         self._show_errors({})
 
     def _kind_selected(self) -> None:

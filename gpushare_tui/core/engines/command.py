@@ -43,7 +43,7 @@ def prepare(argv: Sequence[str], port: int | None = None) -> EngineArgs:
 
 def display_name(args: EngineArgs) -> str:
     """A default name: the model file's stem, else the script or module a Python command runs
-    (`python -m sglang.launch_server`: sglang.launch_server), else the program's name."""
+    (`python -m pkg.server`: pkg.server), else the program's name."""
     if args.model:
         return Path(args.model).stem
     prog = Path(args.argv[0]).name

@@ -17,6 +17,17 @@ from dataclasses import dataclass, field, fields, replace
 from ..host.errors import UsageError
 from ..host.text import printable
 from ..registry import abi
+from .kinds import (
+    ACTIVITY_SOURCES,
+    LLAMA_SERVER,
+    PRESETS,
+    SUPERVISED_KINDS,
+    SYNTH,
+    SYNTH_STEP_MS_DEFAULT,
+    command_kind,
+    is_llama_server,
+    kind,
+)
 
 RESTART_POLICIES = ("always", "on-failure", "never")
 LATENCY_CLASSES = abi.LATENCY_CLASSES
@@ -237,18 +248,18 @@ def check_launch(
 
 
 def synth_problems(
-    *, weight: str | float, name: str, step_ms: str | float, work_units: str | int
+    *, weight: str | float, name: str, step_ms: str | float, work_units: str | int | None
 ) -> list[DeclarationError]:
     """Every problem of a synthetic engine to start from here (the launch form, its values as typed:
-    text that is a number is that number), in the order of its fields."""
-    return _problems(
-        [
-            lambda: check_name(name),
-            lambda: check_weight(weight),
-            lambda: check_step_ms(_typed(step_ms, float)),
-            lambda: check_work_units(_typed(work_units, int)),
-        ]
-    )
+    text that is a number is that number; `work_units` empty or None: step_ms's), in the order of its fields."""
+    checks: list[Callable[[], object]] = [
+        lambda: check_name(name),
+        lambda: check_weight(weight),
+        lambda: check_step_ms(_typed(step_ms, float)),
+    ]
+    if work_units not in ("", None):
+        checks.append(lambda: check_work_units(_typed(work_units, int)))
+    return _problems(checks)
 
 
 def _typed(value: object, kind: type[int] | type[float]) -> object:
@@ -289,7 +300,6 @@ def _toml_env(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(value.items()))
 
 
-ACTIVITY_SOURCES = ("llama", "metrics", "cpu", "gpu", "always")
 HEALTH_KINDS = ("http", "tcp", "log", "none")
 
 
@@ -317,13 +327,7 @@ class HealthSpec:
     log_regex: str | None = None
 
 
-# The gauge that counts work in flight, per engine (issue 19; each checked against the project's docs).
-METRICS_GAUGE_PRESETS = {
-    "vllm": "vllm:num_requests_running",
-    "sglang": "sglang:num_running_reqs",
-    "tgi": "tgi_batch_current_size",
-}
-ACTIVITY_CHOICES = (*ACTIVITY_SOURCES, *METRICS_GAUGE_PRESETS)
+ACTIVITY_CHOICES = (*ACTIVITY_SOURCES, *PRESETS)  # a source, or a kind's preset (core/engines/kinds.py)
 
 
 def check_activity(spec: ActivitySpec) -> ActivitySpec:
@@ -359,41 +363,6 @@ def check_health(spec: HealthSpec) -> HealthSpec:
 
 
 # -- what an engine's command and its `run`/`launch` options declare (issue 19) ----------------------
-
-LLAMA_SERVER = "llama-server"
-# Where vLLM, SGLang and TGI listen when their command gives no --port:
-#   vLLM   `vllm serve` --port default 8000: https://docs.vllm.ai/en/stable/cli/serve.html (and
-#          https://docs.vllm.ai/en/stable/usage/metrics/: "curl http://0.0.0.0:8000/metrics")
-#   SGLang `python -m sglang.launch_server` --port default 30000:
-#          https://docs.sglang.io/references/production_metrics.html ("curl http://localhost:30000/metrics")
-#   TGI    `text-generation-launcher` --port default 3000 (its Docker image sets 80):
-#          https://huggingface.co/docs/text-generation-inference/reference/launcher
-# Each serves GET /health (200 once the model is loaded) and /metrics on that port; the gauges
-# (METRICS_GAUGE_PRESETS) are in https://docs.vllm.ai/en/stable/usage/metrics/ (vllm:num_requests_running,
-# "Number of requests currently running on GPU"), https://docs.sglang.io/references/production_metrics.html
-# (sglang:num_running_reqs) and https://huggingface.co/docs/text-generation-inference/reference/metrics
-# (tgi_batch_current_size, "Current batch size"). SGLang serves /metrics only with --enable-metrics.
-ENGINE_DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "tgi": 3000}
-ENGINE_KINDS = (LLAMA_SERVER, *ENGINE_DEFAULT_PORTS, "command")  # of a supervised command
-_KIND_PROGRAMS = {"vllm": "vllm", "text-generation-launcher": "tgi"}
-_KIND_MODULES = {"vllm": "vllm", "sglang": "sglang"}  # `python -m vllm.entrypoints.openai.api_server`
-
-
-def is_llama_server(argv: Sequence[str]) -> bool:
-    """Whether a command's program is llama-server (the one engine whose arguments we add to)."""
-    return bool(argv) and os.path.basename(argv[0]).startswith(LLAMA_SERVER)
-
-
-def command_kind(argv: Sequence[str]) -> str:
-    """The engine kind a command line shows: llama-server, vllm, sglang, tgi, else `command`."""
-    if is_llama_server(argv):
-        return LLAMA_SERVER
-    prog = os.path.basename(argv[0]) if argv else ""
-    if prog in _KIND_PROGRAMS:
-        return _KIND_PROGRAMS[prog]
-    if prog.startswith("python") and len(argv) > 2 and argv[1] == "-m":
-        return _KIND_MODULES.get(argv[2].split(".")[0], "command")
-    return "command"
 
 
 @dataclass(frozen=True)
@@ -432,7 +401,7 @@ def resolve_sources(command: Sequence[str], options: SourceOptions = SourceOptio
     vllm/sglang/tgi with that preset, or when the command runs one; else `command`. Activity (default:
     llama for llama-server, else cpu; `--metrics-url`/`--gauge` alone mean metrics): a preset is the
     metrics source with its gauge at http://127.0.0.1:PORT/metrics, PORT the command's --port, else
-    the engine's default (ENGINE_DEFAULT_PORTS). Health (default: llama-server's /health; vllm, sglang,
+    its kind's default_port (core/engines/kinds.py). Health (default: llama-server's /health; vllm, sglang,
     tgi: http://127.0.0.1:PORT/health; a command: none) is overridden by one of --health-url,
     --health-port, --health-log, --no-health."""
     o = options
@@ -441,27 +410,42 @@ def resolve_sources(command: Sequence[str], options: SourceOptions = SourceOptio
         choice = "metrics" if (o.metrics_url or o.gauge) else ("llama" if is_llama_server(command) else "cpu")
     if choice not in ACTIVITY_CHOICES:
         check_activity(ActivitySpec(source=choice))  # raises: the one message naming the choices
-    kind = LLAMA_SERVER if choice == "llama" else command_kind(command)
-    if choice in METRICS_GAUGE_PRESETS:
-        kind = choice
-    port = engine_port(command) if kind != LLAMA_SERVER else None
+    k = kind(LLAMA_SERVER if choice == "llama" else choice if choice in PRESETS else command_kind(command))
+    port = None if k.rewrites_command else engine_port(command)
     if port is None:
-        port = ENGINE_DEFAULT_PORTS.get(kind)
-    if choice in METRICS_GAUGE_PRESETS:
+        port = k.default_port
+    _check_pairs(choice, bool(o.metrics_url or o.gauge), o.cpu_cores, RUN_WORDS)
+    if choice in PRESETS:
         url = o.metrics_url or f"http://127.0.0.1:{port}/metrics"
-        activity = ActivitySpec("metrics", url, o.gauge or METRICS_GAUGE_PRESETS[choice], o.cpu_cores)
+        activity = ActivitySpec("metrics", url, o.gauge or k.gauge, o.cpu_cores)
     else:
-        if (o.metrics_url or o.gauge) and choice != "metrics":
-            raise DeclarationError(
-                "activity", choice, "--metrics-url and --gauge go with --activity metrics (or vllm, sglang, tgi)"
-            )
         activity = ActivitySpec(choice, o.metrics_url, o.gauge, o.cpu_cores)
-    if o.cpu_cores is not None and activity.source not in ("cpu", "llama"):
-        raise DeclarationError("activity", o.cpu_cores, f"--cpu-cores goes with --activity cpu (not {choice})")
-    return EngineSources(kind, check_activity(activity), check_health(_health(kind, port, o)), port)
+    return EngineSources(k.key, check_activity(activity), check_health(_health(k.key, port, o)), port)
 
 
-def _health(kind: str, port: int | None, o: SourceOptions) -> HealthSpec:
+@dataclass(frozen=True)
+class _Words:
+    """How a surface names the activity options: `run`'s flags or the `[[engine]]` table's keys."""
+
+    metrics: str
+    cpu_cores: str
+    source: str
+
+
+RUN_WORDS = _Words("--metrics-url and --gauge", "--cpu-cores", "--activity")
+TOML_WORDS = _Words("metrics_url and gauge", "cpu_cores", "source")
+
+
+def _check_pairs(source: str, has_metrics: bool, cpu_cores: object, words: _Words) -> None:
+    """The activity options that go only with some source (the one rule for `run`'s flags and `up`'s keys)."""
+    if has_metrics and source != "metrics" and source not in PRESETS:
+        presets = ", ".join(PRESETS)
+        raise DeclarationError("activity", source, f"{words.metrics} go with {words.source} metrics (or {presets})")
+    if cpu_cores is not None and source not in ("cpu", "llama"):
+        raise DeclarationError("activity", cpu_cores, f"{words.cpu_cores} goes with {words.source} cpu (not {source})")
+
+
+def _health(kind_key: str, port: int | None, o: SourceOptions) -> HealthSpec:
     given = [
         HealthSpec("http", url=o.health_url) if o.health_url is not None else None,
         HealthSpec("tcp", port=o.health_port) if o.health_port is not None else None,
@@ -473,9 +457,10 @@ def _health(kind: str, port: int | None, o: SourceOptions) -> HealthSpec:
         raise DeclarationError("health", None, "give one of --health-url, --health-port, --health-log, --no-health")
     if chosen:
         return chosen[0]
-    if kind == LLAMA_SERVER:
+    k = kind(kind_key)
+    if k.rewrites_command:
         return HealthSpec("http")  # its /health, on the port it is given
-    if kind in ENGINE_DEFAULT_PORTS:
+    if k.own_health:
         return HealthSpec("http", url=f"http://127.0.0.1:{port}/health")
     return HealthSpec("none")
 
@@ -484,8 +469,9 @@ def _health(kind: str, port: int | None, o: SourceOptions) -> HealthSpec:
 class SynthDecl:
     """A synthetic engine's work (`synth = { step_ms = 5 }`)."""
 
-    step_ms: float = field(default=5.0, metadata={"parse": check_step_ms})
-    work_units: int = field(default=0, metadata={"parse": check_work_units})  # 0: calibrate to step_ms
+    step_ms: float = field(default=SYNTH_STEP_MS_DEFAULT, metadata={"parse": check_step_ms})
+    # None: step_ms at the reference rate (the same work in every process); 0: calibrated to step_ms here
+    work_units: int | None = field(default=None, metadata={"parse": check_work_units})
 
 
 SYNTH_KEYS = tuple(f.name for f in fields(SynthDecl))
@@ -494,9 +480,7 @@ SYNTH_KEYS = tuple(f.name for f in fields(SynthDecl))
 def _toml_synth(value: object) -> SynthDecl:
     if not isinstance(value, dict):
         raise DeclarationError("synth", None, "must be a table, e.g. synth = { step_ms = 5 }")
-    unknown = next((k for k in value if k not in SYNTH_KEYS), None)
-    if unknown is not None:
-        raise DeclarationError("synth", None, f"unknown key {unknown!r} (known: {', '.join(SYNTH_KEYS)})")
+    _known(value, SYNTH_KEYS, "synth")
     return SynthDecl(**{f.name: f.metadata["parse"](value[f.name]) for f in fields(SynthDecl) if f.name in value})
 
 
@@ -504,13 +488,12 @@ def _toml_synth(value: object) -> SynthDecl:
 
 ACTIVITY_KEYS = ("source", "metrics_url", "gauge", "cpu_cores")
 HEALTH_KEYS = ("url", "port", "log")
-_HEALTH_EXAMPLES = {"tcp": "health = { port = 8000 }", "log": 'health = { log = "ready" }'}
-_KIND_ACTIVITY = {LLAMA_SERVER: "llama", "command": "cpu", **{k: k for k in METRICS_GAUGE_PRESETS}}
+_HEALTH_EXAMPLES = {"tcp": "health = { port = 8080 }", "log": 'health = { log = "ready" }'}
 
 
 def _toml_kind(value: object) -> str:
-    if value not in ENGINE_KINDS:
-        raise DeclarationError("kind", value, f"must be one of {', '.join(ENGINE_KINDS)}")
+    if value not in SUPERVISED_KINDS:
+        raise DeclarationError("kind", value, f"must be one of {', '.join(SUPERVISED_KINDS)}")
     return str(value)
 
 
@@ -523,7 +506,7 @@ def _toml_activity(value: object) -> ActivitySpec:
         value = {"source": value}
     if not isinstance(value, dict):
         raise DeclarationError("activity", None, 'must be a source name or a table, e.g. activity = "cpu"')
-    _known("activity", value, ACTIVITY_KEYS)
+    _known(value, ACTIVITY_KEYS, "activity")
     source = value.get("source", "metrics" if ("metrics_url" in value or "gauge" in value) else None)
     url, gauge, cores = value.get("metrics_url"), value.get("gauge"), value.get("cpu_cores")
     if source is None:
@@ -536,13 +519,8 @@ def _toml_activity(value: object) -> ActivitySpec:
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int | float)):
         raise DeclarationError("activity", cores, "cpu_cores must be a number of cores > 0")
     spec = ActivitySpec(source, url, gauge, None if cores is None else float(cores))
-    if (url is not None or gauge is not None) and source not in ("metrics", *METRICS_GAUGE_PRESETS):
-        raise DeclarationError(
-            "activity", source, "metrics_url and gauge go with source metrics (or vllm, sglang, tgi)"
-        )
-    if cores is not None and source not in ("cpu", "llama"):
-        raise DeclarationError("activity", cores, f"cpu_cores goes with source cpu (not {source})")
-    if source in METRICS_GAUGE_PRESETS:  # its URL is known once the command's port is; check the rest now
+    _check_pairs(source, url is not None or gauge is not None, cores, TOML_WORDS)
+    if source in PRESETS:  # its URL is known once the command's port is; check the rest now
         check_activity(
             replace(spec, source="metrics", metrics_url=url or "http://127.0.0.1/metrics", gauge=gauge or "-")
         )
@@ -562,7 +540,7 @@ def _toml_health(value: object) -> HealthSpec:
     if not isinstance(value, dict):
         given = value if isinstance(value, str) else None
         raise DeclarationError("health", given, 'must be "none", "http" or { url = ... }, { port = N }, { log = ... }')
-    _known("health", value, HEALTH_KEYS)
+    _known(value, HEALTH_KEYS, "health")
     if len(value) != 1:
         raise DeclarationError("health", None, "give one of url, port, log")
     ((key, v),) = value.items()
@@ -575,10 +553,16 @@ def _toml_health(value: object) -> HealthSpec:
     return check_health(HealthSpec("http", url=v) if key == "url" else HealthSpec("log", log_regex=v))
 
 
-def _known(field_name: str, table: Mapping[str, object], keys: Sequence[str]) -> None:
+def _known(table: Mapping[str, object], keys: Sequence[str], field_name: str | None = None) -> None:
+    """A DeclarationError for the first key of `table` not among `keys`: on `field_name` (a table inside
+    an `[[engine]]`), else on the unknown key itself (an `[[engine]]` key)."""
     unknown = next((k for k in table if k not in keys), None)
-    if unknown is not None:
-        raise DeclarationError(field_name, None, f"unknown key {unknown!r} (known: {', '.join(keys)})")
+    if unknown is None:
+        return
+    known = f"(known: {', '.join(keys)})"
+    if field_name is None:
+        raise DeclarationError(unknown, None, f"unknown key {known}")
+    raise DeclarationError(field_name, None, f"unknown key {unknown!r} {known}")
 
 
 @dataclass(frozen=True)
@@ -605,10 +589,10 @@ class EngineDecl:
     def engine_kind(self) -> str:
         """The declared kind, else the activity preset's, else what the command runs (command_kind)."""
         if self.synth is not None:
-            return "synth"
+            return SYNTH
         if self.kind is not None:
             return self.kind
-        if self.activity is not None and self.activity.source in METRICS_GAUGE_PRESETS:
+        if self.activity is not None and self.activity.source in PRESETS:
             return self.activity.source
         return (
             LLAMA_SERVER
@@ -620,7 +604,7 @@ class EngineDecl:
         """`run`'s activity and health options for this engine (names as SourceOptions' fields; None/False:
         not given, `run` derives it): the declared activity, else the declared kind's."""
         a, h = self.activity, self.health
-        source = a.source if a is not None else (_KIND_ACTIVITY[self.kind] if self.kind is not None else None)
+        source = a.source if a is not None else (kind(self.kind).activity_choice if self.kind is not None else None)
         return SourceOptions(
             activity=source,
             metrics_url=a.metrics_url if a is not None else None,
@@ -648,9 +632,7 @@ ENGINE_KEYS = tuple(_key(f) for f in fields(EngineDecl))
 def parse_engine(table: Mapping[str, object], *, cwd: str) -> EngineDecl:
     """An `[[engine]]` table checked in full (its command's program and model relative to `cwd`,
     the program looked up on its env's PATH); DeclarationError for the first problem."""
-    unknown = next((k for k in table if k not in ENGINE_KEYS), None)
-    if unknown is not None:
-        raise DeclarationError(unknown, None, f"unknown key (known: {', '.join(ENGINE_KEYS)})")
+    _known(table, ENGINE_KEYS)
     if "name" not in table:
         raise DeclarationError("name", None, "missing (every engine needs a unique name)")
     decl = EngineDecl(**{f.name: f.metadata["parse"](table[_key(f)]) for f in fields(EngineDecl) if _key(f) in table})
@@ -673,13 +655,13 @@ def _check_sources(decl: EngineDecl) -> None:
         if declared is not None:
             raise DeclarationError(declared, None, "goes with command (a synthetic engine has its own)")
         return
-    a, kind = decl.activity, decl.kind
-    if a is not None and kind is not None:
-        preset = a.source if a.source in METRICS_GAUGE_PRESETS else None
-        if (kind in METRICS_GAUGE_PRESETS and preset not in (None, kind)) or (preset and kind != preset):
-            raise DeclarationError("activity", a.source, f"is the preset of another kind than {kind!r}")
+    a, kind_key = decl.activity, decl.kind
+    if a is not None and kind_key is not None:
+        preset = a.source if a.source in PRESETS else None
+        if (kind_key in PRESETS and preset not in (None, kind_key)) or (preset and kind_key != preset):
+            raise DeclarationError("activity", a.source, f"is the preset of another kind than {kind_key!r}")
     h, resolved = decl.health, decl.engine_kind
-    if h is not None and h.kind == "http" and h.url is None and resolved not in (LLAMA_SERVER, *ENGINE_DEFAULT_PORTS):
+    if h is not None and h.kind == "http" and h.url is None and not kind(resolved).own_health:
         raise DeclarationError(
             "health",
             "http",

@@ -1,25 +1,44 @@
-"""The engine kinds a launch form offers (issue 19), as data: each kind's label, the fields it needs
-(with hints and defaults) and the `run` activity it implies. A form renders KINDS and turns its values
-into a checked declaration with `kind_engine` (core.declaration checks it, as `up` checks a file's),
-whose `run_options()` are the `run`/`launch` options to start it with.
+"""The engine kinds, one EngineKind record each: the one place that knows a kind's label and short name,
+how its command line is recognised, its default port, its in-flight gauge, its default activity and
+health sources, how its command is prepared and started, and the launch form's fields for it.
+Everything else asks here (core.declaration resolves a command's kind and sources with these records,
+the supervisor starts an engine through its kind's record, the dashboard shows `short`); a new kind is one
+more record.
 
-Commands are the engines' own (checked against their docs: docs/engines.md); nothing is added to them
-except for llama-server (--port/--host/--metrics/--slots, by the supervisor)."""
+The form renders FORM_KINDS and turns its values into a checked declaration with `kind_engine`
+(core.declaration checks it, as `up` checks a file's), whose `run_options()` are the `run`/`launch` options
+to start it with. Commands are the engines' own (checked against their docs: docs/engines.md); nothing is
+added to them except for llama-server (--port/--host/--metrics/--slots, by the supervisor).
+
+Where vLLM, SGLang and TGI listen when their command gives no --port, and the gauge that counts work in flight:
+  vLLM   `vllm serve` --port default 8000: https://docs.vllm.ai/en/stable/cli/serve.html (and
+         https://docs.vllm.ai/en/stable/usage/metrics/: "curl http://0.0.0.0:8000/metrics");
+         vllm:num_requests_running, "Number of requests currently running on GPU"
+  SGLang `python -m sglang.launch_server` --port default 30000:
+         https://docs.sglang.io/references/production_metrics.html ("curl http://localhost:30000/metrics");
+         sglang:num_running_reqs. SGLang serves /metrics only with --enable-metrics.
+  TGI    `text-generation-launcher` --port default 3000 (its Docker image sets 80):
+         https://huggingface.co/docs/text-generation-inference/reference/launcher;
+         tgi_batch_current_size, "Current batch size" (https://huggingface.co/docs/text-generation-inference/reference/metrics)
+Each serves GET /health (200 once the model is loaded) and /metrics on that port."""
 
 from __future__ import annotations
 
+import os
 import shlex
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .declaration import (
-    ACTIVITY_SOURCES,
-    LLAMA_SERVER,
-    DeclarationError,
-    EngineDecl,
-    SynthDecl,
-    parse_engine,
-)
+if TYPE_CHECKING:
+    from .command import EngineArgs
+    from .declaration import EngineDecl
+
+# What "this engine is working now" may be read from (core/engines/activity/ implements each).
+ACTIVITY_SOURCES = ("llama", "metrics", "cpu", "gpu", "always")
+DEFAULT_ACTIVITY = "cpu"  # a command's, unless another source is chosen
+SYNTH_STEP_MS_DEFAULT = 5.0  # a synthetic engine's work per step, in ms (see core/engines/synthetic.py)
 
 
 @dataclass(frozen=True)
@@ -32,96 +51,220 @@ class KindField:
 
 
 @dataclass(frozen=True)
-class EngineKindInfo:
-    """One kind a form can start: `fields` in the order shown (before the common weight/name/GPU key)."""
+class EngineKind:
+    """One engine kind. `programs`: the program names (basenames) that run it (`program_prefix`: a name
+    that starts so, llama-server-b1234); `modules`: the Python packages `python -m PKG...` runs it from.
+    `activity`: its own activity source (None: none of its own, `cpu` unless another is chosen);
+    `gauge`: the Prometheus gauge that counts its work in flight (a preset: `--activity KEY` is the
+    metrics source with that gauge at http://127.0.0.1:PORT/metrics); `own_health`: it serves GET
+    /health on its port (else ready at once, unless told). `supervised`: started by `run` under a
+    supervisor (synth and python are processes of ours, which join themselves); `in_form`: offered by
+    the launch form, with `fields` (before the common weight/name/GPU key)."""
 
-    key: str  # core.declaration.ENGINE_KINDS, or "synthetic"
+    key: str
     label: str
-    fields: tuple[KindField, ...]
+    short: str  # the dashboard's KIND cell
+    programs: tuple[str, ...] = ()
+    program_prefix: bool = False
+    modules: tuple[str, ...] = ()
+    default_port: int | None = None
+    gauge: str | None = None
+    activity: str | None = None
+    own_health: bool = False
+    supervised: bool = True
+    in_form: bool = True
+    fields: tuple[KindField, ...] = ()
+
+    @property
+    def preset(self) -> bool:
+        """Whether `--activity KEY` names this kind's metrics (its gauge, on its port)."""
+        return self.gauge is not None
+
+    @property
+    def activity_choice(self) -> str:
+        """What `run --activity` is given for this kind's default: the preset's name, else its source."""
+        return self.key if self.preset else (self.activity or DEFAULT_ACTIVITY)
+
+    @property
+    def rewrites_command(self) -> bool:
+        """llama-server only: its port, host, --metrics and --slots are given by the supervisor."""
+        return self.key == LLAMA_SERVER
+
+    def recognises(self, argv: Sequence[str]) -> bool:
+        """Whether a command line runs this kind (by its program, or `python -m` one of its modules)."""
+        prog = os.path.basename(argv[0]) if argv else ""
+        if prog in self.programs or (self.program_prefix and prog.startswith(self.programs)):
+            return True
+        return prog.startswith("python") and len(argv) > 2 and argv[1] == "-m" and argv[2].split(".")[0] in self.modules
 
     def defaults(self) -> dict[str, str]:
         return {f.key: f.default for f in self.fields}
+
+    def prepare(self, argv: Sequence[str], port: int | None, *, proxy: bool = True) -> EngineArgs:
+        """The command as it is started (llama-server's rewritten: llama_server.prepare_args; else as given,
+        `port` where it listens when known)."""
+        from . import command
+        from . import llama_server as ls
+
+        return ls.prepare_args(list(argv), proxy=proxy) if self.rewrites_command else command.prepare(argv, port)
+
+    def start(self, args: EngineArgs, log_path: str) -> subprocess.Popen:
+        """Start the prepared command, output to `log_path` (llama-server once its ports are known free)."""
+        from . import command
+        from . import llama_server as ls
+
+        return ls.start(args, log_path) if self.rewrites_command else command.start(args.argv, log_path)
+
+
+LLAMA_SERVER = "llama-server"
+COMMAND = "command"
+SYNTH = "synth"
 
 
 def _command(default: str) -> KindField:
     return KindField("command", "Command", "the engine's command line, run as given", default)
 
 
-_METRICS_URL = KindField("metrics_url", "Metrics URL", "metrics: http://127.0.0.1:PORT/metrics")
-_GAUGE = KindField("gauge", "Gauge", "metrics: the gauge of work in flight")
-_HEALTH_URL = KindField("health_url", "Health URL", "empty: ready at once (or http://.../health)")
+def _preset(key: str, label: str, port: int, gauge: str, program: str, tail: str, **recognised) -> EngineKind:
+    """A served engine with a Prometheus gauge and a /health of its own on `port` (vLLM, SGLang, TGI)."""
+    line = f"{program} --port {port} {tail}"
+    return EngineKind(
+        key,
+        label,
+        key,
+        default_port=port,
+        gauge=gauge,
+        activity="metrics",
+        own_health=True,
+        fields=(_command(line),),
+        **recognised,
+    )
 
-KINDS: tuple[EngineKindInfo, ...] = (
-    EngineKindInfo(
+
+KINDS: tuple[EngineKind, ...] = (
+    EngineKind(
         LLAMA_SERVER,
         "llama-server",
-        (
+        "llama",
+        programs=(LLAMA_SERVER,),
+        program_prefix=True,
+        activity="llama",
+        own_health=True,
+        fields=(
             KindField("binary", "Engine binary", "llama-server, or a path", "llama-server"),
             KindField("model", "Model path", "/path/to/model.gguf"),
             KindField("port", "Port", "empty: a free port"),
             KindField("extra", "Extra args", "e.g. -c 4096 -t 4"),
         ),
     ),
-    EngineKindInfo("vllm", "vLLM", (_command("vllm serve MODEL --port 8000 --gpu-memory-utilization 0.45"),)),
-    EngineKindInfo(
+    _preset(
+        "vllm",
+        "vLLM",
+        8000,
+        "vllm:num_requests_running",
+        "vllm serve MODEL",
+        "--gpu-memory-utilization 0.45",
+        programs=("vllm",),
+        modules=("vllm",),
+    ),
+    _preset(
         "sglang",
         "SGLang",
-        (
-            _command(
-                "python -m sglang.launch_server --model-path MODEL --port 30000 --enable-metrics"
-                " --mem-fraction-static 0.45"
-            ),
-        ),
+        30000,
+        "sglang:num_running_reqs",
+        "python -m sglang.launch_server --model-path MODEL",
+        "--enable-metrics --mem-fraction-static 0.45",
+        modules=("sglang",),
     ),
-    EngineKindInfo(
-        "tgi", "TGI", (_command("text-generation-launcher --model-id MODEL --port 3000 --cuda-memory-fraction 0.45"),)
+    _preset(
+        "tgi",
+        "TGI",
+        3000,
+        "tgi_batch_current_size",
+        "text-generation-launcher --model-id MODEL",
+        "--cuda-memory-fraction 0.45",
+        programs=("text-generation-launcher",),
     ),
-    EngineKindInfo(
-        "command",
+    EngineKind(
+        COMMAND,
         "any command (a training job, a server)",
-        (
+        "cmd",
+        fields=(
             _command("python train.py"),
-            KindField(
-                "activity",
-                "Activity",
-                "when it is working",
-                "always",
-                tuple(a for a in ACTIVITY_SOURCES if a != "llama"),
-            ),
-            _METRICS_URL,
-            _GAUGE,
-            _HEALTH_URL,
+            KindField("activity", "Activity", "when it is working", "always", ACTIVITY_SOURCES[1:]),
+            KindField("metrics_url", "Metrics URL", "metrics: http://127.0.0.1:PORT/metrics"),
+            KindField("gauge", "Gauge", "metrics: the gauge of work in flight"),
+            KindField("health_url", "Health URL", "empty: ready at once (or http://.../health)"),
         ),
     ),
-    EngineKindInfo(
-        "synthetic",
+    EngineKind(
+        SYNTH,
         "synthetic (CPU work, no model)",
-        (
-            KindField("step_ms", "Step ms", "CPU work per decode step, in ms", f"{SynthDecl().step_ms:g}"),
-            KindField("work_units", "Work units", "0: calibrate to the step", str(SynthDecl().work_units)),
+        SYNTH,
+        supervised=False,
+        fields=(
+            KindField(
+                "step_ms",
+                "Step ms",
+                "work per decode step, in ms at the reference rate",
+                f"{SYNTH_STEP_MS_DEFAULT:g}",
+            ),
+            KindField("work_units", "Work units", "empty: step_ms's; 0: calibrate to the step here", ""),
         ),
     ),
+    # an in-process GpuShare (examples/): reports itself, never started by us
+    EngineKind("python", "a Python process (GpuShare)", "py", supervised=False, in_form=False),
 )
 KIND_BY_KEY = {k.key: k for k in KINDS}
+KIND_ALIASES = {"synthetic": SYNTH}  # the form's name for synth before one name was kept
+FORM_KINDS = tuple(k for k in KINDS if k.in_form)
+SUPERVISED_KINDS = tuple(k.key for k in KINDS if k.supervised)  # what `up`'s `kind` key may name
+PRESETS = {k.key: k for k in KINDS if k.preset}
+
+
+def kind_named(name: object) -> EngineKind | None:
+    """The kind of that key (or an alias of one), else None."""
+    if not isinstance(name, str):
+        return None
+    return KIND_BY_KEY.get(KIND_ALIASES.get(name, name))
+
+
+def kind(key: str) -> EngineKind:
+    """The kind of a key known to be one (KeyError otherwise)."""
+    return KIND_BY_KEY[KIND_ALIASES.get(key, key)]
+
+
+def command_kind(argv: Sequence[str]) -> str:
+    """The supervised kind a command line shows: llama-server, vllm, sglang, tgi, else `command`."""
+    return next((k.key for k in KINDS if k.supervised and k.recognises(argv)), COMMAND)
+
+
+def is_llama_server(argv: Sequence[str]) -> bool:
+    """Whether a command's program is llama-server (the one engine whose arguments we add to)."""
+    return KIND_BY_KEY[LLAMA_SERVER].recognises(argv)
 
 
 def kind_engine(
-    kind: str, values: Mapping[str, str], *, name: str, weight: float = 1.0, cwd: str | None = None
+    kind_key: str, values: Mapping[str, str], *, name: str, weight: float = 1.0, cwd: str | None = None
 ) -> EngineDecl:
-    """The checked declaration of a vllm/sglang/tgi/command kind from a form's values (its `command`
-    split as a shell would; for `command`, its activity/metrics_url/gauge/health_url); DeclarationError
-    (`.field`: command, activity or health) for the first problem. llama-server and synthetic have their
-    own fields (the form builds those as today)."""
-    if kind not in ("vllm", "sglang", "tgi", "command"):
-        raise DeclarationError("kind", kind, "kind_engine takes vllm, sglang, tgi or command")
+    """The checked declaration of a kind whose form field is its `command` (vllm/sglang/tgi/command) from a
+    form's values (its `command` split as a shell would; for `command`, its activity/metrics_url/gauge/
+    health_url); DeclarationError (`.field`: command, activity or health) for the first problem.
+    llama-server and synth have their own fields (the form builds those)."""
+    from .declaration import DeclarationError, parse_engine
+
+    k = kind_named(kind_key)
+    if k is None or not k.supervised or k.rewrites_command:
+        takes = ", ".join(k.key for k in FORM_KINDS if k.supervised and not k.rewrites_command)
+        raise DeclarationError("kind", kind_key, f"kind_engine takes {takes}")
     try:
         argv = shlex.split(values.get("command", ""))
     except ValueError as e:
         raise DeclarationError("command", values.get("command"), f"cannot split: {e}") from None
-    table: dict[str, object] = {"name": name, "weight": weight, "command": argv, "kind": kind}
-    if kind == "command":
+    table: dict[str, object] = {"name": name, "weight": weight, "command": argv, "kind": k.key}
+    if k.key == COMMAND:
         activity: dict[str, object] = {"source": values.get("activity") or "cpu"}
-        activity |= {k: values[k] for k in ("metrics_url", "gauge") if values.get(k)}
+        activity |= {f: values[f] for f in ("metrics_url", "gauge") if values.get(f)}
         table["activity"] = activity
         table["health"] = {"url": values["health_url"]} if values.get("health_url") else "none"
     return parse_engine(table, cwd=cwd or ".")

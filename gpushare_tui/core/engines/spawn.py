@@ -95,9 +95,9 @@ def synth_argv(
     busy_idle: str | None = None,
     klass: str = "batch",
 ) -> list[str]:
-    """`gpushare-tui synth --quiet`; `work_units` (> 0) fixes the work per step instead of calibrating."""
+    """`gpushare-tui synth --quiet`; `work_units` (not None: written, 0 too) instead of step_ms's work."""
     options = {"weight": weight, "gpu_key": gpu_key, "name": name, "share_group": share_group, "step_ms": step_ms}
-    options |= {"work_units": work_units or None, "busy_idle": busy_idle, "class": _class_option(klass)}
+    options |= {"work_units": work_units, "busy_idle": busy_idle, "class": _class_option(klass)}
     return gpushare_argv("synth", {**options, "quiet": True})
 
 

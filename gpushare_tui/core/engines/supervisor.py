@@ -40,8 +40,9 @@ from ..registry import abi
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
 from . import activity, command, health, listener, spawn, watchdog
-from . import llama_server as ls
-from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
+from .declaration import ActivitySpec, HealthSpec, check_class
+from .kinds import LLAMA_SERVER
+from .kinds import kind as kind_record
 from .monitor import EngineStatus, GpuBusy, Monitor
 from .pace_loop import STOP_LEAD_US, PaceLoop, lateness_summary
 from .process_group import STOP_GRACE_S, EngineGroup
@@ -111,7 +112,7 @@ class Supervisor:
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
         # proxied (llama-server): the engine listens on `upstream`; health checks and probes go there
-        self.upstream: tuple[str, int] | None = getattr(args, "upstream", None) if kind == LLAMA_SERVER else None
+        self.upstream: tuple[str, int] | None = args.upstream  # set by the kind's prepare (llama-server's)
         host, port = self.upstream or (args.host, args.port)
         self.base_url = sockets.http_url(host.split(",")[0], port) if port is not None else None
         self.proxy: ProxyProcess | None = None
@@ -136,10 +137,7 @@ class Supervisor:
         try:
             spawn.adopt_orphans()  # before the engine starts: its orphans come to us, not to init
             self._start_proxy()
-            if self.kind == LLAMA_SERVER:
-                self.proc = ls.start(self.args, self.log_path)
-            else:
-                self.proc = command.start(self.args.argv, self.log_path)
+            self.proc = kind_record(self.kind).start(self.args, self.log_path)
         except BaseException:
             if log_ready is not None:
                 log_ready.close()

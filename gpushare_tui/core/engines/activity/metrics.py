@@ -1,6 +1,5 @@
-"""`metrics`: a Prometheus gauge that counts work in flight, at a URL (vLLM's
-`vllm:num_requests_running`, SGLang's `sglang:num_running_reqs`, TGI's `tgi_batch_current_size`:
-declaration.METRICS_GAUGE_PRESETS). Only the gauge's sample lines are found (a byte search) and
+"""`metrics`: a Prometheus gauge that counts work in flight, at a URL (vLLM's, SGLang's, TGI's: the
+`gauge` of their records in core/engines/kinds.py). Only the gauge's sample lines are found (a byte search) and
 parsed, never the rest of the exposition, and the probe rate backs off by what a probe costs
 (ProbeCost, budgets.SAMPLED_PROBE_CPU_FRACTION); the gauge's samples are summed over their labels
 (one per model served)."""
