@@ -111,6 +111,37 @@ def test_a_name_picks_one_of_a_pids_several_engines(new_gpu_key, runtime_dir: st
         a.close()
 
 
+def test_a_name_with_format_characters_is_addressed_as_given_or_as_shown(new_gpu_key, runtime_dir: str) -> None:
+    """An engine named with U+202E (a GpuShare's name is not ours to refuse) is reached by its exact name and by
+    the form the views show: escaped (as the name lists of an error line show it) or, when that is unique, with
+    U+FFFD (as the tables and `status` show it). Two names that both show as `ab\ufffdcd` ask for more."""
+    from gpushare_tui import GpuShare
+
+    rlo, lro = "ab\u202ecd", "ab\u202dcd"
+    a = GpuShare(weight=1, name=rlo, gpu_key=new_gpu_key("a")).open()
+    try:
+        r = run_cli("status", rlo, "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["name"] == rlo, r.stderr
+        r = run_cli("weight", "ab\\u202ecd", "3")  # as escaped: what `no managed engine named` lists
+        assert (r.returncode, r.stderr) == (0, ""), r.stderr
+        assert a.weight == 3.0
+        r = run_cli("status", "ab\ufffdcd", "--json")  # as the table shows it: the only one that shows so
+        assert r.returncode == 0 and json.loads(r.stdout)["name"] == rlo, r.stderr
+        b = GpuShare(weight=1, name=lro, gpu_key=new_gpu_key("b")).open()
+        try:
+            r = run_cli("weight", "ab\ufffdcd", "2")
+            assert r.returncode == 2 and r.stderr.count("\n") == 1, r
+            assert "ab\\u202ecd=" in r.stderr and "ab\\u202dcd=" in r.stderr, r.stderr
+            r = run_cli("weight", "ab\\u202dcd", "2")  # its escaped form still says which
+            assert r.returncode == 0 and (a.weight, b.weight) == (3.0, 2.0), r.stderr
+            r = run_cli("status", "nope")
+            assert r.returncode == 1 and "ab\\u202ecd=" in r.stderr and "\u202e" not in r.stderr, r.stderr
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
 @pytest.mark.llama
 def test_a_real_llama_server_by_name(procs, gpu_key, llama_server, tiny_model, runtime_dir) -> None:
     """`run --name chat` of a real llama-server: `status chat` renders the signal lateness as text (not
@@ -159,4 +190,4 @@ def test_the_candidates_listed_are_bounded() -> None:
     assert text.startswith("e0=100, e1=101") and text.endswith(
         f"e{NAMED_SHOWN_MAX - 1}={99 + NAMED_SHOWN_MAX} and 5 more"
     )
-    assert _named([ManagedEntry(EngineRef(7), StatusReply(name="\x1b[31mred"))]) == "\ufffd[31mred=7"
+    assert _named([ManagedEntry(EngineRef(7), StatusReply(name="\x1b[31mred"))]) == "\\x1b[31mred=7"  # typed back as is

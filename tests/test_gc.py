@@ -130,7 +130,7 @@ def test_gc_removes_only_our_dead_segments(shm_dir: str) -> None:
         assert sorted(lines) == sorted(would + expected_kept(shm_dir)), r.stdout
         assert all(os.path.exists(p) for p in paths.values())  # a dry run removes nothing
 
-        r = run_cli("gc", "--shm-dir", shm_dir)
+        r = run_cli("gc", "--all", "--shm-dir", shm_dir)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         removed = sorted(ln for ln in r.stdout.splitlines() if ln.startswith("removed"))
         assert removed == sorted(ln.replace("would remove", "removed") for ln in would), r.stdout
@@ -152,7 +152,7 @@ def test_gc_never_touches_another_users_segment(shm_dir: str, other_user) -> Non
     )
     write_segment(os.path.join(shm_dir, PREFIX + "mine"), segment_bytes())
     time.sleep(NEW_GRACE_S + 0.2)
-    r = run_cli("gc", "--shm-dir", shm_dir)
+    r = run_cli("gc", "--all", "--shm-dir", shm_dir)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         f"removed /{PREFIX}mine: no live slot (no slot used)",
@@ -238,10 +238,92 @@ def test_gc_judges_size_by_the_spec_at_least_rule(shm_dir: str) -> None:
             ]
         assert sorted(r.stdout.splitlines()) == sorted(expected), r.stdout
 
-        r = run_cli("gc", "--shm-dir", shm_dir)
+        r = run_cli("gc", "--all", "--shm-dir", shm_dir)
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert sorted(os.listdir(shm_dir)) == sorted(f"{PREFIX}{tag}-live" for tag in SIZES), r.stdout
         assert os.path.getsize(paths["1g", "live"]) == 1 << 30  # kept as it was
     finally:
         for b in beats:
             b.stop()
+
+
+@pytest.mark.slow
+def test_gc_collects_only_the_keys_named_or_matched(shm_dir: str) -> None:
+    """A user sharing a uid with another job: `gc KEY...` and `gc --match PATTERN` take only what they name;
+    a live one named is still kept, a key without a segment is said."""
+    now = wall_us()
+    names = ("mine-a", "mine-b", "job2-x", "job2-y", "mine-live")
+    for n in names:
+        write_segment(os.path.join(shm_dir, PREFIX + n), segment_bytes([peer(0, dead_pid(), now - 60_000_000)]))
+    beat = Heartbeat(os.path.join(shm_dir, PREFIX + "mine-live"))
+    try:
+        time.sleep(NEW_GRACE_S + 0.2)
+        r = run_cli("gc", "mine-a", "mine-live", "nokey", "--shm-dir", shm_dir)
+        assert (r.returncode, r.stderr) == (0, ""), r.stderr
+        assert r.stdout.splitlines() == [
+            f"removed /{PREFIX}mine-a: no live slot (1 dead slot)",
+            f"kept /{PREFIX}mine-live: slot 0 live (pid {os.getpid()}, live)",
+            f"no segment /{PREFIX}nokey",
+        ]
+        assert sorted(os.listdir(shm_dir)) == sorted(PREFIX + n for n in names if n != "mine-a")
+        r = run_cli("gc", "--match", "job2-*", "--dry-run", "--shm-dir", shm_dir)
+        assert r.returncode == 0 and len(os.listdir(shm_dir)) == 4, r
+        assert [ln.split(":")[0] for ln in r.stdout.splitlines()] == [f"would remove /{PREFIX}job2-{c}" for c in "xy"]
+        r = run_cli("gc", "--match", "job2-*", "--shm-dir", shm_dir)
+        assert r.returncode == 0 and sorted(os.listdir(shm_dir)) == sorted(PREFIX + n for n in ("mine-b", "mine-live"))
+        r = run_cli("gc", "--match", "nothing-*", "--shm-dir", shm_dir)
+        assert r.stdout == "no segment's key matches 'nothing-*'\n" and len(os.listdir(shm_dir)) == 2, r
+    finally:
+        beat.stop()
+
+
+@pytest.mark.slow
+def test_gc_named_never_takes_another_users_segment(shm_dir: str, other_user) -> None:
+    theirs = os.path.join(shm_dir, PREFIX + "job-theirs")
+    other_user(
+        "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600); "
+        "os.write(fd, bytes.fromhex(sys.argv[2])); os.close(fd)",
+        theirs,
+        segment_bytes().hex(),
+    )
+    time.sleep(NEW_GRACE_S + 0.2)
+    for argv in (["job-theirs"], ["--match", "job-*"]):
+        r = run_cli("gc", *argv, "--shm-dir", shm_dir)
+        assert (r.returncode, r.stdout) == (0, "1 segment of other users left alone\n"), (argv, r)
+        assert os.path.exists(theirs)
+
+
+@pytest.mark.slow
+def test_gc_of_a_key_in_dev_shm_takes_that_segment_alone(procs, new_gpu_key, runtime_dir: str) -> None:
+    """Real segments in /dev/shm: an engine that has exited left its key's segment (nobody unlinks on exit);
+    `gc KEY` removes it and nothing else, and a key whose engine still runs is kept."""
+    done, running, other = new_gpu_key("gcdone"), new_gpu_key("gclive"), new_gpu_key("gcother")
+    for key in (done, other):  # two engines that ran and exited: their segments stay
+        r = run_cli("synth", "--weight", "1", "--gpu-key", key, "--duration", "0.2", "--step-ms", "1", "-q")
+        assert r.returncode == 0, r.stderr
+    p = procs.start(cli_argv("synth", "--weight", "1", "--name", "keepme", "--gpu-key", running, "-q"))
+    wait_for(lambda: p.poll() is not None or os.path.exists(socket_path(p.pid)), 20, what="synth")
+    time.sleep(NEW_GRACE_S + 0.2)
+    r = run_cli("gc", done, running)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.splitlines() == [
+        f"removed /{PREFIX}{done}: no live slot (no slot used)",  # it left its slot as it exited
+        f"kept /{PREFIX}{running}: slot 0 live (pid {p.pid}, keepme)",
+    ]
+    assert not os.path.exists(shm_file(done))
+    assert os.path.exists(shm_file(running)) and os.path.exists(shm_file(other))  # not named: not looked at
+
+
+def test_gc_without_a_selection_removes_nothing_and_says_how(shm_dir: str) -> None:
+    path = os.path.join(shm_dir, PREFIX + "dead")
+    write_segment(path, segment_bytes())
+    for argv, why in (
+        ([], "name the segments to collect: gc KEY..., gc --match PATTERN"),
+        (["a", "--all"], "give one of KEY..., --match PATTERN and --all"),
+        (["--match", "a/b"], "invalid --match 'a/b'"),
+        (["bad key"], "invalid gpu key 'bad key'"),
+    ):
+        r = run_cli("gc", *argv, "--shm-dir", shm_dir)
+        assert (r.returncode, r.stdout) == (2, ""), (argv, r)
+        assert r.stderr.startswith(f"gpushare-tui: {why}") and r.stderr.count("\n") == 1, (argv, r.stderr)
+    assert os.path.exists(path)

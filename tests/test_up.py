@@ -109,6 +109,27 @@ def test_invalid_reload_changes_nothing_and_says_so_in_one_line(start_up) -> Non
     wait_for(lambda: alive_slots(up.key).get("a") == (a_pid, 6.0), 10, what="a re-weighted by --reload")
 
 
+def test_reload_returns_a_weight_edited_by_hand_to_the_files(start_up) -> None:
+    """`weight a 5` sets a's weight live (the file says 2: `up ≠file` on the dashboard); `up --reload` with the
+    file unchanged sets it back to the file's 2 (the file wins on reload) and says so; b, unedited, is left."""
+    up = start_up()
+    a_pid, _ = up.slot("a")
+    b_pid, _ = up.slot("b")
+    r = run_cli("weight", "a", "5")
+    assert r.returncode == 0, r.stderr
+    assert alive_slots(up.key)["a"] == (a_pid, 5.0)
+    r = run_cli("up", "--reload", up.path)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: alive_slots(up.key).get("a") == (a_pid, 2.0), 10, what=f"a back at the file's 2:\n{up.text()}")
+    line = up.wait_line("reloaded ")
+    assert line.endswith(": a weight 5 → 2 (the file's)"), line
+    assert alive_slots(up.key)["b"] == (b_pid, 1.0)
+    st = control.StatusReply.from_json(control.request(a_pid, "status"))
+    assert (st.weight, st.config_weight) == (2.0, 2.0)
+    run_cli("up", "--reload", up.path)
+    assert up.wait_line("reloaded ", count=2).endswith(": no change")
+
+
 def test_reload_restarts_only_an_engine_whose_declaration_changed(start_up) -> None:
     up = start_up()
     a_pid, _ = up.slot("a")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import stat
+import sys
 
 import typer
 
@@ -30,7 +32,12 @@ def synth(
     status_file: str | None = typer.Option(None, "--status-file", help="Write JSON stats here every second."),
     no_pace: bool = typer.Option(False, "--no-pace", help="Join but never sleep (baseline)."),
     busy_idle: str | None = typer.Option(None, "--busy-idle", help="BUSY_S:IDLE_S duty pattern."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-second lines on stdout."),
+    quiet: bool = typer.Option(
+        False,
+        "--quiet",
+        "-q",
+        help="Nothing on stdout, nothing on stderr unless it fails (a log file still records that it joined).",
+    ),
     work_units: int | None = typer.Option(
         None,
         "--work-units",
@@ -67,10 +74,22 @@ def synth(
         pattern=pattern,
         status_file=status_file,
         report=(lambda _line: None) if quiet else None,
+        **({"say": _say_to_log_only} if quiet else {}),
         units=work_units,
         owner=Owner.from_env(),
         klass=klass,
     )
+
+
+def _say_to_log_only(line: str) -> None:
+    """--quiet's start-up line: written when stderr is a file (an engine log: `up`, `launch` and the demo start
+    synth --quiet with its output there, and `logs NAME` shows the join), never over a terminal or into a pipe."""
+    try:
+        to_file = stat.S_ISREG(os.fstat(2).st_mode)
+    except OSError:
+        return
+    if to_file:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _check_status_file(path: str) -> None:

@@ -23,6 +23,7 @@ from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
 from ..core.pacing import control
 from ..core.pacing.sockets import socket_path
+from ..core.registry.abi import to_f32
 from ..core.registry.ownership import ENV, STOP_EVENT, Owner
 from .backoff import RESET_AFTER_S, Backoff
 from .config import EngineDecl, UpConfig
@@ -220,8 +221,10 @@ class Child:
             pass
 
     def redeclare(self, decl: EngineDecl, key: str, cfg: UpConfig) -> list[str]:
-        """Apply a reloaded file's declaration of this engine: a new weight is set live, a stopped
-        engine starts again, any other change restarts it. What was done, for the reload line."""
+        """Apply a reloaded file's declaration of this engine: the file's weight is set live when it changed
+        in the file or the live weight differs from it (a `weight NAME W` or a dashboard edit: the file wins
+        on reload), a stopped engine starts again, any other change restarts it. What was done, for the
+        reload line."""
         assert self.decl is not None, "a serve child is replaced, not redeclared"
         old, self.decl, self.cfg = self.decl, decl, cfg
         if self._then == "remove":  # removed by an earlier reload, declared again before it stopped
@@ -235,6 +238,9 @@ class Child:
         if decl.weight != old.weight:
             self._reweight(decl.weight)
             done.append(f"{decl.name} weight {decl.weight:g}")
+        elif (live := self._live_weight()) is not None and live != to_f32(decl.weight):
+            self._reweight(decl.weight)
+            done.append(f"{decl.name} weight {live:g} → {decl.weight:g} (the file's)")
         if self.state is State.STOPPED:
             self.start()
             done.append(f"started {decl.name} again")
@@ -355,6 +361,18 @@ class Child:
             self.say(f"{self.name}: control socket: {e}")
         shown = "?" if weight is None else f"{weight:g}"
         self._to(State.RUNNING, f"ready: engine pid {engine_pid}, slot {slot}, weight {shown}, gpu key {self.key}")
+
+    def _live_weight(self) -> float | None:
+        """The running engine's weight as its slot holds it (f32); None when it is not running, or (said on
+        the log, one line) when its control socket does not answer."""
+        if self.state is not State.RUNNING or self.engine_pid is None:
+            return None
+        try:
+            reply = control.StatusReply.from_json(control.request(self.engine_pid, "status"))
+        except control.ControlError as e:
+            self.say(f"{self.name}: its live weight could not be read, the file's not re-applied: {e}")
+            return None
+        return None if reply.weight is None else to_f32(reply.weight)
 
     def _reweight(self, weight: float) -> None:
         if self.state is not State.RUNNING or self.engine_pid is None:

@@ -29,19 +29,14 @@ from ..dashboard.columns import (
     COLUMN_BY_KEY,
     COLUMNS,
     GAP,
-    LATENCY_COLUMNS,
     LATENCY_KEYS,
     Column,
-    busy_time_text,
     fit_columns,
-    fmt_age,
-    fmt_wh,
 )
 from ..dashboard.model import PeerRow
 from .palette import slot_colour
 
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
-LATENCY_ORDER = tuple(c.key for c in LATENCY_COLUMNS)
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
 _JUSTIFY: dict[str, JustifyMethod] = {c.key: "right" if c.right else "left" for c in COLUMNS}
 _ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
@@ -94,31 +89,13 @@ def _class_style(r: PeerRow) -> str:
 
 
 def display_key(r: PeerRow) -> tuple:
-    """Everything a row shows, as plain values: equal keys render equal rows."""
-    p, e = r.peer, r.engine
-    return (
-        r.gpu_key,
-        p.slot,
-        p.pid,
-        p.name,
-        p.weight,
-        None if p.window_pct is None else round(p.window_pct, 1),
-        p.floor_lifted,
-        round(p.busy_pct),
-        None if p.achieved_pct is None else round(p.achieved_pct),
-        p.alive,
-        p.active,
-        fmt_age(p.heartbeat_age_ms),
-        None if r.vram_mib is None else round(r.vram_mib),
-        None if r.tok_s is None else round(r.tok_s, 1),
-        None if r.speed_pct is None else round(r.speed_pct),
-        r.managed,
-        None if e is None else (e.state, bool(e.error), e.owner_config, r.differs_from_config),
-        (p.klass, p.demand, p.priority),  # the CLS cell (issue 20)
-        busy_time_text(r),  # accounting (TIME, ENERGY): text changes once a second / per 10 mWh at most
-        fmt_wh(r.account.energy_j if r.account else None),
-        tuple(COLUMN_BY_KEY[k].text(r) for k in LATENCY_ORDER),  # TTFT99, ITL99, REQ/S
-    )
+    """Everything a row shows, as plain values: each column's own text (COLUMNS, the one definition of what a
+    cell says) and what picks the styles `row_cells` adds. Equal keys render equal rows; a new column or a
+    cell whose text changes changes the key without being listed here."""
+    p = r.peer
+    texts = tuple(c.text(r) for c in COLUMNS)
+    styles = (p.alive, p.active, p.weight is None, _engine_style(r, texts[_INDEX["engine"]]), _class_style(r))
+    return (r.gpu_key, texts, styles)
 
 
 def header_cells(sort_column: str, reverse: bool, width: int) -> tuple[tuple[Text, ...], tuple[int, str] | None]:

@@ -22,6 +22,15 @@ def printable(text: str) -> str:
     return "".join(REPLACEMENT if unicodedata.category(c) in REPLACED_CATEGORIES else c for c in text)
 
 
+def escaped(text: str) -> str:
+    """`text` with every character of REPLACED_CATEGORIES written as its Python escape (`\\u202e`, `\\x1b`,
+    `\\udcff`): as safe on a terminal as `printable`, and unlike it one text per name, so a name listed this
+    way can be typed back (`status 'ab\\u202ecd'`: core.pacing.control.resolve_engine)."""
+    if text.isprintable():
+        return text
+    return "".join(ascii(c)[1:-1] if unicodedata.category(c) in REPLACED_CATEGORIES else c for c in text)
+
+
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """ "1 peer", "2 peers", "0 peers": a count and its noun, the plural when n != 1."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"

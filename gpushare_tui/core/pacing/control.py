@@ -619,9 +619,10 @@ class EngineRef:
 def resolve_engine(text: str, target: Target | None = None, *, timeout_s: float = NAME_STATUS_TIMEOUT_S) -> EngineRef:
     """The engine `text` names: a pid when it is all digits (with `target` as given), else the one
     managed engine (a control socket in our runtime directory that answers `status`) whose name is
-    exactly `text` (and which matches `target`'s slot/gpu key, when given). ControlError (exit 1)
-    when none is, listing the managed engines as name=pid; AmbiguousEngineError (exit 2) when
-    several are, listing them. The names compared and listed are untrusted text (printable)."""
+    exactly `text` (and which matches `target`'s slot/gpu key, when given) or, when none is, whose name
+    as a view shows it is `text` (a name with format or control characters: escaped, `ab\\u202ecd`, or
+    with U+FFFD, `ab\ufffdcd`). ControlError (exit 1) when none is, listing the managed engines as
+    name=pid (escaped); AmbiguousEngineError (exit 2) when several are, listing them."""
     if text.isascii() and text.isdigit():
         return EngineRef(int(text), target)
     from ..host.text import printable
@@ -629,13 +630,15 @@ def resolve_engine(text: str, target: Target | None = None, *, timeout_s: float 
     runtime_dir()  # an unusable runtime directory: its own one line, not "no engine named ..."
     engines = managed_engines(timeout_s)
     wanted = target or Target()
-    hits = [
+    targeted = [
         e
         for e in engines
-        if e.status.name == text
-        and (wanted.slot is None or e.status.slot == wanted.slot)
+        if (wanted.slot is None or e.status.slot == wanted.slot)
         and (wanted.gpu_key is None or e.status.gpu_key == wanted.gpu_key)
     ]
+    hits = [e for e in targeted if e.status.name == text]
+    if not hits:  # a name with characters no view shows, as a view shows it (escaped, or with U+FFFD)
+        hits = [e for e in targeted if e.status.name and text in _shown_forms(e.status.name)]
     shown = printable(text)
     if len(hits) == 1:
         return hits[0].ref if hits[0].ref.target is not None else EngineRef(hits[0].ref.pid, target)
@@ -645,6 +648,14 @@ def resolve_engine(text: str, target: Target | None = None, *, timeout_s: float 
         )
     listed = _named(engines) if engines else "none is running"
     raise ControlError(f"no managed engine named {shown!r} (managed: {listed})")
+
+
+def _shown_forms(name: str) -> tuple[str, ...]:
+    """How the views show a name that holds characters they never print: escaped (the name lists below,
+    `--once --json`) and with U+FFFD (the tables, `status`); () for a name shown as it is."""
+    from ..host.text import escaped, printable
+
+    return () if name.isprintable() else (escaped(name), printable(name))
 
 
 @dataclass(frozen=True)
@@ -684,11 +695,11 @@ NAMED_SHOWN_MAX = 20  # engines listed in one error line; the rest are counted
 
 
 def _named(entries: list[ManagedEntry]) -> str:
-    """`chat=123, batch=456` (a name printable; `?` for an engine that reports none), at most
-    NAMED_SHOWN_MAX of them, then `and N more`."""
-    from ..host.text import printable
+    """`chat=123, batch=456` (a name escaped: safe to show, and what `resolve_engine` takes back; `?` for an
+    engine that reports none), at most NAMED_SHOWN_MAX of them, then `and N more`."""
+    from ..host.text import escaped
 
-    shown = [f"{printable(e.status.name) if e.status.name else '?'}={e.ref.pid}" for e in entries[:NAMED_SHOWN_MAX]]
+    shown = [f"{escaped(e.status.name) if e.status.name else '?'}={e.ref.pid}" for e in entries[:NAMED_SHOWN_MAX]]
     more = len(entries) - NAMED_SHOWN_MAX
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 

@@ -27,7 +27,9 @@ Segments of other users are never opened: they are counted, not listed.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import os
+import re
 import stat
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..host.errors import UsageError
 from . import abi
 from .segment import JOIN_WAIT_S, SHM_DIR, Segment, SegmentError, SlotsRead, list_segment_paths
 
@@ -59,11 +62,46 @@ class Verdict:
 
 @dataclass(frozen=True)
 class GcReport:
-    """Every segment of ours judged (removed or kept, in name order) and how many of others' were left."""
+    """Every segment of ours judged (removed or kept, in name order), how many of others' were left, and the
+    keys named that have no segment (`missing`, in the order named)."""
 
     verdicts: tuple[Verdict, ...]
     removed: tuple[str, ...]
     others_left: int
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which segments a gc looks at: the named `keys`, or those whose key matches the shell pattern `match`
+    (fnmatch: `*`, `?`, `[...]`), or every one (`all`). Exactly one of them (check_selection)."""
+
+    keys: tuple[str, ...] = ()
+    match: str | None = None
+    all: bool = False
+
+    def takes(self, key: str) -> bool:
+        if self.all:
+            return True
+        if self.match is not None:
+            return fnmatch.fnmatchcase(key, self.match)
+        return key in self.keys
+
+
+EVERY = Selection(all=True)
+MATCH_MAX_CHARS = 128  # a --match pattern: keys are at most 64 characters; twice that for the brackets
+_MATCH_RE = re.compile(r"[A-Za-z0-9._\-*?\[\]!]+")
+
+
+def check_match(pattern: str) -> str:
+    """A --match pattern: 1..MATCH_MAX_CHARS characters of a key's ([A-Za-z0-9._-]) and the pattern's (`*?[]!`);
+    UsageError otherwise."""
+    if len(pattern) > MATCH_MAX_CHARS or not _MATCH_RE.fullmatch(pattern):
+        raise UsageError(
+            f"invalid --match {pattern!r}: use 1..{MATCH_MAX_CHARS} characters of [A-Za-z0-9._-] and the "
+            "pattern characters * ? [ ] !"
+        )
+    return pattern
 
 
 def judge(path: str, now_us: int) -> Verdict | None:
@@ -181,14 +219,20 @@ def remove_if_garbage(verdict: Verdict, now_us: int) -> Verdict:
     return again
 
 
-def collect_garbage(now_us: Callable[[], int], dry_run: bool = False, shm_dir: str | None = None) -> GcReport:
-    """Judge every segment of ours (in `shm_dir`, default /dev/shm) and, unless `dry_run`, remove those
-    without a live slot (remove_if_garbage). Never raises for one segment; OSError if the directory
-    cannot be listed."""
+def collect_garbage(
+    now_us: Callable[[], int], dry_run: bool = False, shm_dir: str | None = None, selection: Selection = EVERY
+) -> GcReport:
+    """Judge every segment of ours that `selection` takes (in `shm_dir`, default /dev/shm) and, unless `dry_run`,
+    remove those without a live slot (remove_if_garbage). Never raises for one segment; OSError if the
+    directory cannot be listed."""
     verdicts: list[Verdict] = []
     removed: list[str] = []
     others = 0
-    for path in list_segment_paths(shm_dir or SHM_DIR):
+    prefix_chars = len(abi.SEGMENT_PREFIX)
+    paths = [p for p in list_segment_paths(shm_dir or SHM_DIR) if selection.takes(os.path.basename(p)[prefix_chars:])]
+    found = {os.path.basename(p)[prefix_chars:] for p in paths}
+    missing = tuple(k for k in dict.fromkeys(selection.keys) if k not in found)
+    for path in paths:
         v = judge(path, now_us())
         if v is None:
             others += 1
@@ -198,4 +242,4 @@ def collect_garbage(now_us: Callable[[], int], dry_run: bool = False, shm_dir: s
             if v.removable:
                 removed.append(v.path)
         verdicts.append(v)
-    return GcReport(tuple(verdicts), tuple(removed), others)
+    return GcReport(tuple(verdicts), tuple(removed), others, missing)
