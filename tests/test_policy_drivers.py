@@ -213,3 +213,44 @@ def test_the_pacer_and_the_pace_loop_decide_alike(history: tuple[float, int | No
     finally:
         pw.close()
         sw.close()
+
+
+def test_the_pace_loop_keeps_an_interactive_engines_priority_by_its_device_time() -> None:
+    """The supervisor's side of PRIORITY (§7 rule 2), now the pace loop's: the engine's continued time while
+    working is its device time; the bit is set while that stays within its share over the last second, and
+    cleared within a round once it does not (S = 1/2 here: alone with priority it runs all the time)."""
+    clock = Clock(T0_US)
+    users = Users()
+    w = World(unique_key(), clock, 1.0, users)
+    try:
+        w.write_peer(1, Peer(1.0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, 0, None))
+        w.me.set_interactive(True)
+        w.me.set_demand(True)
+        stopped = [False]
+        loop = PaceLoop(
+            w.me,
+            alive=lambda: True,
+            quit_event=threading.Event(),
+            stop=lambda: stopped.__setitem__(0, True),
+            cont=lambda: stopped.__setitem__(0, False),
+            stopped=lambda: stopped[0],
+            lateness_us=deque(),
+            clock_us=clock,
+            mono_us=clock,
+            sleep_s=clock.sleep,
+            users=users,  # type: ignore[arg-type]
+        )
+        bits = []
+        for _ in range(100):  # 10 ms rounds, 1 s
+            w.write_peer(1, w.present[1])
+            w.me.mark_active(clock.t)  # working all along
+            loop.step()
+            ppm = loop.policy.meter.ppm(clock.t)
+            bits.append(bool(w.seg.read_slot(0).flags & abi.FLAG_PRIORITY))
+            if bits[-1]:
+                assert ppm <= 500_000, (len(bits), ppm)  # never held past its budget
+            clock.t += 10_000
+        assert bits[0] and not all(bits), bits  # set at once, and cleared once it ran past its share
+        assert w.seg.read_slot(0).busy_ppm > 0  # the busy it is judged on is published with the bit
+    finally:
+        w.close()
