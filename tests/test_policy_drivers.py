@@ -5,10 +5,12 @@ published busy (the priority budget), users (Extension 2), v1 peers, the clock a
 same decisions at the same instants, publish the same bits, and owe the same run.
 
 The two differ only where their actuators do, by design: the supervisor decides again when a stop ends (it
-is woken by its loop), where the Pacer resumes and steps (spec §5.7: it checks after each step); that
-decision must be a run. Our own member is batch here: an interactive owner judges its PRIORITY budget at each
-decision, so its extra decision at a wake-up may set its bit one step before the Pacer does (the rule is one;
-its cadence is the actuator's; test_policy.py tests the rule)."""
+is woken by its loop), where the Pacer re-reads and steps (spec §5.7: it checks after each step): both read
+the same registry then, and when that decision is no run (a holder believed again, say) the two part ways
+for the rest of that history (the Pacer's one step of overshoot). Our own member is batch here: an
+interactive owner's PRIORITY is judged at every decision, the Pacer's steps and the pace loop's rounds
+falling at different instants (the rule is one, its cadence the actuator's: test_policy.py tests the rule,
+and the last test here the pace loop's side of it)."""
 
 from __future__ import annotations
 
@@ -195,10 +197,13 @@ def test_the_pacer_and_the_pace_loop_decide_alike(history: tuple[float, int | No
                 loop.step()
                 a = loop.action
                 assert a is not None
-                if by_loop[-1][0] == policy.STOP:  # woken at the stop's end: the Pacer resumed and steps here
-                    assert a.run, f"step {n}: the pace loop stopped again at the end of a stop: {a}"
+                if by_loop[-1][0] == policy.STOP:  # woken at the stop's end: the Pacer re-read here, and steps
+                    assert loop.decision == pacer.decision, f"step {n}: the registry as both woke"
                     break
                 by_loop.append((a.kind, a.until_us))
+            if not a.run:  # the decision changed as both woke: the pace loop acts on it, the Pacer steps first
+                event("parted at a wake-up (the Pacer's one step, §5.7)")
+                return
             for kind, _ in by_pacer:
                 event(f"decision: {kind}")
             d = pacer.decision
