@@ -161,7 +161,7 @@ SURFACES = (
     Surface(
         "an engine's process tree (/proc)",
         "An engine's descendants that leave its process group",
-        ("core/engines/activity/tree.py", "core/engines/supervisor.py", "core/engines/synthetic.py"),
+        ("core/engines/activity/tree.py", "core/engines/process_group.py", "core/engines/synthetic.py"),
         ("test_hostile_engine.py::test_a_descendant_that_leaves_the_group_is_paced_and_ended_with_the_engine",),
     ),
     Surface(

@@ -12,8 +12,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ..host.clock import mono_us, wall_us
+from ..host.clock import ClockUs, mono_us, wall_us
 from ..observe.accounting import BusyFromMarks
+from ..observe.users import UserReader
 from ..pacing import policy as policy_
 from ..pacing.pacer import DecisionSource
 from ..registry.membership import Membership
@@ -33,7 +34,9 @@ BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued ti
 class PaceLoop:
     """`run` until `quit` is set or `alive()` is False. `stop`/`cont`/`stopped`: the engine's process group
     (SIGSTOP, SIGCONT, whether it is stopped). `window_end_us`: the end of the run in progress (wall µs; None
-    when not running by the schedule); `decision`: the schedule in force (and why), as last read."""
+    when not running by the schedule); `decision` and `action`: the schedule in force (and why) and what the
+    policy said, as of the last round. The clocks, the sleep, the slots' users (§8.1) and the stop lead may be
+    given (tests)."""
 
     def __init__(
         self,
@@ -45,68 +48,78 @@ class PaceLoop:
         cont: Callable[[], None],
         stopped: Callable[[], bool],
         lateness_us: deque[int],
+        clock_us: ClockUs = wall_us,
+        mono_us: ClockUs = mono_us,
+        sleep_s: Callable[[float], None] = time.sleep,
+        users: UserReader | None = None,
+        stop_lead_us: int = STOP_LEAD_US,
     ) -> None:
         self._m, self._alive, self._quit = membership, alive, quit_event
         self._stop, self._cont, self._stopped = stop, cont, stopped
+        self._clock, self._mono, self._sleep = clock_us, mono_us, sleep_s
         self.lateness_us = lateness_us
+        self._lead_us = stop_lead_us
         self.policy = policy_.PacingPolicy()
+        self._source = DecisionSource(membership, self.policy, users)
         self.window_end_us: int | None = None
         self.decision: schedule_ext2.Decision | None = None
+        self.action: policy_.Action | None = None
+        self._prev: schedule.Schedule | None = None
+        self._busy = BusyFromMarks(BUSY_MARK_GAP_US)
+        self._last_mono, self._last_wall = self._mono(), self._clock()
 
     def run(self) -> None:
         _raise_priority()
-        m = self._m
-        source = DecisionSource(m, self.policy)
-        prev: schedule.Schedule | None = None
-        busy = BusyFromMarks(BUSY_MARK_GAP_US)
-        last_mono, last_wall = mono_us(), wall_us()
         while not self._quit.is_set() and self._alive():
-            if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
-                self.window_end_us = None
+            self._sleep(max(self.step(), 0) / 1e6)
+
+    def step(self) -> int:
+        """One round: account, read, decide, signal. Returns how long to wait before the next (µs)."""
+        m = self._m
+        if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
+            self.window_end_us = None
+            self._cont()
+            return int(UNTHROTTLED_POLL_S * 1e6)
+        now, mono = self._clock(), self._mono()
+        if not self._stopped():
+            self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
+            self._busy.continued(self._last_mono, mono)
+        device_us = self._busy.mark(m.last_active_us)  # device time: continued while working
+        m.add_busy_us(device_us)  # busy_total_us (spec §7)
+        self.policy.busy(mono, device_us)  # the PRIORITY budget's meter
+        self._last_mono, self._last_wall = mono, now
+        slot = m.slot
+        try:
+            d = self.decision = self._source.read(now, mono)
+        except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
+            self._source.repair(e)
+            return 0
+        a = self.action = self.policy.act(d, slot, now, mono, lead_us=self._lead_us, demand=m.demand)
+        at_edge = d.schedule is self._prev  # not a membership change, which acts at once, off any edge
+        self._prev = d.schedule
+        self.window_end_us = a.until_us if a.kind == policy_.RUN else None
+        if a.kind == policy_.UNPACED:
+            self._cont()
+            poll_us = int(UNTHROTTLED_POLL_S * 1e6)
+            return min(poll_us, a.reread_us or poll_us)
+        if a.run:
+            if self._stopped():
                 self._cont()
-                time.sleep(UNTHROTTLED_POLL_S)
-                continue
-            now, mono = wall_us(), mono_us()
-            if not self._stopped():
-                self.policy.ran(m.slot, last_mono, mono, last_wall, now)
-                busy.continued(last_mono, mono)
-            device_us = busy.mark(m.last_active_us)  # device time: continued while working
-            m.add_busy_us(device_us)  # busy_total_us (spec §7)
-            self.policy.busy(mono, device_us)  # the PRIORITY budget's meter
-            last_mono, last_wall = mono, now
-            slot = m.slot
-            try:
-                d = self.decision = source.read(now, mono)
-            except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
-                source.repair(e)
-                continue
-            a = self.policy.act(d, slot, now, mono, lead_us=STOP_LEAD_US, demand=m.demand)
-            at_edge = d.schedule is prev  # not a membership change, which acts at once, off any edge
-            prev = d.schedule
-            self.window_end_us = a.until_us if a.kind == policy_.RUN else None
-            if a.kind == policy_.UNPACED:
-                self._cont()
-                wait_us = min(int(UNTHROTTLED_POLL_S * 1e6), a.reread_us or int(UNTHROTTLED_POLL_S * 1e6))
-            elif a.run:
-                if self._stopped():
-                    self._cont()
-                    if at_edge and a.scheduled:
-                        self._note_lateness(a.schedule, slot, edge=0)
-            elif not self._stopped():
-                self._stop()
-                if at_edge and a.kind == policy_.STOP:
-                    self._note_lateness(a.schedule, slot, edge=1)
-            if a.kind != policy_.UNPACED:
-                assert a.until_us is not None  # wait, run and stop have an end
-                wait_us = min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
-            time.sleep(max(wait_us, 0) / 1e6)
+                if at_edge and a.scheduled:
+                    self._note_lateness(a.schedule, slot, edge=0)
+        elif not self._stopped():
+            self._stop()
+            if at_edge and a.kind == policy_.STOP:
+                self._note_lateness(a.schedule, slot, edge=1)
+        assert a.until_us is not None  # wait, run and stop have an end
+        return min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
 
     def _note_lateness(self, sched: schedule.Schedule | None, slot: int | None, edge: int) -> None:
         """How late after its edge (0: window start, 1: window end less the stop lead) a signal went out."""
         window = sched.window_of(slot) if sched is not None and slot is not None else None
         assert sched is not None and window is not None  # at a window edge: a member
-        boundary = window[edge] - (STOP_LEAD_US if edge else 0)
-        self.lateness_us.append((wall_us() - boundary) % sched.period_us)
+        boundary = window[edge] - (self._lead_us if edge else 0)
+        self.lateness_us.append((self._clock() - boundary) % sched.period_us)
 
 
 def lateness_summary(lateness_us: deque[int]) -> dict:

@@ -12,6 +12,11 @@ group; if the supervisor is SIGKILLed, the kernel sends the engine SIGTERM
 then ends it (SIGTERM, SIGKILL after 10 s): nothing of it is left stopped, nor
 running on unpaced and unseen.
 
+It composes one part per job: the engine's process group (process_group.py: signals, pidfds, escaped
+descendants, continued time), the monitor (monitor.py: activity, DEMAND of sampled sources, busy, tok/s)
+and the pace loop (pace_loop.py: a thin driver of the pacing policy, core/pacing/policy.py, which holds
+every pacing rule); it keeps the engine's start, health, join, control socket and shutdown.
+
 A llama-server (unless started with --no-proxy) listens on an internal port; a front proxy
 (core/engines/front_proxy.py, in a process of its own: proxy_process.py) on the public --host/--port
 forwards to it and publishes DEMAND (spec §7) the moment a request arrives and when the last one

@@ -186,7 +186,7 @@ TREE_FDS_MAX = 65536
 # port the engine let go of; each look costs ~0.4 ms of CPU). A health probe looks at the answer that makes it ready.
 LISTENER_RECHECK_S = 1.0
 
-# -- an engine's process tree (core/engines/supervisor.py) -------------------------------------------------
+# -- an engine's process tree (core/engines/process_group.py) ----------------------------------------------
 
 # Descendants that left the engine's process group (setsid, setpgid) paced and ended one by one, a pidfd
 # each (signals never reach a reused pid): more than this are not tracked (those still in the group are

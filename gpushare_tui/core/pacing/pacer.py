@@ -61,10 +61,11 @@ class DecisionSource:
     member shrank under us is re-extended and our slot re-claimed (Membership.recover), or, beyond repair,
     lost (said once; the engine carries on unpaced)."""
 
-    def __init__(self, membership: Membership, policy: policy_.PacingPolicy) -> None:
+    def __init__(self, membership: Membership, policy: policy_.PacingPolicy, users: UserReader | None = None) -> None:
         self._m = membership
         self.policy = policy
-        self.reader = RegistryReader()
+        self._users = users
+        self.reader = RegistryReader(users)
 
     def read(self, now_us: int, mono_us: int) -> schedule_ext2.Decision:
         m, reader = self._m, self.reader
@@ -79,7 +80,7 @@ class DecisionSource:
         return self.policy.judge(d, m.slot, reader.slots, now_us, mono_us)
 
     def repair(self, e: SegmentError) -> None:
-        self.reader = RegistryReader()
+        self.reader = RegistryReader(self._users)
         if not self._m.recover(e):
             self._m.say_lost_once()
 
@@ -109,6 +110,7 @@ class Pacer:
         sleep_s: Callable[[float], None] = time.sleep,
         reread_us: int = 0,
         trim_edges: bool = False,
+        users: UserReader | None = None,
     ) -> None:
         """`reread_us`: reuse the decision read from the registry for this long (mono µs) instead
         of re-reading all slots at every step (0: every step). Reading the slots is most of a
@@ -116,7 +118,8 @@ class Pacer:
         `trim_edges`: hold each window's edges on average (GpuShare): no step is begun with less than
         half a step of the window left (mean overshoot ~0, not half a step), and each sleep ends
         early by the mean wake-up lateness measured so far (mean start ~ the window's). Without it,
-        §5.7 literally: run to the window's end, sleep exactly until the next one."""
+        §5.7 literally: run to the window's end, sleep exactly until the next one. `users`: the slots' users
+        (§8.1; default: read from /proc)."""
         self._m = membership
         self._clock = clock_us
         self._mono = mono_us
@@ -129,7 +132,7 @@ class Pacer:
         self._reread_us = reread_us
         self._sched_mono_us: int | None = None
         self.policy = policy_.PacingPolicy()
-        self._source = DecisionSource(membership, self.policy)
+        self._source = DecisionSource(membership, self.policy, users)
         self._decision: schedule_ext2.Decision | None = None
         self._fast = False  # the last action asked for §7's fast re-read: re-read at every step
         self.total_waited_us = 0  # of total_slept_us: waiting for a priority member (Extension 1)
@@ -218,8 +221,11 @@ class Pacer:
                 late = after - mono - ask
                 self._lead_us += TRIM_EWMA * (min(max(late, 0), TRIM_LEAD_MAX_US) - self._lead_us)
                 self.wake_late_us.append(late)
-            self.policy.resumed(after)  # what the stop owes (the floor over time)
             slept, mono = slept + after - mono, after
+            # the registry as we wake, as the pace loop reads it at each stop's end: the waiting member's check
+            # meters the stop under the schedule in force during it, not under the next step's
+            self._reread(self._clock(), mono, force=True)
+            self.policy.resumed(mono)  # what the stop owes (the floor over time); we step now (§5.7)
         self.total_slept_us += slept
         self._last_return_us = mono
         elapsed = mono - self._window_start_us

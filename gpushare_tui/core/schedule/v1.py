@@ -149,10 +149,11 @@ def window_end_us(schedule: Schedule, slot: int, now_us: int) -> int:
 # Every member derives the schedule from what the others write, and a member may re-write its
 # weight at any instant: one that does so every millisecond can keep another's window always just
 # behind "now", so that it sleeps a whole period, wakes into a moved window and sleeps again (a
-# 10 % floor measured at 1.4 %). The pacer and the supervisor therefore hold the floor over time
-# themselves: no sleep (or stopped spell) longer than (1 - f) * period, and after one, at least
-# f / (1 - f) of it is run before the next. Under an honest schedule neither bound acts: a
-# member's gap is (1 - s) * period <= (1 - f) * period and its window s * period follows it.
+# 10 % floor measured at 1.4 %). Every member's pacing policy (core/pacing/policy.py, which the pacer and
+# the supervisor both drive) therefore holds the floor over time itself: no sleep (or stopped spell)
+# longer than (1 - f) * period, and after one, at least f / (1 - f) of it is run before the next.
+# Under an honest schedule neither bound acts: a member's gap is (1 - s) * period <= (1 - f) * period
+# and its window s * period follows it.
 
 
 def longest_sleep_us(schedule: Schedule) -> int:

@@ -1,0 +1,261 @@
+"""The pacing policy's two actuators decide alike: GpuShare's Pacer (step_done, sleeping) and the supervisor's
+pace loop (PaceLoop.step, signalling), each on its own real segment, driven through the same registry
+histories — peers joining and leaving, weights, EXT1/INTERACTIVE/DEMAND/PRIORITY/USERS flags,
+published busy (the priority budget), users (Extension 2), v1 peers, the clock advancing by steps — make the
+same decisions at the same instants, publish the same bits, and owe the same run.
+
+The two differ only where their actuators do, by design: the supervisor decides again when a stop ends (it
+is woken by its loop), where the Pacer re-reads and steps (spec §5.7: it checks after each step): both read
+the same registry then, and when that decision is no run (a holder believed again, say) the two part ways
+for the rest of that history (the Pacer's one step of overshoot). Our own member is batch here: an
+interactive owner's PRIORITY is judged at every decision, the Pacer's steps and the pace loop's rounds
+falling at different instants (the rule is one, its cadence the actuator's: test_policy.py tests the rule,
+and the last test here the pace loop's side of it)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from gpushare_tui.core.engines.pace_loop import PaceLoop
+from gpushare_tui.core.pacing import policy
+from gpushare_tui.core.pacing.pacer import Pacer
+from gpushare_tui.core.registry import abi
+from gpushare_tui.core.registry.abi import SlotRecord
+from gpushare_tui.core.registry.membership import Membership
+from gpushare_tui.core.registry.segment import Segment
+from testkit.shm import remove, shm_file, unique_key
+
+PEER_PID0 = 3_999_700  # peers' pids (no such process: their users come from the history)
+PEER_SLOTS = (1, 2, 3, 4)
+T0_US = 1_800_000_000_000_000
+FLAG_BITS = (abi.FLAG_EXT1, abi.FLAG_INTERACTIVE, abi.FLAG_DEMAND, abi.FLAG_PRIORITY, abi.FLAG_USERS)
+EXT1_DEMAND = abi.FLAG_EXT1 | abi.FLAG_DEMAND
+PRIO = EXT1_DEMAND | abi.FLAG_INTERACTIVE | abi.FLAG_PRIORITY
+
+
+class Clock:
+    def __init__(self, t: int) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += round(s * 1e6)
+
+
+class Users:
+    """The slots' users (spec §8.1) as the history says (both worlds read the same)."""
+
+    def __init__(self) -> None:
+        self.of: dict[int, int | None] = {}
+
+    def uids(self, slots: Iterable[SlotRecord], now_us: int) -> dict[int, int | None]:
+        return {s.index: self.of.get(s.index) for s in slots if s.is_alive(now_us)}
+
+
+@dataclass(frozen=True)
+class Peer:
+    weight: float
+    flags: int
+    busy_ppm: int
+    uid: int | None
+
+
+peers = st.builds(
+    Peer,
+    st.sampled_from([0.5, 1.0, 2.0, 3.0]),
+    st.sampled_from([EXT1_DEMAND, EXT1_DEMAND | abi.FLAG_USERS, PRIO, PRIO | abi.FLAG_USERS])
+    | st.lists(st.sampled_from(FLAG_BITS), max_size=5).map(lambda bits: sum(set(bits))),
+    st.sampled_from([0, 100_000, 300_000, 500_000, 700_000, 1_000_000]),
+    st.sampled_from([1000, 1001, 1002, None]),
+)
+# one event: for some peer slots, a new state (None: it leaves); then we step for dt µs
+events = st.tuples(
+    st.dictionaries(st.sampled_from(PEER_SLOTS), st.none() | peers, max_size=4),
+    st.integers(1_000, 120_000),
+)
+histories = st.tuples(
+    st.sampled_from([1.0, 2.0]),  # our weight
+    st.sampled_from([1000, 1001, None]),  # our user
+    st.integers(T0_US, T0_US + 10_000_000),  # the clock at first (the schedules' phase)
+    st.lists(events, min_size=1, max_size=25),
+)
+
+
+class World:
+    """One actuator on its own segment, with the peers the history writes."""
+
+    def __init__(self, key: str, clock: Clock, weight: float, users: Users) -> None:
+        self.key, self.clock = key, clock
+        self.me = Membership(key, weight, "me", clock_us=clock, mono_us=clock, heartbeat_s=3600, ext1=True)
+        assert self.me.join() == 0
+        self.seg = Segment.create_or_attach(key)
+        self.users = users
+        self.present: dict[int, Peer] = {}
+
+    def write_peer(self, slot: int, peer: Peer | None) -> None:
+        pid = PEER_PID0 + slot
+        if peer is None:
+            if slot in self.present:
+                self.seg.write_slot_fields(
+                    slot, boot_us=1, weight=1.0, active=0, heartbeat_us=0, busy_ppm=0, name_raw=b""
+                )
+                assert self.seg.cas_pid(slot, pid, 0)
+                del self.present[slot]
+            return
+        if slot not in self.present:
+            assert self.seg.cas_pid(slot, 0, pid)
+        self.present[slot] = peer
+        self.seg.write_slot_fields(
+            slot,
+            boot_us=1,
+            weight=peer.weight,
+            active=1,
+            heartbeat_us=self.clock.t,
+            busy_ppm=peer.busy_ppm,
+            name_raw=abi.encode_name(f"peer{slot}"),
+            flags=peer.flags,
+        )
+
+    def our_bits(self) -> int:
+        return self.seg.read_slot(0).flags & (abi.FLAG_USERS | abi.FLAG_PRIORITY | abi.FLAG_DEMAND)
+
+    def close(self) -> None:
+        self.me.leave()
+        self.seg.close()
+        remove(shm_file(self.key))
+
+
+def _recorded(p: policy.PacingPolicy, into: list[tuple[str, int | None]]) -> None:
+    act = p.act
+
+    def recording(*args, **kwargs) -> policy.Action:
+        a = act(*args, **kwargs)
+        into.append((a.kind, a.until_us))
+        return a
+
+    p.act = recording  # type: ignore[method-assign]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories)
+def test_the_pacer_and_the_pace_loop_decide_alike(history: tuple[float, int | None, int, list]) -> None:
+    weight, our_uid, t0, steps = history
+    users = Users()
+    users.of[0] = our_uid
+    clock_p, clock_s = Clock(t0), Clock(t0)
+    pw = World(unique_key(), clock_p, weight, users)
+    sw = World(unique_key(), clock_s, weight, users)
+    try:
+        pacer = Pacer(pw.me, clock_us=clock_p, mono_us=clock_p, sleep_s=clock_p.sleep, users=users)  # type: ignore[arg-type]
+        stopped = [False]
+        loop = PaceLoop(
+            sw.me,
+            alive=lambda: True,
+            quit_event=threading.Event(),
+            stop=lambda: stopped.__setitem__(0, True),
+            cont=lambda: stopped.__setitem__(0, False),
+            stopped=lambda: stopped[0],
+            lateness_us=deque(),
+            clock_us=clock_s,
+            mono_us=clock_s,
+            sleep_s=clock_s.sleep,
+            users=users,  # type: ignore[arg-type]
+            stop_lead_us=0,  # the Pacer's lead (GpuShare trims no edge)
+        )
+        sw.me.set_demand(True)  # the proxy's: work in flight all along (the Pacer raises it at each step)
+        by_pacer: list[tuple[str, int | None]] = []
+        by_loop: list[tuple[str, int | None]] = []
+        _recorded(pacer.policy, by_pacer)
+        for n, (changes, dt) in enumerate(steps):
+            assert clock_p.t == clock_s.t
+            for slot in PEER_SLOTS:  # the changes, and a heartbeat of every peer present (none ages out)
+                peer = changes[slot] if slot in changes else pw.present.get(slot)
+                users.of[slot] = peer.uid if peer is not None else None
+                pw.write_peer(slot, peer)
+                sw.write_peer(slot, peer)
+            clock_p.t += dt
+            clock_s.t += dt
+            by_pacer.clear()
+            by_loop.clear()
+            pacer.step_done(dt)
+            sw.me.mark_active(clock_s.t)  # the monitor sees it working
+            loop.step()
+            a = loop.action
+            assert a is not None
+            by_loop.append((a.kind, a.until_us))
+            while a.kind in (policy.WAIT, policy.STOP):  # the Pacer slept until then (and re-read when waiting)
+                assert a.until_us is not None
+                clock_s.t = a.until_us
+                loop.step()
+                a = loop.action
+                assert a is not None
+                if by_loop[-1][0] == policy.STOP:  # woken at the stop's end: the Pacer re-read here, and steps
+                    assert loop.decision == pacer.decision, f"step {n}: the registry as both woke"
+                    break
+                by_loop.append((a.kind, a.until_us))
+            if not a.run:  # the decision changed as both woke: the pace loop acts on it, the Pacer steps first
+                event("parted at a wake-up (the Pacer's one step, §5.7)")
+                return
+            for kind, _ in by_pacer:
+                event(f"decision: {kind}")
+            d = pacer.decision
+            event(f"mode: {d.mode if d else None}{' users' if d and d.users_applied else ''}")
+            event(f"judged over budget: {bool(d and d.over_budget)}")
+            assert by_loop == by_pacer, f"step {n}"
+            assert clock_s.t == clock_p.t, f"step {n}"
+            assert pw.our_bits() == sw.our_bits(), f"step {n}"
+            assert pacer.policy.owed_us == loop.policy.owed_us, f"step {n}"
+            assert pacer.hold_off.distrusted == loop.policy.hold_off.distrusted, f"step {n}"
+            assert pacer.decision == loop.decision, f"step {n}"
+    finally:
+        pw.close()
+        sw.close()
+
+
+def test_the_pace_loop_keeps_an_interactive_engines_priority_by_its_device_time() -> None:
+    """The supervisor's side of PRIORITY (§7 rule 2), now the pace loop's: the engine's continued time while
+    working is its device time; the bit is set while that stays within its share over the last second, and
+    cleared within a round once it does not (S = 1/2 here: alone with priority it runs all the time)."""
+    clock = Clock(T0_US)
+    users = Users()
+    w = World(unique_key(), clock, 1.0, users)
+    try:
+        w.write_peer(1, Peer(1.0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, 0, None))
+        w.me.set_interactive(True)
+        w.me.set_demand(True)
+        stopped = [False]
+        loop = PaceLoop(
+            w.me,
+            alive=lambda: True,
+            quit_event=threading.Event(),
+            stop=lambda: stopped.__setitem__(0, True),
+            cont=lambda: stopped.__setitem__(0, False),
+            stopped=lambda: stopped[0],
+            lateness_us=deque(),
+            clock_us=clock,
+            mono_us=clock,
+            sleep_s=clock.sleep,
+            users=users,  # type: ignore[arg-type]
+        )
+        bits = []
+        for _ in range(100):  # 10 ms rounds, 1 s
+            w.write_peer(1, w.present[1])
+            w.me.mark_active(clock.t)  # working all along
+            loop.step()
+            ppm = loop.policy.meter.ppm(clock.t)
+            bits.append(bool(w.seg.read_slot(0).flags & abi.FLAG_PRIORITY))
+            if bits[-1]:
+                assert ppm <= 500_000, (len(bits), ppm)  # never held past its budget
+            clock.t += 10_000
+        assert bits[0] and not all(bits), bits  # set at once, and cleared once it ran past its share
+        assert w.seg.read_slot(0).busy_ppm > 0  # the busy it is judged on is published with the bit
+    finally:
+        w.close()
