@@ -194,3 +194,30 @@ def test_gpushare_without_a_key_or_nvml_names_its_parameter() -> None:
 def test_the_command_lines_hint_is_its_flag() -> None:
     r = run_cli_here("synth", "--duration", "1")
     assert r.returncode in (1, 2) and "pass --gpu-key KEY" in r.stderr, r.stderr
+
+
+def test_up_builds_the_same_launch_spec_as_launch_and_the_form(tmp_path) -> None:
+    """An `[[engine]]` becomes the LaunchSpec `launch` would build from the same options, and starts by the same
+    command line (`run` for a command, `synth` for a synthetic engine)."""
+    from gpushare_tui.core.engines.declaration import parse_engine
+    from gpushare_tui.core.engines.launcher import LaunchSpec
+
+    decl = parse_engine({"name": "job", "weight": 2, "command": ["sleep", "1"], "health": "none"}, cwd=str(tmp_path))
+    spec = LaunchSpec.of_decl(decl, "k", "grp")
+    given, _ = engines.EngineOptions(weight="2", name="job", gpu_key="k", no_health=True).checked(["sleep", "1"])
+    assert dataclasses.replace(spec, share_group=None) == given
+    assert dataclasses.replace(spec, share_group=None).argv(notify_fd=7) == given.argv(notify_fd=7)
+    assert spec.argv()[spec.argv().index("--share-group") + 1] == "grp"
+    synth = LaunchSpec.of_decl(parse_engine({"name": "s", "synth": {"step_ms": 2}}, cwd="."), "k")
+    assert synth.argv()[3:] == [
+        "synth",
+        "--weight",
+        "1.0",
+        "--gpu-key",
+        "k",
+        "--name",
+        "s",
+        "--step-ms",
+        "2.0",
+        "--quiet",
+    ]
