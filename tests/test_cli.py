@@ -46,7 +46,7 @@ def test_headless_args(argv: list[str], expected: tuple | None) -> None:
     "argv, fragment, sub",
     [
         (["weight", "1"], "missing argument 'value'", "weight "),
-        (["synth", "--gpu-key", "k", "--weight"], "'--weight' requires an argument", "synth "),
+        (["synth", "--gpu-key", "k", "--bogus"], "no such option: --bogus", "synth "),
         (["status", "1", "--bogus"], "no such option", "status "),
         (["no-such-command"], "no such command 'no-such-command'", ""),
         (["--once", "--gpu-key"], "'--gpu-key' requires an argument", ""),
