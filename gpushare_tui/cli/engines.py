@@ -199,14 +199,14 @@ def _start_supervisor(
     """A Supervisor whose engine (`spec`, checked: EngineOptions.checked) is healthy and joined; GpushareError
     on any failure (nothing left running). `listen_socket`: the public port's, handed down (its address is the
     engine's public --host/--port)."""
-    from ..core.engines import command
+    from ..core.engines import command, start
     from ..core.engines.kinds import kind
     from ..core.engines.supervisor import Supervisor
     from ..core.host.paths import file_name_part, state_dir
     from ..core.pacing.sockets import check_socket_dir
     from ..core.registry.ownership import Owner
 
-    args = kind(sources.kind).prepare(spec.engine_argv, sources.port, proxy=spec.proxy)
+    args = start.prepare(kind(sources.kind), spec.engine_argv, sources.port, proxy=spec.proxy)
     if listen_socket is not None:
         args = _on_socket(args, listen_socket)
     name = spec.name or command.display_name(args)

@@ -57,6 +57,7 @@ from .kinds import LLAMA_SERVER
 from .kinds import kind as kind_record
 from .proxy_process import ProxyProcess
 from .spawn import Progress
+from .start import start as start_command
 
 RECHECK_US = 20_000  # re-read the registry at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
@@ -174,7 +175,7 @@ class Supervisor:
         try:
             spawn.adopt_orphans()  # before the engine starts: its orphans come to us, not to init
             self._start_proxy()
-            self.proc = kind_record(self.kind).start(self.args, self.log_path)
+            self.proc = start_command(kind_record(self.kind), self.args, self.log_path)
         except BaseException:
             if log_ready is not None:
                 log_ready.close()
