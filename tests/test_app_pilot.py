@@ -943,7 +943,7 @@ def test_a_kind_switch_is_made_as_it_is_selected_and_never_undoes_what_is_typed_
 
 
 def test_launch_form_starts_a_real_command_engine_with_its_class(gpu_key, tmp_path, runtime_dir, monkeypatch):
-    """The `command` kind (any program, through core.kinds.kind_engine): the form starts it under a real
+    """The `command` kind (any program, through declaration.kind_engine): the form starts it under a real
     supervisor (activity always, no health check), and it joins as managed with the class chosen."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     started: list[int] = []

@@ -333,7 +333,7 @@ def test_each_kind_validates_to_a_launch_spec_or_inline_errors(kind, tmp_path):
         assert spec.synth == SynthDecl(2.0, 0) and spec.engine_argv == ()
     elif kind == "llama-server":
         assert spec.engine_argv == (good["binary"], "-m", good["model"]) and spec.sources == SourceOptions()
-    else:  # through core.kinds.kind_engine: the command as given, its activity/health as `run` options
+    else:  # through declaration.kind_engine: the command as given, its activity/health as `run` options
         assert spec.engine_argv[0] == PY and spec.name is None and spec.synth is None
         assert spec.sources.activity == ("cpu" if kind == "command" else kind)
         assert spec.sources.no_health == (kind == "command")

@@ -46,7 +46,7 @@ def test_headless_args(argv: list[str], expected: tuple | None) -> None:
     "argv, fragment, sub",
     [
         (["weight", "1"], "missing argument 'value'", "weight "),
-        (["synth", "--gpu-key", "k"], "missing option '--weight'", "synth "),
+        (["synth", "--gpu-key", "k", "--bogus"], "no such option: --bogus", "synth "),
         (["status", "1", "--bogus"], "no such option", "status "),
         (["no-such-command"], "no such command 'no-such-command'", ""),
         (["--once", "--gpu-key"], "'--gpu-key' requires an argument", ""),
@@ -157,7 +157,9 @@ def test_every_option_has_help() -> None:
 @pytest.mark.parametrize("command", ["run", "launch"])
 def test_engine_commands_usage_shows_the_engine_command_line(command: str, capsys) -> None:
     assert main([command, "--help"]) == 0
-    assert f" {command} [OPTIONS] -- COMMAND [ARGS]..." in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f" {command} [OPTIONS] [--] COMMAND [ARGS]..." in out
+    assert "--weight NUMBER" in out and "<str>" not in out.split("--weight")[1].split("\n")[0]
 
 
 def test_help_comes_from_typer(capsys) -> None:
@@ -252,5 +254,7 @@ def test_signal_lateness_text() -> None:
     assert lateness_text({"n": 123, "p50_us": 300, "p99_us": 1200, "max_us": 4000}) == (
         "p50 0.3 ms, p99 1.2 ms, max 4 ms (n=123)"
     )
-    assert lateness_text({"n": 0, "p50_us": None, "p99_us": None, "max_us": None}) == "none measured yet (n=0)"
+    assert lateness_text({"n": 0, "p50_us": None, "p99_us": None, "max_us": None}) == (
+        "none measured yet (n=0: measured each time the engine is paused for a peer; alone or idle it never is)"
+    )
     assert lateness_text({"n": 9, "p50_us": 12_345_678}) == "p50 12346 ms (n=9)"

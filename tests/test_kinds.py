@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from gpushare_tui.core.engines import declaration
-from gpushare_tui.core.engines.declaration import DeclarationError
+from gpushare_tui.core.engines.declaration import DeclarationError, kind_engine
 from gpushare_tui.core.engines.kinds import (
     FORM_KINDS,
     KIND_BY_KEY,
@@ -15,7 +15,6 @@ from gpushare_tui.core.engines.kinds import (
     SUPERVISED_KINDS,
     command_kind,
     kind,
-    kind_engine,
     kind_named,
 )
 

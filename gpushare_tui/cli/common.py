@@ -48,7 +48,9 @@ def check_argv_text(args: list[str]) -> None:
     Python hands argv bytes that do not decode as lone surrogates (surrogateescape); every name,
     key, path and value we take is text, so such a word is refused here, once, before a command
     encodes it (a name check, a socket path, an error line) and fails deep inside. The engine's
-    own argv after `--` is not ours: it passes through to the engine byte for byte."""
+    own argv after `--` is not ours: it passes through to the engine byte for byte (`run`'s and `launch`'s
+    engine command may start without `--`; one whose arguments are not text is told to put it after one)."""
+    engine_first = bool(args) and args[0] in ("run", "launch")
     for i, arg in enumerate(args, 1):
         if arg == "--":
             return
@@ -56,7 +58,8 @@ def check_argv_text(args: list[str]) -> None:
             arg.encode("utf-8")
         except UnicodeEncodeError:
             raw = arg.encode("utf-8", "surrogateescape")
-            raise UsageError(f"argument {i} is not valid UTF-8 text: {raw!r}") from None
+            hint = " (an engine's own arguments may be any bytes after `--`)" if engine_first else ""
+            raise UsageError(f"argument {i} is not valid UTF-8 text: {raw!r}{hint}") from None
 
 
 def checked_key(key: str | None) -> str | None:

@@ -76,12 +76,19 @@ def _status_value(reply: StatusReply, key: str, value: object) -> str:
     return f"{value:.2f}" if isinstance(value, float) else printable(str(value))
 
 
+# What signal lateness is, where none was measured: a status reader otherwise takes n=0 for a fault
+LATENESS_NONE_WHY = "measured each time the engine is paused for a peer; alone or idle it never is"
+
+
 def lateness_text(lateness: dict) -> str:
-    """`p50 0.3 ms, p99 1.2 ms, max 4 ms (n=123)` (µs fields as ms); `none measured yet (n=0)`."""
+    """`p50 0.3 ms, p99 1.2 ms, max 4 ms (n=123)` (µs fields as ms); none yet: `none measured yet (n=0: ...)`,
+    which says when there will be some (at each pause for a peer: an engine alone or idle has none)."""
     n = lateness.get("n")
     shown = [(label, lateness.get(f"{label}_us")) for label in ("p50", "p99", "max")]
     parts = [f"{label} {_ms(us)} ms" for label, us in shown if isinstance(us, int | float)]
-    return f"{', '.join(parts) or 'none measured yet'} (n={n if n is not None else '?'})"
+    if not parts:
+        return f"none measured yet (n={n if n is not None else '?'}: {LATENESS_NONE_WHY})"
+    return f"{', '.join(parts)} (n={n if n is not None else '?'})"
 
 
 def _ms(us: float) -> str:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
 import sys
 import threading
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, get_type_hints
 
 import typer
 
 from ..core.engines.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
-from ..core.host.errors import GpushareError, Interrupted, UsageError
+from ..core.engines.launcher import LaunchSpec
+from ..core.host.errors import EngineFinished, GpushareError, Interrupted, UsageError
 from .common import WaitProgress, checked_group, resolve_key
 from .options import (
     ActivityOpt,
@@ -33,54 +37,116 @@ from .options import (
     WeightOpt,
 )
 
-CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}  # the engine's own arguments follow `--`
-USAGE = "[OPTIONS] -- COMMAND [ARGS]..."  # the usage line: the engine's command line follows `--`
+# The engine's command line is everything from its program on, passed through untouched: our options come
+# before it (an option after the program is the engine's: `run echo hello --weight 5` prints
+# "hello --weight 5"); `--` before the program is optional (it is needed only where the program's name
+# starts with `-`). An unknown option before the program is an error (exit 2), never taken for the engine's.
+CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
+USAGE = "[OPTIONS] [--] COMMAND [ARGS]..."  # the usage line: the engine's command line follows our options
 NO_ENGINE = "no engine command given (use: -- llama-server ARGS...)"
+ARGV_RULE = (
+    "Our options come first; the engine's command line is everything from its program on, passed to it"
+    " untouched (`--` before it is optional): `run --weight 2 llama-server -m m.gguf --port 8080`."
+)
 
 
-def _sources(
-    activity: str | None,
-    metrics_url: str | None,
-    gauge: str | None,
-    cpu_cores: float | None,
-    health_url: str | None,
-    health_port: int | None,
-    health_log: str | None,
-    no_health: bool,
-) -> SourceOptions:
-    return SourceOptions(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
+@dataclass(frozen=True)
+class EngineOptions:
+    """The options `run` and `launch` take, as given: their one option set (each field's typer option in its
+    metadata; `with_engine_options` adds them to a command). `checked` validates them once, with the
+    engine's command, into core's LaunchSpec (what launch_detached and the supervisor start): `up` and the
+    launch form build that LaunchSpec too (`up` as `run`'s command line)."""
+
+    weight: str = field(default="1", metadata={"option": WeightOpt})
+    name: str | None = field(default=None, metadata={"option": EngineNameOpt})
+    gpu_key: str | None = field(default=None, metadata={"option": GpuKeyOpt})
+    gpu: int | None = field(default=None, metadata={"option": GpuIndexOpt})
+    load_timeout: float = field(default=600.0, metadata={"option": LoadTimeoutOpt})
+    share_group: str | None = field(default=None, metadata={"option": ShareGroupOpt})
+    activity: str | None = field(default=None, metadata={"option": ActivityOpt})
+    metrics_url: str | None = field(default=None, metadata={"option": MetricsUrlOpt})
+    gauge: str | None = field(default=None, metadata={"option": GaugeOpt})
+    cpu_cores: float | None = field(default=None, metadata={"option": CpuCoresOpt})
+    health_url: str | None = field(default=None, metadata={"option": HealthUrlOpt})
+    health_port: int | None = field(default=None, metadata={"option": HealthPortOpt})
+    health_log: str | None = field(default=None, metadata={"option": HealthLogOpt})
+    no_health: bool = field(default=False, metadata={"option": NoHealthOpt})
+    klass: str = field(default="batch", metadata={"option": ClassOpt})
+    no_proxy: bool = field(default=False, metadata={"option": NoProxyOpt})
+
+    def sources(self) -> SourceOptions:
+        return SourceOptions(
+            self.activity,
+            self.metrics_url,
+            self.gauge,
+            self.cpu_cores,
+            self.health_url,
+            self.health_port,
+            self.health_log,
+            self.no_health,
+        )
+
+    def checked(self, engine_argv: Sequence[str]) -> tuple[LaunchSpec, EngineSources]:
+        """The engine to start, once every option and its command are valid (core/engines/declaration.py): its
+        LaunchSpec (the key resolved) and its resolved sources; else the first problem, a UsageError (one line,
+        exit 2), or a GpuKeyError without such a GPU, before anything is started."""
+        share_group = checked_group(self.share_group)
+        klass = check_class(self.klass, label="--class")
+        if not engine_argv:
+            raise UsageError(NO_ENGINE)
+        w = check_launch(engine_argv, weight=self.weight, name=self.name, load_timeout_s=self.load_timeout)
+        sources = resolve_sources(engine_argv, self.sources())
+        key = resolve_key(self.gpu_key, self.gpu)
+        _check_gpu_source(sources, key)
+        spec = LaunchSpec(
+            tuple(engine_argv),
+            key,
+            w,
+            name=self.name,
+            load_timeout_s=self.load_timeout,
+            share_group=share_group,
+            sources=self.sources(),
+            klass=klass,
+            proxy=not self.no_proxy,
+        )
+        return spec, sources
+
+
+def with_engine_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` (`def command(ctx, OWN OPTIONS..., **options)`) taking EngineOptions' options too: its signature,
+    as typer reads it, is its own parameters then EngineOptions' fields (their options, in their order)."""
+    own = [p for p in inspect.signature(command).parameters.values() if p.kind != p.VAR_KEYWORD]
+    hints = get_type_hints(EngineOptions)
+    shared = [
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=hints[f.name]
+        )
+        for f in fields(EngineOptions)
+    ]
+    command.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+    return command
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+@with_engine_options
 def run(
     ctx: typer.Context,
-    weight: str = WeightOpt,
-    name: str | None = EngineNameOpt,
-    gpu_key: str | None = GpuKeyOpt,
-    gpu: int | None = GpuIndexOpt,
-    load_timeout: float = LoadTimeoutOpt,
     notify_fd: int | None = typer.Option(None, "--notify-fd", hidden=True),
     listen_fd: int | None = typer.Option(None, "--listen-fd", hidden=True),  # `up`'s listening socket
-    share_group: str | None = ShareGroupOpt,
-    activity: str | None = ActivityOpt,
-    metrics_url: str | None = MetricsUrlOpt,
-    gauge: str | None = GaugeOpt,
-    cpu_cores: float | None = CpuCoresOpt,
-    health_url: str | None = HealthUrlOpt,
-    health_port: int | None = HealthPortOpt,
-    health_log: str | None = HealthLogOpt,
-    no_health: bool = NoHealthOpt,
-    klass: str = ClassOpt,
-    no_proxy: bool = NoProxyOpt,
+    **options: Any,
 ) -> None:
-    """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)
+    """Run a paced engine in the foreground: gpushare-tui run --weight W llama-server ARGS... (or any command)
+
+    Our options come first; the engine's command line is everything from its program on, passed to it
+    untouched (`--` before it is optional).
 
     While the engine loads it says what it waits for every few seconds (on a terminal), and once
     when the engine is ready. SIGTERM, SIGINT or SIGHUP stops the engine and leaves the slot: during
-    the start-up with one line and exit 128 + the signal's number, later with the engine's exit code.
+    the start-up with one line and exit 128 + the signal's number, later with the engine's exit code
+    (an engine that finishes with 0 before it was ready: exit 0).
     A listening socket passed by systemd (LISTEN_FDS, a .socket unit: deploy/) is the public port."""
     from ..core.engines.spawn import notify_failed, notify_ready
     from ..core.host.lifecycle import Termination, on_signals
@@ -98,21 +164,12 @@ def run(
             if handed is not None:
                 handed.close()
             handed = listen_fds.listening_socket(listen_fd, "--listen-fd")
-        opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
-        sup = _start_supervisor(
-            ctx.args,
-            weight,
-            name,
-            gpu_key,
-            gpu,
-            load_timeout,
-            share_group,
-            opts,
-            term.event,
-            klass,
-            not no_proxy,
-            listen_socket=handed,
-        )
+        spec, sources = EngineOptions(**options).checked(ctx.args)
+        sup = _start_supervisor(spec, sources, term.event, listen_socket=handed)
+    except EngineFinished as e:  # it ran and ended well: no failure (a `launch` waiting on us hears of it)
+        notify_failed(notify_fd, e)
+        _say(f"gpushare-tui: {e}")
+        raise typer.Exit(0) from None
     except GpushareError as e:
         if isinstance(e, Interrupted):
             e.signum = term.signum  # its exit code: 128 + the signal's
@@ -133,62 +190,53 @@ def run(
 
 
 def _start_supervisor(
-    engine_argv: list[str],
-    weight: str,
-    name: str | None,
-    gpu_key: str | None,
-    gpu: int | None,
-    load_timeout: float,
-    share_group: str | None,
-    opts: SourceOptions,
+    spec: LaunchSpec,
+    sources: EngineSources,
     quit_event: threading.Event,
-    klass: str = "batch",
-    proxy: bool = True,
+    *,
     listen_socket: socket.socket | None = None,
 ):
-    """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running).
-    `listen_socket`: the public port's, handed down (its address is the engine's public --host/--port)."""
-    from ..core.engines import command
-    from ..core.engines import llama_server as ls
+    """A Supervisor whose engine (`spec`, checked: EngineOptions.checked) is healthy and joined; GpushareError
+    on any failure (nothing left running). `listen_socket`: the public port's, handed down (its address is the
+    engine's public --host/--port)."""
+    from ..core.engines import command, start
+    from ..core.engines.kinds import kind
     from ..core.engines.supervisor import Supervisor
     from ..core.host.paths import file_name_part, state_dir
     from ..core.pacing.sockets import check_socket_dir
     from ..core.registry.ownership import Owner
 
-    share_group = checked_group(share_group)
-    klass = check_class(klass, label="--class")
-    w, sources = _checked(engine_argv, weight, name, load_timeout, opts)
-    key = resolve_key(gpu_key, gpu)
-    _check_gpu_source(sources, key)
-    llama = sources.kind == "llama-server"
-    args = ls.prepare_args(engine_argv, proxy=proxy) if llama else command.prepare(engine_argv, sources.port)
+    args = start.prepare(kind(sources.kind), spec.engine_argv, sources.port, proxy=spec.proxy)
     if listen_socket is not None:
         args = _on_socket(args, listen_socket)
-    name = name or command.display_name(args)
+    name = spec.name or command.display_name(args)
     check_socket_dir()  # before the engine is started and loads its model
     log_path = os.path.join(state_dir(), f"{file_name_part(name)}-{args.port or os.getpid()}.log")
     if args.port_chosen:
         _say(f"gpushare-tui: engine port {args.port} on {args.host} (free port picked)")
+    key = spec.gpu_key
     sup = Supervisor(
         args,
         gpu_key=key,
-        weight=w,
+        weight=spec.weight,
         name=name,
         log_path=log_path,
         kind=sources.kind,
         activity_spec=sources.activity,
         health_spec=sources.health,
-        load_timeout_s=load_timeout,
+        load_timeout_s=spec.load_timeout_s,
         gpu_busy=_gpu_busy_for(key),
         say=_say,
-        share_group=share_group,
+        share_group=spec.share_group,
         owner=Owner.from_env(),
         quit_event=quit_event,
-        klass=klass,
+        klass=spec.klass,
         load_progress=WaitProgress(),
         seed_view=_seed_view_for(key),
         listen_socket=listen_socket,
     )
+    if quit_event.is_set():  # a signal during the checks: nothing is started, and nothing said to be
+        raise Interrupted(f"interrupted before {args.argv[0]} was started (nothing is running)")
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
     return sup
@@ -208,17 +256,6 @@ def _on_socket(args, sock: socket.socket):
     if not args.port_chosen and args.port != port:
         raise UsageError(f"--port {args.port}: the listening socket handed down is on port {port}")
     return replace(args, host=host, port=port, port_chosen=False)
-
-
-def _checked(
-    engine_argv: list[str], weight: str, name: str | None, load_timeout: float, opts: SourceOptions
-) -> tuple[float, EngineSources]:
-    """The weight and sources of the engine to start, once its declaration is valid (core/engines/declaration.py);
-    else its first problem, a UsageError (one line, exit 2), before anything is started."""
-    if not engine_argv:
-        raise UsageError(NO_ENGINE)
-    w = check_launch(engine_argv, weight=weight, name=name, load_timeout_s=load_timeout)
-    return w, resolve_sources(engine_argv, opts)
 
 
 def _check_gpu_source(sources: EngineSources, key: str) -> None:
@@ -249,49 +286,31 @@ def _gpu_busy_for(key: str):
     return lambda pids, since_us: gpu.pids_util_pct(key, pids, since_us)
 
 
+@with_engine_options
 def launch(
     ctx: typer.Context,
-    weight: str = WeightOpt,
-    name: str | None = EngineNameOpt,
-    gpu_key: str | None = GpuKeyOpt,
-    gpu: int | None = GpuIndexOpt,
-    load_timeout: float = LoadTimeoutOpt,
     as_json: bool = typer.Option(
         False, "--json", help='Print the result as one JSON object (on failure {"ok": false, "error": ...}).'
     ),
-    share_group: str | None = ShareGroupOpt,
-    activity: str | None = ActivityOpt,
-    metrics_url: str | None = MetricsUrlOpt,
-    gauge: str | None = GaugeOpt,
-    cpu_cores: float | None = CpuCoresOpt,
-    health_url: str | None = HealthUrlOpt,
-    health_port: int | None = HealthPortOpt,
-    health_log: str | None = HealthLogOpt,
-    no_health: bool = NoHealthOpt,
-    klass: str = ClassOpt,
-    no_proxy: bool = NoProxyOpt,
+    **options: Any,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed).
+
+    Our options come first; the engine's command line is everything from its program on, passed to it
+    untouched (`--` before it is optional).
 
     SIGTERM, SIGINT (Ctrl+C) or SIGHUP before then stops what it started: one line, exit 128 + the
     signal's number.
 
     While the model loads it says what it waits for every few seconds (on a terminal), and once
     when the engine is ready (on stderr: --json's stdout stays one object)."""
-    from ..core.engines.launcher import LaunchSpec, launch_detached
+    from ..core.engines.launcher import launch_detached
     from ..core.host.lifecycle import Termination, on_signals
 
     term = Termination()  # SIGTERM/SIGINT/SIGHUP while it waits: what was started is stopped
     on_signals(term)
     try:
-        share_group = checked_group(share_group)
-        opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
-        klass = check_class(klass, label="--class")
-        w, sources = _checked(ctx.args, weight, name, load_timeout, opts)
-        key = resolve_key(gpu_key, gpu)
-        _check_gpu_source(sources, key)
-        spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        spec = replace(spec, sources=opts, klass=klass, proxy=not no_proxy)
+        spec, _ = EngineOptions(**options).checked(ctx.args)
         reply = launch_detached(spec, progress=WaitProgress(), termination=term)
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever

@@ -23,7 +23,8 @@ AllOwnersOpt = typer.Option(
 )
 ReadonlyOpt = typer.Option(False, "--readonly", help="Dashboard: disable every admin action.")
 WEIGHT_HELP = f"Share weight: {WEIGHT_RULE.removeprefix('must be ')}."
-WeightOpt = typer.Option("1", "--weight", help=WEIGHT_HELP)
+# text, not a float: the one parse is abi.parse_weight's (its errors, its f32 rule); shown as the number it is
+WeightOpt = typer.Option("1", "--weight", metavar="NUMBER", help=WEIGHT_HELP)
 EngineNameOpt = typer.Option(None, "--name", help="Display name (default: the model file's stem).")
 LoadTimeoutOpt = typer.Option(600.0, "--load-timeout", help="Seconds to wait for /health 200.")
 

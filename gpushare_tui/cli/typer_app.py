@@ -41,7 +41,7 @@ def run_app(argv: list[str]) -> int:
     except typer.Abort:
         return ExitCode.INTERRUPTED
     except Exception as e:
-        problem = _command_line_error(e)
+        problem = _command_line_error(e, argv)
         if problem is None:
             raise
         error_line(problem[0])
@@ -49,7 +49,7 @@ def run_app(argv: list[str]) -> int:
     return code if isinstance(code, int) else ExitCode.OK
 
 
-def _command_line_error(e: Exception) -> tuple[str, int] | None:
+def _command_line_error(e: Exception, argv: list[str] | None = None) -> tuple[str, int] | None:
     """(one line, exit code) for an error typer raised parsing the command line, else None.
 
     typer vendors click privately (typer._click), so its exception classes are no public name
@@ -61,6 +61,30 @@ def _command_line_error(e: Exception) -> tuple[str, int] | None:
     msg = fmt()
     if code != ExitCode.USAGE:
         return msg, code
+    number = _not_a_number(e, msg, argv or [])
+    if number is not None:  # as every other bad value: `invalid --opt 'VALUE': PROBLEM`
+        return number, code
     ctx = getattr(e, "ctx", None)
     sub = ctx.info_name if ctx is not None and ctx.parent is not None else ""
     return f"{msg} (see: gpushare-tui {sub + ' ' if sub else ''}--help)", code
+
+
+# typer's words when an option's value is not of its type (a number, an integer), and ours for it
+_TYPE_PROBLEMS = (("valid integer", "must be an integer"), ("valid number", "must be a number"))
+
+
+def _not_a_number(e: Exception, msg: str, argv: list[str]) -> str | None:
+    """`invalid --opt 'VALUE': must be a number` for a value typer could not convert to its option's number
+    type (the value as given on `argv`, before any `--`), else None."""
+    problem = next((ours for theirs, ours in _TYPE_PROBLEMS if theirs in msg), None)
+    opts = getattr(getattr(e, "param", None), "opts", None)
+    if problem is None or not isinstance(opts, list):
+        return None
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    for i, word in enumerate(words):
+        for opt in opts:
+            if word == opt and i + 1 < len(words):
+                return f"invalid {opt} {words[i + 1]!r}: {problem}"
+            if word.startswith(opt + "="):
+                return f"invalid {opt} {word.split('=', 1)[1]!r}: {problem}"
+    return None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ..core.engines import spawn
 from ..core.engines.kinds import LLAMA_SERVER
+from ..core.engines.launcher import LaunchSpec
 from ..core.engines.llama_server import public_address
 from ..core.host.listen_fds import ListenFdError, bind_listening
 from ..core.host.paths import UntrustedPathError, up_log_path
@@ -131,29 +132,8 @@ class Child:
     def argv(self, notify_fd: int, listen_fd: int | None = None) -> list[str]:
         if self.decl is None:
             return spawn.serve_argv(self.serve_listen or "")
-        d, key, group = self.decl, self.key or "", self.cfg.share_group
-        if d.synth is not None:
-            return spawn.synth_argv(
-                gpu_key=key,
-                weight=d.weight,
-                name=d.name,
-                share_group=group,
-                step_ms=d.synth.step_ms,
-                work_units=d.synth.work_units,
-                klass=d.klass,
-            )
-        return spawn.run_argv(
-            d.command,
-            gpu_key=key,
-            weight=d.weight,
-            name=d.name,
-            load_timeout_s=d.load_timeout_s,
-            share_group=group,
-            notify_fd=notify_fd,
-            klass=d.klass,
-            sources=d.run_options(),
-            listen_fd=listen_fd,
-        )
+        spec = LaunchSpec.of_decl(self.decl, self.key or "", self.cfg.share_group)  # as `launch`'s, the form's
+        return spec.argv(notify_fd, listen_fd)
 
     # -- life ------------------------------------------------------------------
 

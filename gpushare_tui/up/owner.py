@@ -42,7 +42,7 @@ def engine_key(cfg: UpConfig, decl: EngineDecl) -> str:
         return cfg.gpu_key
     index = index if index is not None else (cfg.gpu or 0)
     try:
-        return gpu_key_for_index(index)
+        return gpu_key_for_index(index, key_hint='set gpu_key = "KEY" (in the file or the [[engine]] table)')
     except GpuKeyError as e:
         raise ConfigError(f"{cfg.path}: engine {decl.name!r}: gpu {index}: {e}") from None
 

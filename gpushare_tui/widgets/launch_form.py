@@ -40,6 +40,7 @@ from ..core.engines.declaration import (
     check_step_ms,
     check_weight,
     check_work_units,
+    kind_engine,
     launch_problems,
     synth_problems,
 )
@@ -50,7 +51,6 @@ from ..core.engines.kinds import (
     EngineKind,
     KindField,
     is_llama_server,
-    kind_engine,
     kind_named,
 )
 from ..core.engines.kinds import kind as kind_record

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -19,6 +20,8 @@ from ..host.text import printable
 from ..registry import abi
 from .kinds import (
     ACTIVITY_SOURCES,
+    COMMAND,
+    FORM_KINDS,
     LLAMA_SERVER,
     PRESETS,
     SUPERVISED_KINDS,
@@ -27,6 +30,7 @@ from .kinds import (
     command_kind,
     is_llama_server,
     kind,
+    kind_named,
 )
 
 RESTART_POLICIES = ("always", "on-failure", "never")
@@ -667,3 +671,27 @@ def _check_sources(decl: EngineDecl) -> None:
             "http",
             f'a {resolved} has no /health of its own: health = {{ url = "http://127.0.0.1:PORT/health" }}',
         )
+
+
+def kind_engine(
+    kind_key: str, values: Mapping[str, str], *, name: str, weight: float = 1.0, cwd: str | None = None
+) -> EngineDecl:
+    """The checked declaration of a kind whose form field is its `command` (vllm/sglang/tgi/command) from a
+    form's values (its `command` split as a shell would; for `command`, its activity/metrics_url/gauge/
+    health_url); DeclarationError (`.field`: command, activity or health) for the first problem.
+    llama-server and synth have their own fields (the form builds those)."""
+    k = kind_named(kind_key)
+    if k is None or not k.supervised or k.rewrites_command:
+        takes = ", ".join(f.key for f in FORM_KINDS if f.supervised and not f.rewrites_command)
+        raise DeclarationError("kind", kind_key, f"kind_engine takes {takes}")
+    try:
+        argv = shlex.split(values.get("command", ""))
+    except ValueError as e:
+        raise DeclarationError("command", values.get("command"), f"cannot split: {e}") from None
+    table: dict[str, object] = {"name": name, "weight": weight, "command": argv, "kind": k.key}
+    if k.key == COMMAND:
+        activity: dict[str, object] = {"source": values.get("activity") or "cpu"}
+        activity |= {f: values[f] for f in ("metrics_url", "gauge") if values.get(f)}
+        table["activity"] = activity
+        table["health"] = {"url": values["health_url"]} if values.get("health_url") else "none"
+    return parse_engine(table, cwd=cwd or ".")

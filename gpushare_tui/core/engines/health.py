@@ -15,7 +15,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from ..host.budgets import HEALTH_LOG_READ_MAX_BYTES, HEALTH_PROBE_DEADLINE_S, HEALTH_PROBE_MAX_BYTES
-from ..host.errors import EngineError, Interrupted
+from ..host.errors import EngineError, EngineFinished, Interrupted
 from ..host.logtail import LogError, LogFollower, tail_text
 from .declaration import HealthSpec
 from .spawn import Progress
@@ -112,6 +112,12 @@ def wait_ready(
             if progress is not None:
                 progress(waiting_for, time.monotonic() - started, timeout_s, False)
             code = proc.poll()
+            if code == 0:
+                raise EngineFinished(
+                    f"engine {proc.pid} finished with exit code 0 before it was ready: it ran unpaced (it never"
+                    " joined the share)",
+                    tail_text(log_path),
+                )
             if code is not None:
                 raise EngineError(f"engine exited with code {code} while loading", tail_text(log_path))
             answered = ready()

@@ -5,9 +5,9 @@ Everything else asks here (core.declaration resolves a command's kind and source
 the supervisor starts an engine through its kind's record, the dashboard shows `short`); a new kind is one
 more record.
 
-The form renders FORM_KINDS and turns its values into a checked declaration with `kind_engine`
-(core.declaration checks it, as `up` checks a file's), whose `run_options()` are the `run`/`launch` options
-to start it with. Commands are the engines' own (checked against their docs: docs/engines.md); nothing is
+The form renders FORM_KINDS and turns its values into a checked declaration with
+declaration.kind_engine (checked as `up` checks a file's), whose `run_options()` are the `run`/`launch`
+options to start it with. Commands are the engines' own (checked against their docs: docs/engines.md); nothing is
 added to them except for llama-server (--port/--host/--metrics/--slots, by the supervisor).
 
 Where vLLM, SGLang and TGI listen when their command gives no --port, and the gauge that counts work in flight:
@@ -25,15 +25,8 @@ Each serves GET /health (200 once the model is loaded) and /metrics on that port
 from __future__ import annotations
 
 import os
-import shlex
-import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .command import EngineArgs
-    from .declaration import EngineDecl
 
 # What "this engine is working now" may be read from (core/engines/activity/ implements each).
 ACTIVITY_SOURCES = ("llama", "metrics", "cpu", "gpu", "always")
@@ -58,8 +51,11 @@ class EngineKind:
     `gauge`: the Prometheus gauge that counts its work in flight (a preset: `--activity KEY` is the
     metrics source with that gauge at http://127.0.0.1:PORT/metrics); `own_health`: it serves GET
     /health on its port (else ready at once, unless told). `supervised`: started by `run` under a
-    supervisor (synth and python are processes of ours, which join themselves); `in_form`: offered by
-    the launch form, with `fields` (before the common weight/name/GPU key)."""
+    supervisor (synth and python are processes of ours, which join themselves); `rewrites_command`:
+    how it is prepared and started (core/engines/start.py): its port, host, --metrics and --slots given
+    by the supervisor, started once its ports are known free (llama-server), else run as given; `in_form`:
+    offered by the launch form, with `fields` (before the common weight/name/GPU key). This module
+    imports nothing of the package: every other module may ask it."""
 
     key: str
     label: str
@@ -72,6 +68,7 @@ class EngineKind:
     activity: str | None = None
     own_health: bool = False
     supervised: bool = True
+    rewrites_command: bool = False
     in_form: bool = True
     fields: tuple[KindField, ...] = ()
 
@@ -85,11 +82,6 @@ class EngineKind:
         """What `run --activity` is given for this kind's default: the preset's name, else its source."""
         return self.key if self.preset else (self.activity or DEFAULT_ACTIVITY)
 
-    @property
-    def rewrites_command(self) -> bool:
-        """llama-server only: its port, host, --metrics and --slots are given by the supervisor."""
-        return self.key == LLAMA_SERVER
-
     def recognises(self, argv: Sequence[str]) -> bool:
         """Whether a command line runs this kind (by its program, or `python -m` one of its modules)."""
         prog = os.path.basename(argv[0]) if argv else ""
@@ -99,21 +91,6 @@ class EngineKind:
 
     def defaults(self) -> dict[str, str]:
         return {f.key: f.default for f in self.fields}
-
-    def prepare(self, argv: Sequence[str], port: int | None, *, proxy: bool = True) -> EngineArgs:
-        """The command as it is started (llama-server's rewritten: llama_server.prepare_args; else as given,
-        `port` where it listens when known)."""
-        from . import command
-        from . import llama_server as ls
-
-        return ls.prepare_args(list(argv), proxy=proxy) if self.rewrites_command else command.prepare(argv, port)
-
-    def start(self, args: EngineArgs, log_path: str) -> subprocess.Popen:
-        """Start the prepared command, output to `log_path` (llama-server once its ports are known free)."""
-        from . import command
-        from . import llama_server as ls
-
-        return ls.start(args, log_path) if self.rewrites_command else command.start(args.argv, log_path)
 
 
 LLAMA_SERVER = "llama-server"
@@ -148,6 +125,7 @@ KINDS: tuple[EngineKind, ...] = (
         "llama",
         programs=(LLAMA_SERVER,),
         program_prefix=True,
+        rewrites_command=True,
         activity="llama",
         own_health=True,
         fields=(
@@ -242,29 +220,3 @@ def command_kind(argv: Sequence[str]) -> str:
 def is_llama_server(argv: Sequence[str]) -> bool:
     """Whether a command's program is llama-server (the one engine whose arguments we add to)."""
     return KIND_BY_KEY[LLAMA_SERVER].recognises(argv)
-
-
-def kind_engine(
-    kind_key: str, values: Mapping[str, str], *, name: str, weight: float = 1.0, cwd: str | None = None
-) -> EngineDecl:
-    """The checked declaration of a kind whose form field is its `command` (vllm/sglang/tgi/command) from a
-    form's values (its `command` split as a shell would; for `command`, its activity/metrics_url/gauge/
-    health_url); DeclarationError (`.field`: command, activity or health) for the first problem.
-    llama-server and synth have their own fields (the form builds those)."""
-    from .declaration import DeclarationError, parse_engine
-
-    k = kind_named(kind_key)
-    if k is None or not k.supervised or k.rewrites_command:
-        takes = ", ".join(k.key for k in FORM_KINDS if k.supervised and not k.rewrites_command)
-        raise DeclarationError("kind", kind_key, f"kind_engine takes {takes}")
-    try:
-        argv = shlex.split(values.get("command", ""))
-    except ValueError as e:
-        raise DeclarationError("command", values.get("command"), f"cannot split: {e}") from None
-    table: dict[str, object] = {"name": name, "weight": weight, "command": argv, "kind": k.key}
-    if k.key == COMMAND:
-        activity: dict[str, object] = {"source": values.get("activity") or "cpu"}
-        activity |= {f: values[f] for f in ("metrics_url", "gauge") if values.get(f)}
-        table["activity"] = activity
-        table["health"] = {"url": values["health_url"]} if values.get("health_url") else "none"
-    return parse_engine(table, cwd=cwd or ".")

@@ -21,13 +21,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..host.errors import EngineError, GpushareError, Interrupted, UsageError
 from ..host.lifecycle import Termination
 from ..host.paths import file_name_part, state_dir
 from . import spawn
-from .declaration import SourceOptions, SynthDecl
+from .declaration import EngineDecl, SourceOptions, SynthDecl
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
@@ -45,7 +45,9 @@ class LaunchInterrupted(Interrupted):
 @dataclass(frozen=True)
 class LaunchSpec:
     """A supervised engine to start: `engine_argv` is its command line (llama-server ARGS...); or,
-    with `synth` (and no command), a synthetic engine doing that work."""
+    with `synth` (and no command), a synthetic engine doing that work. The one options object of an engine
+    to start: `run`/`launch` build it from their options (cli/engines.EngineOptions.checked), the launch form
+    from its fields, `up` from an `[[engine]]` (of_decl); `argv` is the command line that starts it."""
 
     engine_argv: tuple[str, ...]
     gpu_key: str
@@ -57,6 +59,48 @@ class LaunchSpec:
     klass: str = "batch"  # the latency class (spec §7): `run --class`
     proxy: bool = True  # llama-server behind the front proxy (`run --no-proxy`: False)
     synth: SynthDecl | None = None
+
+    @classmethod
+    def of_decl(cls, decl: EngineDecl, gpu_key: str, share_group: str | None = None) -> LaunchSpec:
+        """The engine an `[[engine]]` declares (checked: declaration.parse_engine), on `gpu_key`."""
+        return cls(
+            decl.command,
+            gpu_key,
+            decl.weight,
+            name=decl.name,
+            load_timeout_s=decl.load_timeout_s,
+            share_group=share_group,
+            sources=decl.run_options(),
+            klass=decl.klass,
+            synth=decl.synth,
+        )
+
+    def argv(self, notify_fd: int | None = None, listen_fd: int | None = None) -> list[str]:
+        """The command line that starts it: `gpushare-tui run` (its ready notice on `notify_fd`, its public
+        port's listening socket `listen_fd`), or `gpushare-tui synth` (which notifies nobody)."""
+        if self.synth is not None:
+            return spawn.synth_argv(
+                gpu_key=self.gpu_key,
+                weight=self.weight,
+                name=self.name or SYNTH_NAME,
+                share_group=self.share_group,
+                step_ms=self.synth.step_ms,
+                work_units=self.synth.work_units,
+                klass=self.klass,
+            )
+        return spawn.run_argv(
+            self.engine_argv,
+            gpu_key=self.gpu_key,
+            weight=self.weight,
+            name=self.name,
+            load_timeout_s=self.load_timeout_s,
+            share_group=self.share_group,
+            notify_fd=notify_fd,
+            sources=self.sources,
+            klass=self.klass,
+            proxy=self.proxy,
+            listen_fd=listen_fd,
+        )
 
 
 @dataclass(frozen=True)
@@ -106,18 +150,7 @@ def launch_detached(
         raise UsageError("no engine command given (use: -- llama-server ARGS...)")
     sup_log = os.path.join(state_dir(), f"supervisor-{int(time.time())}-{os.getpid()}.log")
     read_fd, write_fd = os.pipe()
-    argv = spawn.run_argv(
-        spec.engine_argv,
-        gpu_key=spec.gpu_key,
-        weight=spec.weight,
-        name=spec.name,
-        load_timeout_s=spec.load_timeout_s,
-        share_group=spec.share_group,
-        notify_fd=write_fd,
-        sources=spec.sources,
-        klass=spec.klass,
-        proxy=spec.proxy,
-    )
+    argv = spec.argv(notify_fd=write_fd)
     try:
         proc = spawn.spawn(argv, sup_log, pass_fds=(write_fd,))
     except OSError as e:
@@ -172,15 +205,7 @@ def _launch_synth(
 
     name = spec.name or SYNTH_NAME
     log = os.path.join(state_dir(), f"synth-{file_name_part(name)}-{int(time.time())}-{os.getpid()}.log")
-    argv = spawn.synth_argv(
-        gpu_key=spec.gpu_key,
-        weight=spec.weight,
-        name=name,
-        share_group=spec.share_group,
-        step_ms=synth.step_ms,
-        work_units=synth.work_units,
-        klass=spec.klass,
-    )
+    argv = replace(spec, name=name, synth=synth).argv()
     try:
         proc = spawn.spawn(argv, log)
     except OSError as e:

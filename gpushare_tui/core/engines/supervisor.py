@@ -53,6 +53,7 @@ from .pace_loop import STOP_LEAD_US, PaceLoop, lateness_summary
 from .process_group import STOP_GRACE_S, EngineGroup
 from .proxy_process import ProxyProcess
 from .spawn import Progress
+from .start import start as start_command
 
 __all__ = ["STOP_GRACE_S", "STOP_LEAD_US", "EngineStatus", "GpuBusy", "Supervisor"]
 
@@ -142,7 +143,7 @@ class Supervisor:
         try:
             spawn.adopt_orphans()  # before the engine starts: its orphans come to us, not to init
             self._start_proxy()
-            self.proc = kind_record(self.kind).start(self.args, self.log_path)
+            self.proc = start_command(kind_record(self.kind), self.args, self.log_path)
         except BaseException:
             if log_ready is not None:
                 log_ready.close()

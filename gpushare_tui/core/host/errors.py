@@ -33,6 +33,11 @@ class EngineError(GpushareError, RuntimeError):
         self.log_tail = log_tail
 
 
+class EngineFinished(EngineError):
+    """The engine exited with code 0 before it was ready: it ran and finished (`echo hello`), which is no
+    failure, though it was never paced (it never joined). `run` exits 0 with this line."""
+
+
 class Interrupted(GpushareError):
     """A start-up cut short by a termination signal (`signum`, once the command knows it): what was
     started is stopped, and no log tail is shown (nothing failed). Exit 128 + signum."""

@@ -34,8 +34,13 @@ def _str(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
 
 
-def gpu_key_for_index(index: int) -> str:
-    """NVML UUID of visible device `index` (CUDA_VISIBLE_DEVICES respected) as a key."""
+CLI_KEY_HINT = "pass --gpu-key KEY"  # how the command line gives a key instead: the default hint
+
+
+def gpu_key_for_index(index: int, *, key_hint: str = CLI_KEY_HINT) -> str:
+    """NVML UUID of visible device `index` (CUDA_VISIBLE_DEVICES respected) as a key. GpuKeyError where there
+    is none; `key_hint`: how the caller's surface gives a key instead (its flag, its file key, its parameter),
+    said when there is no GPU to take one from."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     entry: str | None = None
     if visible is not None:
@@ -43,7 +48,7 @@ def gpu_key_for_index(index: int) -> str:
         if index < 0 or index >= len(items):
             raise GpuKeyError(
                 f"no GPU {index}: CUDA_VISIBLE_DEVICES={visible!r} makes {len(items)} visible; "
-                "pass --gpu-key to share a segment without a GPU"
+                f"{key_hint} to share a segment without a GPU"
             )
         entry = items[index]
         if not entry.lstrip("-").isdigit():
@@ -51,7 +56,7 @@ def gpu_key_for_index(index: int) -> str:
         index = int(entry)
     nv = _nvml()
     if nv is None:
-        raise GpuKeyError("no NVIDIA driver (NVML unavailable): pass --gpu-key KEY to share a segment without a GPU")
+        raise GpuKeyError(f"no NVIDIA driver (NVML unavailable): {key_hint} to share a segment without a GPU")
     try:
         count = nv.nvmlDeviceGetCount()
         if index < 0 or index >= count:

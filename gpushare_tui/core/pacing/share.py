@@ -79,7 +79,7 @@ class GpuShare:
         if gpu_key is None:
             from ..observe.gpu import gpu_key_for_index  # NVML only when a GPU index is asked for
 
-            gpu_key = gpu_key_for_index(gpu or 0)
+            gpu_key = gpu_key_for_index(gpu or 0, key_hint='pass gpu_key="KEY"')
         self.klass = abi.validate_class(klass, label="klass")
         self.name = name
         self.kind = kind
