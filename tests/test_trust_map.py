@@ -193,11 +193,12 @@ SURFACES = (
     Surface(
         "files and directories (config files, logs, the runtime and state directories)",
         "Files and directories",
-        ("up/config.py", "up/lines.py", "core/host/paths.py"),
+        ("up/config.py", "up/lines.py", "core/host/paths.py", "core/host/logfiles.py"),
         (
             "test_hostile_paths.py::test_up_check_refuses_hostile_files",
             "test_hostile_paths.py::test_root_never_writes_a_log_through_the_attackers_state_dir",
             "test_hostile_paths.py::test_an_untrusted_runtime_dir_is_fallen_back_from",
+            "test_log_files.py::test_a_log_path_that_is_a_link_is_never_followed_nor_rotated",
         ),
     ),
     Surface(
@@ -293,6 +294,7 @@ def test_the_surface_check_fails_on_a_section_taken_out_of_the_doc_or_a_surface_
     ]
     unlisted = tuple(s for s in SURFACES if s.section != "Files and directories")
     assert [line.split(" reads ")[0] for line in unmapped_input_readers(unlisted)] == [
+        "gpushare_tui/core/host/logfiles.py",
         "gpushare_tui/up/config.py",
         "gpushare_tui/up/lines.py",
     ]

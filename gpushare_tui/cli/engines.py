@@ -127,6 +127,20 @@ def with_engine_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
+def _begin_log(log_path: str, name: str) -> None:
+    """Mark this run's start in its log (moved aside first when long), and collect the older per-run logs of
+    the same name beyond budgets.LOG_FILES_PER_NAME_MAX (core/host/logfiles.py)."""
+    import time
+
+    from ..core.host import logfiles
+    from ..core.host.paths import file_name_part
+    from ..core.host.text import printable
+
+    logfiles.begin_run(log_path, printable(name), os.getpid(), time.time())
+    directory = os.path.dirname(log_path)
+    logfiles.collect(directory, logfiles.family(f"{file_name_part(name)}-"))
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -212,6 +226,7 @@ def _start_supervisor(
     name = spec.name or command.display_name(args)
     check_socket_dir()  # before the engine is started and loads its model
     log_path = os.path.join(state_dir(), f"{file_name_part(name)}-{args.port or os.getpid()}.log")
+    _begin_log(log_path, name)
     if args.port_chosen:
         _say(f"gpushare-tui: engine port {args.port} on {args.host} (free port picked)")
     key = spec.gpu_key

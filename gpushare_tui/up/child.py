@@ -19,6 +19,7 @@ from ..core.engines import spawn
 from ..core.engines.kinds import LLAMA_SERVER
 from ..core.engines.launcher import LaunchSpec
 from ..core.engines.llama_server import public_address
+from ..core.host import logfiles
 from ..core.host.listen_fds import ListenFdError, bind_listening
 from ..core.host.paths import UntrustedPathError, up_log_path
 from ..core.host.text import printable
@@ -165,6 +166,8 @@ class Child:
         self._log_start = _size(log_path)
         self._cause = None
         try:
+            logfiles.begin_run(log_path, self.name, None, time.time())  # the runs apart in `logs -f NAME`
+            self._log_start = _size(log_path)  # (it may have been moved aside: then this run starts a new file)
             # `up` SIGKILLed: each supervisor gets SIGTERM and ends its engine (SIGCONT first), so
             # nothing is left stopped, nor running unowned for a restarted `up` to collide with.
             self.proc = spawn.spawn(

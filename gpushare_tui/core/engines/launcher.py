@@ -23,9 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
+from ..host import logfiles
 from ..host.errors import EngineError, GpushareError, Interrupted, UsageError
 from ..host.lifecycle import Termination
 from ..host.paths import file_name_part, state_dir
+from ..host.text import printable
 from . import spawn
 from .declaration import EngineDecl, SourceOptions, SynthDecl
 
@@ -126,6 +128,13 @@ class LaunchReply(spawn.Ready):
 Started = Callable[[int, str], None]  # (pid, log) of the process just started, before the wait
 
 
+def _begin_log(log: str, what: str, family_prefix: str) -> None:
+    """Mark the run's start in its (new) log and collect the older logs of its family beyond
+    budgets.LOG_FILES_PER_NAME_MAX (core/host/logfiles.py): one file per launch piles up otherwise."""
+    logfiles.begin_run(log, what, None, time.time())
+    logfiles.collect(os.path.dirname(log), logfiles.family(family_prefix))
+
+
 def launch_detached(
     spec: LaunchSpec,
     *,
@@ -152,6 +161,9 @@ def launch_detached(
     read_fd, write_fd = os.pipe()
     argv = spec.argv(notify_fd=write_fd)
     try:
+        _begin_log(
+            sup_log, f"supervisor of {printable(spec.name or os.path.basename(spec.engine_argv[0]))}", "supervisor-"
+        )
         proc = spawn.spawn(argv, sup_log, pass_fds=(write_fd,))
     except OSError as e:
         os.close(read_fd)
@@ -207,6 +219,7 @@ def _launch_synth(
     log = os.path.join(state_dir(), f"synth-{file_name_part(name)}-{int(time.time())}-{os.getpid()}.log")
     argv = replace(spec, name=name, synth=synth).argv()
     try:
+        _begin_log(log, name, f"synth-{file_name_part(name)}-")
         proc = spawn.spawn(argv, log)
     except OSError as e:
         raise GpushareError(f"cannot start the synthetic engine: {e.strerror or e}") from None

@@ -75,6 +75,8 @@ ENGINES_PER_KEY_MAX = 16  # the registry has 16 slots: a 17th engine on one key 
 LOG_TAIL_MAX_BYTES = 1024 * 1024  # `logs -n N` reads at most the log's last 1 MiB: a tail is for a person to read
 LOG_OUTPUT_MAX_BYTES = 4 * 1024 * 1024  # and writes at most 4 MiB (a NUL becomes a 3-byte U+FFFD, a tab 8 spaces)
 LOG_FOLLOW_READ_MAX_BYTES = 1024 * 1024  # `logs -f` reads at most 1 MiB per poll (a burst skips ahead, as the L pane)
+LOG_ROTATE_BYTES = 16 * 1024 * 1024  # an engine log this long when a run starts on it is moved to LOG.1 (one kept)
+LOG_FILES_PER_NAME_MAX = 8  # `run`/`launch` logs of one engine name (one file per run) kept; older ones not open go
 
 # -- segments (any local user can create /opencoti-gpu-* in /dev/shm; a share group's members write ours) --
 
