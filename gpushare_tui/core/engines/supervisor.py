@@ -315,6 +315,7 @@ class Supervisor:
             gpu_key=self.gpu_key,
             log=self.log_path,
             signal_lateness=SignalLateness(**self.lateness_summary()),
+            latency=self.proxy.latency.report if self.proxy is not None and self.proxy.latency is not None else None,
         )
 
     def shutdown(self) -> None:
