@@ -150,6 +150,7 @@ def _start_supervisor(
     `listen_socket`: the public port's, handed down (its address is the engine's public --host/--port)."""
     from ..core.engines import command
     from ..core.engines import llama_server as ls
+    from ..core.engines.fronted import fronted_args
     from ..core.engines.supervisor import Supervisor
     from ..core.host.paths import file_name_part, state_dir
     from ..core.pacing.sockets import check_socket_dir
@@ -161,7 +162,10 @@ def _start_supervisor(
     key = resolve_key(gpu_key, gpu)
     _check_gpu_source(sources, key)
     llama = sources.kind == "llama-server"
-    args = ls.prepare_args(engine_argv, proxy=proxy) if llama else command.prepare(engine_argv, sources.port)
+    if llama:
+        args = ls.prepare_args(engine_argv, proxy=proxy)
+    else:  # an HTTP engine whose port is known is fronted too
+        args, sources = fronted_args(engine_argv, sources, proxy=proxy)
     if listen_socket is not None:
         args = _on_socket(args, listen_socket)
     name = name or command.display_name(args)
@@ -202,7 +206,8 @@ def _on_socket(args, sock: socket.socket):
     if args.upstream is None:
         raise UsageError(
             "a listening socket handed down (LISTEN_FDS, --listen-fd) is served by the front proxy:"
-            " llama-server without --no-proxy"
+            " an HTTP engine whose port is known (llama-server, vLLM, SGLang, TGI, a command giving --port),"
+            " without --no-proxy"
         )
     host, port = address(sock)
     if not args.port_chosen and args.port != port:

@@ -374,6 +374,13 @@ LLAMA_SERVER = "llama-server"
 # (sglang:num_running_reqs) and https://huggingface.co/docs/text-generation-inference/reference/metrics
 # (tgi_batch_current_size, "Current batch size"). SGLang serves /metrics only with --enable-metrics.
 ENGINE_DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "tgi": 3000}
+# The front proxy serves these kinds' public address (core/engines/fronted.py): each kind's host flag and its default
+# host (the engine's own default, the proxy's then), besides --port (a command giving --port is fronted too).
+FRONTED_HOST_FLAGS = {
+    "vllm": ("--host", "0.0.0.0"),
+    "sglang": ("--host", "127.0.0.1"),
+    "tgi": ("--hostname", "0.0.0.0"),
+}
 ENGINE_KINDS = (LLAMA_SERVER, *ENGINE_DEFAULT_PORTS, "command")  # of a supervised command
 _KIND_PROGRAMS = {"vllm": "vllm", "text-generation-launcher": "tgi"}
 _KIND_MODULES = {"vllm": "vllm", "sglang": "sglang"}  # `python -m vllm.entrypoints.openai.api_server`

@@ -141,8 +141,8 @@ class Supervisor:
         self._window_end_us: int | None = None
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
-        # proxied (llama-server): the engine listens on `upstream`; health checks and probes go there
-        self.upstream: tuple[str, int] | None = getattr(args, "upstream", None) if kind == LLAMA_SERVER else None
+        # proxied (llama-server, any HTTP engine: fronted.py): the engine listens on `upstream`; probes go there
+        self.upstream: tuple[str, int] | None = getattr(args, "upstream", None)
         host, port = self.upstream or (args.host, args.port)
         self.base_url = sockets.http_url(host.split(",")[0], port) if port is not None else None
         self.proxy: ProxyProcess | None = None
@@ -407,10 +407,11 @@ class Supervisor:
         _reap(adopted)
 
     def _adopted(self) -> list[int]:
-        """Our descendants other than the engine's tree and the watchdog: the engine's orphans,
+        """Our descendants other than the engine's tree, the watchdog and the front proxy: the engine's orphans,
         re-parented to us (and theirs)."""
-        proc, dog = self.proc, self._watchdog
+        proc, dog, proxy = self.proc, self._watchdog, self.proxy
         skip = {proc.pid if proc else 0, dog.pid if dog else 0}
+        skip.add(proxy.proc.pid if proxy is not None and proxy.proc is not None else 0)  # ours, never paced
         kids = [p for p in activity.ProcessTree.children_of(os.getpid()) if p not in skip]
         return [*kids, *(d for k in kids for d in activity.ProcessTree(k, refresh_s=0).pids()[1:])]
 
