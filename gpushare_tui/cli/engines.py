@@ -11,7 +11,15 @@ from dataclasses import replace
 
 import typer
 
-from ..core.engines.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
+from ..core.engines.declaration import (
+    EngineSources,
+    SloDecl,
+    SourceOptions,
+    check_class,
+    check_launch,
+    check_slo,
+    resolve_sources,
+)
 from ..core.host.errors import GpushareError, Interrupted, UsageError
 from .common import WaitProgress, checked_group, resolve_key
 from .options import (
@@ -30,6 +38,11 @@ from .options import (
     NoHealthOpt,
     NoProxyOpt,
     ShareGroupOpt,
+    SloClassesOpt,
+    SloItlOpt,
+    SloTtftOpt,
+    SloWeightMaxOpt,
+    SloWeightMinOpt,
     WeightOpt,
 )
 
@@ -75,6 +88,11 @@ def run(
     no_health: bool = NoHealthOpt,
     klass: str = ClassOpt,
     no_proxy: bool = NoProxyOpt,
+    slo_ttft_p99_ms: str | None = SloTtftOpt,
+    slo_itl_p99_ms: str | None = SloItlOpt,
+    slo_weight_min: str | None = SloWeightMinOpt,
+    slo_weight_max: str | None = SloWeightMaxOpt,
+    slo_classes: str | None = SloClassesOpt,
 ) -> None:
     """Run a paced engine in the foreground: gpushare-tui run --weight W -- llama-server ARGS... (or any command)
 
@@ -99,6 +117,7 @@ def run(
                 handed.close()
             handed = listen_fds.listening_socket(listen_fd, "--listen-fd")
         opts = _sources(activity, metrics_url, gauge, cpu_cores, health_url, health_port, health_log, no_health)
+        slo = check_slo(slo_ttft_p99_ms, slo_itl_p99_ms, slo_weight_min, slo_weight_max, slo_classes)
         sup = _start_supervisor(
             ctx.args,
             weight,
@@ -112,6 +131,7 @@ def run(
             klass,
             not no_proxy,
             listen_socket=handed,
+            slo=slo,
         )
     except GpushareError as e:
         if isinstance(e, Interrupted):
@@ -145,6 +165,7 @@ def _start_supervisor(
     klass: str = "batch",
     proxy: bool = True,
     listen_socket: socket.socket | None = None,
+    slo: SloDecl | None = None,
 ):
     """A Supervisor whose engine is healthy and joined; GpushareError on any failure (nothing left running).
     `listen_socket`: the public port's, handed down (its address is the engine's public --host/--port)."""
@@ -192,6 +213,7 @@ def _start_supervisor(
         load_progress=WaitProgress(),
         seed_view=_seed_view_for(key),
         listen_socket=listen_socket,
+        slo=slo.governed(w) if slo is not None else None,
     )
     _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
     sup.start()
@@ -275,6 +297,11 @@ def launch(
     no_health: bool = NoHealthOpt,
     klass: str = ClassOpt,
     no_proxy: bool = NoProxyOpt,
+    slo_ttft_p99_ms: str | None = SloTtftOpt,
+    slo_itl_p99_ms: str | None = SloItlOpt,
+    slo_weight_min: str | None = SloWeightMinOpt,
+    slo_weight_max: str | None = SloWeightMaxOpt,
+    slo_classes: str | None = SloClassesOpt,
 ) -> None:
     """Start a supervised engine detached; returns once it is healthy (or failed).
 
@@ -296,7 +323,8 @@ def launch(
         key = resolve_key(gpu_key, gpu)
         _check_gpu_source(sources, key)
         spec = LaunchSpec(tuple(ctx.args), key, w, name=name, load_timeout_s=load_timeout, share_group=share_group)
-        spec = replace(spec, sources=opts, klass=klass, proxy=not no_proxy)
+        slo = check_slo(slo_ttft_p99_ms, slo_itl_p99_ms, slo_weight_min, slo_weight_max, slo_classes)
+        spec = replace(spec, sources=opts, klass=klass, proxy=not no_proxy, slo=slo)
         reply = launch_detached(spec, progress=WaitProgress(), termination=term)
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever

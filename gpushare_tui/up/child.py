@@ -152,6 +152,7 @@ class Child:
             klass=d.klass,
             sources=d.run_options(),
             listen_fd=listen_fd,
+            slo=d.slo.run_options() if d.slo is not None else None,
         )
 
     # -- life ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ..host.errors import EngineError, GpushareError, Interrupted, UsageError
 from ..host.lifecycle import Termination
 from ..host.paths import file_name_part, state_dir
 from . import spawn
-from .declaration import SourceOptions, SynthDecl
+from .declaration import SloDecl, SourceOptions, SynthDecl
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
@@ -57,6 +57,7 @@ class LaunchSpec:
     klass: str = "batch"  # the latency class (spec §7): `run --class`
     proxy: bool = True  # llama-server behind the front proxy (`run --no-proxy`: False)
     synth: SynthDecl | None = None
+    slo: SloDecl | None = None  # a latency target (`run --slo-*`)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ def launch_detached(
         sources=spec.sources,
         klass=spec.klass,
         proxy=spec.proxy,
+        slo=spec.slo.run_options() if spec.slo is not None else None,
     )
     try:
         proc = spawn.spawn(argv, sup_log, pass_fds=(write_fd,))

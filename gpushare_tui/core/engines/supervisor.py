@@ -42,6 +42,7 @@ from ..host.text import counted, printable
 from ..observe.accounting import BusyFromMarks
 from ..observe.snapshot import own_peer, runs_alone
 from ..pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
+from ..pacing.governor import GovernorBounds, SloTarget
 from ..pacing.pacer import BUSY_WINDOW_US, RegistryReader
 from ..pacing.rate import StepRate
 from ..registry import abi
@@ -55,6 +56,7 @@ from . import activity, command, health, listener, spawn, watchdog
 from . import llama_server as ls
 from .declaration import LLAMA_SERVER, ActivitySpec, HealthSpec, check_class
 from .proxy_process import ProxyProcess
+from .slo_keeper import SloKeeper
 from .spawn import Progress
 
 RECHECK_US = 20_000  # re-read the registry at least this often
@@ -99,6 +101,7 @@ class Supervisor:
         load_progress: Progress | None = None,
         seed_view: Callable[[int | None], dict] | None = None,
         listen_socket: socket.socket | None = None,
+        slo: tuple[SloTarget, GovernorBounds] | None = None,
     ) -> None:
         """`args`: the command as it is started (llama_server.prepare_args for llama-server, whose
         sources' URLs left None are on its port; else command.prepare); `kind`, `activity_spec`,
@@ -107,7 +110,8 @@ class Supervisor:
         before `start()` starts nothing. `load_progress`: called while the engine loads (health.wait_ready's
         `progress`). `seed_view`: the engine's GPU entry given its slot (serve.peers.engine_view), which the
         front proxy serves as `/gpu/peers` and adds to `/props` (spec §5); None: neither. `listen_socket`:
-        the public port's listening socket, handed down (the proxy serves it instead of binding)."""
+        the public port's listening socket, handed down (the proxy serves it instead of binding). `slo`: a latency
+        target and its governor's bounds (slo_keeper.py: the governor runs once the engine has joined)."""
         self.args = args
         self.kind = kind
         self.activity_spec = activity_spec
@@ -153,6 +157,8 @@ class Supervisor:
         self.hold_off = schedule_ext1.HoldOffCheck()  # how long priority stopped us: over budget, not believed
         self._registry = RegistryReader()  # the pace loop's (its slots and their users: the monitor's budget)
         self.decision: schedule_ext1.Decision | None = None  # the schedule in force (and why): the pace loop's last
+        self._slo_spec = slo
+        self.slo: SloKeeper | None = None  # its governor, from the join on
 
     # -- public ------------------------------------------------------------
 
@@ -215,7 +221,11 @@ class Supervisor:
             slot = self.membership.join()
             if self.proxy is not None:
                 self.proxy.set_engine_ready()  # the requests waiting go to the engine
-            self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
+            handlers = control_handlers(self, self.owner)
+            if self._slo_spec is not None:
+                keeper = self.slo = self._slo_keeper(*self._slo_spec)
+                handlers = keeper.wrap(handlers)  # a person's edit pauses it, up's restarts it
+            self._control = ControlServer(self.proc.pid, handlers)
         except BaseException:
             self.shutdown()
             raise
@@ -248,6 +258,12 @@ class Supervisor:
             sock=self._listen_socket,
             engine_ready=False,
         ).start()
+
+    def _slo_keeper(self, target: SloTarget, bounds: GovernorBounds) -> SloKeeper:
+        """The governor of the engine's latency target, fed by the front proxy's figures (none without one)."""
+        proxy = self.proxy
+        snapshot = (lambda: proxy.latency) if proxy is not None else (lambda: None)
+        return SloKeeper(target, bounds, engine=self, snapshot=snapshot, log_path=self.log_path, say=self._say).start()
 
     def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:
         """Who listens where the readiness probe goes (http, tcp): ready only once it is the engine's tree."""
@@ -316,6 +332,7 @@ class Supervisor:
             log=self.log_path,
             signal_lateness=SignalLateness(**self.lateness_summary()),
             latency=self.proxy.latency.report if self.proxy is not None and self.proxy.latency is not None else None,
+            slo=self.slo.report() if self.slo is not None else None,
         )
 
     def shutdown(self) -> None:
@@ -327,6 +344,8 @@ class Supervisor:
         busy streaming can take the whole 10 s to exit (its HTTP threads wait for their clients), and it
         holds no share meanwhile."""
         self._quit.set()
+        if self.slo is not None:  # first: it sets the weight
+            self.slo.close()
         proc = self.proc
         if proc is not None:
             self._resume(force=True)  # first: a probe in flight may take budgets.ENGINE_PROBE_DEADLINE_S to end
