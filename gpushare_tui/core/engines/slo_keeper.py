@@ -9,8 +9,8 @@ engine's log (`gpushare-tui: governor: ...`) and on the supervisor's output.
     keeper.close()
 
 Who writes the weight and class (one writer per value, governor.paused_s): `up` (its start; a reload that changes
-the weight: `set_weight` with `"config": true`) declares the engine again, and the governor starts afresh from
-it; a person's edit (`set_weight`/`set_class` on the control socket otherwise: the dashboard, `gpushare-tui
+the weight: `set_weight` with `"config": true`) declares the engine again: its declared class is set again, and
+the governor starts afresh from them; a person's edit (`set_weight`/`set_class` on the control socket otherwise: the dashboard, `gpushare-tui
 weight`/`class`) applies at once and holds the governor off for GOVERNOR_MANUAL_HOLD_S; the governor writes
 only when neither holds it off."""
 
@@ -64,6 +64,7 @@ class SloKeeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.changes: list[tuple[float, str, float]] = []  # (monotonic s, class, weight) the governor set
+        self.declared_class = engine.klass  # up's (or run's --class): a reload by up sets it again
         self.governor = Governor(
             target,
             bounds,
@@ -151,6 +152,8 @@ class SloKeeper:
         with self._lock:
             now = self._clock()
             if by_up:
+                if e.klass != self.declared_class:
+                    e.set_class(self.declared_class)
                 g.declare(now, g.target, g.bounds, klass=e.klass, weight=e.weight)
                 self._line(f"governor: restarted from {e.klass} weight {e.weight:g} (set by up)")
             else:
