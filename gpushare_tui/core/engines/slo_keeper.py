@@ -10,9 +10,9 @@ engine's log (`gpushare-tui: governor: ...`) and on the supervisor's output.
 
 Who writes the weight and class (one writer per value, governor.paused_s): `up` (its start; a reload that changes
 the weight: `set_weight` with `"config": true`) declares the engine again: its declared class is set again, and
-the governor starts afresh from them; a person's edit (`set_weight`/`set_class` on the control socket otherwise: the dashboard, `gpushare-tui
-weight`/`class`) applies at once and holds the governor off for GOVERNOR_MANUAL_HOLD_S; the governor writes
-only when neither holds it off."""
+the governor starts afresh from them; a person's edit (`set_weight`/`set_class` on the control socket otherwise:
+the dashboard, `gpushare-tui weight`/`class`) applies at once and holds the governor off for
+GOVERNOR_MANUAL_HOLD_S; the governor writes only when neither holds it off."""
 
 from __future__ import annotations
 

@@ -262,6 +262,8 @@ class Supervisor:
     def _slo_keeper(self, target: SloTarget, bounds: GovernorBounds) -> SloKeeper:
         """The governor of the engine's latency target, fed by the front proxy's figures (none without one)."""
         proxy = self.proxy
+        if proxy is None:
+            self._say("gpushare-tui: governor: no front proxy (--no-proxy, or no port to front): no figures, it holds")
         snapshot = (lambda: proxy.latency) if proxy is not None else (lambda: None)
         return SloKeeper(target, bounds, engine=self, snapshot=snapshot, log_path=self.log_path, say=self._say).start()
 
