@@ -58,6 +58,19 @@ BAD = [
     ("name-empty", GOOD.replace('name = "batch"', 'name = ""'), 11, "name: must be a non-empty string"),
     ("restart-bad", GOOD.replace('restart = "always"', 'restart = "sometimes"'), 7, "restart: must be one of"),
     ("env-bad", GOOD.replace('"0" }', "0 }"), 8, "env: must be a table of strings"),
+    ("slo-negative", GOOD.replace('"always"\n', '"always"\nslo = { ttft_p99_ms = -1 }\n'), 8, "ttft_p99_ms -1: must"),
+    (
+        "slo-bounds",
+        GOOD.replace('"always"\n', '"always"\nslo = { itl_p99_ms = 9, weight_min = 4, weight_max = 2 }\n'),
+        8,
+        "engine 'chat': slo: weight_min 4 is above weight_max 2",
+    ),  # fmt: skip
+    (
+        "slo-synth",
+        GOOD.replace("step_ms = 5 }\n", "step_ms = 5 }\nslo = { ttft_p99_ms = 30 }\n"),
+        14,
+        "goes with command",
+    ),
     ("gpu-key-bad", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "../x"'), 1, "gpu_key: use 1..64 characters of"),
     ("gpu-and-key", GOOD.replace('gpu_key = "@KEY@"', 'gpu_key = "k"\ngpu = 0'), 2, "gpu: give gpu_key or gpu"),
     ("gpu-negative", GOOD.replace("weight = 1\n", "weight = 1\ngpu = -1\n"), 13, "gpu: must be a GPU index"),

@@ -14,7 +14,14 @@ from typing import Any, get_type_hints
 
 import typer
 
-from ..core.engines.declaration import EngineSources, SourceOptions, check_class, check_launch, resolve_sources
+from ..core.engines.declaration import (
+    EngineSources,
+    SourceOptions,
+    check_class,
+    check_launch,
+    check_slo,
+    resolve_sources,
+)
 from ..core.engines.launcher import LaunchSpec
 from ..core.host.errors import EngineFinished, GpushareError, Interrupted, UsageError
 from .common import WaitProgress, checked_group, resolve_key
@@ -34,6 +41,11 @@ from .options import (
     NoHealthOpt,
     NoProxyOpt,
     ShareGroupOpt,
+    SloClassesOpt,
+    SloItlOpt,
+    SloTtftOpt,
+    SloWeightMaxOpt,
+    SloWeightMinOpt,
     WeightOpt,
 )
 
@@ -73,6 +85,11 @@ class EngineOptions:
     no_health: bool = field(default=False, metadata={"option": NoHealthOpt})
     klass: str = field(default="batch", metadata={"option": ClassOpt})
     no_proxy: bool = field(default=False, metadata={"option": NoProxyOpt})
+    slo_ttft_p99_ms: str | None = field(default=None, metadata={"option": SloTtftOpt})
+    slo_itl_p99_ms: str | None = field(default=None, metadata={"option": SloItlOpt})
+    slo_weight_min: str | None = field(default=None, metadata={"option": SloWeightMinOpt})
+    slo_weight_max: str | None = field(default=None, metadata={"option": SloWeightMaxOpt})
+    slo_classes: str | None = field(default=None, metadata={"option": SloClassesOpt})
 
     def sources(self) -> SourceOptions:
         return SourceOptions(
@@ -98,6 +115,9 @@ class EngineOptions:
         sources = resolve_sources(engine_argv, self.sources())
         key = resolve_key(self.gpu_key, self.gpu)
         _check_gpu_source(sources, key)
+        slo = check_slo(
+            self.slo_ttft_p99_ms, self.slo_itl_p99_ms, self.slo_weight_min, self.slo_weight_max, self.slo_classes
+        )
         spec = LaunchSpec(
             tuple(engine_argv),
             key,
@@ -108,6 +128,7 @@ class EngineOptions:
             sources=self.sources(),
             klass=klass,
             proxy=not self.no_proxy,
+            slo=slo,
         )
         return spec, sources
 
@@ -220,7 +241,7 @@ def _start_supervisor(
     from ..core.pacing.sockets import check_socket_dir
     from ..core.registry.ownership import Owner
 
-    args = start.prepare(kind(sources.kind), spec.engine_argv, sources.port, proxy=spec.proxy)
+    args, sources = start.prepare(kind(sources.kind), spec.engine_argv, sources, proxy=spec.proxy)
     if listen_socket is not None:
         args = _on_socket(args, listen_socket)
     name = spec.name or command.display_name(args)
@@ -249,6 +270,7 @@ def _start_supervisor(
         load_progress=WaitProgress(),
         seed_view=_seed_view_for(key),
         listen_socket=listen_socket,
+        slo=spec.slo.governed(spec.weight) if spec.slo is not None else None,
     )
     if quit_event.is_set():  # a signal during the checks: nothing is started, and nothing said to be
         raise Interrupted(f"interrupted before {args.argv[0]} was started (nothing is running)")
@@ -265,7 +287,8 @@ def _on_socket(args, sock: socket.socket):
     if args.upstream is None:
         raise UsageError(
             "a listening socket handed down (LISTEN_FDS, --listen-fd) is served by the front proxy:"
-            " llama-server without --no-proxy"
+            " an HTTP engine whose port is known (llama-server, vLLM, SGLang, TGI, a command giving --port),"
+            " without --no-proxy"
         )
     host, port = address(sock)
     if not args.port_chosen and args.port != port:

@@ -46,8 +46,17 @@ NoHealthOpt = typer.Option(False, "--no-health", help="Ready at once (no readine
 NoProxyOpt = typer.Option(
     False,
     "--no-proxy",
-    help="llama-server: serve its port itself, without the front proxy that publishes its work in flight"
-    " at each request's start and end (DEMAND then comes from /metrics probes, tens of ms late).",
+    help="An HTTP engine (llama-server, vLLM, SGLang, TGI, a command giving --port): serve its port itself, without"
+    " the front proxy that publishes its work in flight at each request's start and end and measures its latency"
+    " (DEMAND then comes from its activity source: probes, tens of ms late).",
+)
+# a latency target kept by the SLO governor (docs/latency.md); bounds by default: the weight to 8x it, both classes
+SloTtftOpt = typer.Option(None, "--slo-ttft-p99-ms", help="Latency target: p99 time to first token, ms.")
+SloItlOpt = typer.Option(None, "--slo-itl-p99-ms", help="Latency target: p99 inter-token latency, ms.")
+SloWeightMinOpt = typer.Option(None, "--slo-weight-min", help="Target's bounds: the least weight (default --weight).")
+SloWeightMaxOpt = typer.Option(None, "--slo-weight-max", help="Target's bounds: the most weight (default 8x --weight).")
+SloClassesOpt = typer.Option(
+    None, "--slo-classes", help="Target's bounds: the classes it may set (batch,interactive: both, the default)."
 )
 ClassOpt = typer.Option(
     "batch",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from ..host.errors import UsageError
 from ..host.text import printable
+from ..pacing.governor import GovernorBounds, GovernorConfigError, SloTarget
 from ..registry import abi
 from .kinds import (
     ACTIVITY_SOURCES,
@@ -304,6 +305,84 @@ def _toml_env(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(value.items()))
 
 
+# -- a latency target and the governor's bounds (`slo = {...}`, run/launch's --slo-* options) -------------------
+
+
+@dataclass(frozen=True)
+class SloDecl:
+    """An engine's latency target (p99s in ms; at least one) and the bounds its governor may use (None: the
+    default, from the engine's weight: core/pacing/governor.py default_bounds)."""
+
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    weight_min: float | None = None
+    weight_max: float | None = None
+    classes: tuple[str, ...] | None = None
+
+    def run_options(self) -> dict[str, object]:
+        """`run`'s --slo-* options for it (spawn.gpushare_argv's keys; None: not given)."""
+        return {
+            "slo_ttft_p99_ms": self.ttft_p99_ms,
+            "slo_itl_p99_ms": self.itl_p99_ms,
+            "slo_weight_min": self.weight_min,
+            "slo_weight_max": self.weight_max,
+            "slo_classes": ",".join(self.classes) if self.classes is not None else None,
+        }
+
+    def governed(self, weight: float) -> tuple[SloTarget, GovernorBounds]:
+        """The target and the bounds for an engine of `weight` (the declaration was checked: check_slo)."""
+        wmin = self.weight_min if self.weight_min is not None else min(weight, self.weight_max or weight)
+        wmax = self.weight_max if self.weight_max is not None else max(wmin, min(3e38, weight * 8.0))
+        return SloTarget(self.ttft_p99_ms, self.itl_p99_ms), GovernorBounds(wmin, wmax, self.classes or CLASSES_UP)
+
+
+SLO_KEYS = tuple(f.name for f in fields(SloDecl))
+CLASSES_UP = ("batch", "interactive")  # the governor's ladder, least GPU first (governor.CLASS_ORDER)
+
+
+def check_slo(
+    ttft_p99_ms: object = None,
+    itl_p99_ms: object = None,
+    weight_min: object = None,
+    weight_max: object = None,
+    classes: object = None,
+) -> SloDecl | None:
+    """The checked declaration (None when nothing is given); DeclarationError (field `slo`) for the first problem:
+    a p99 or a weight that is no number > 0, neither p99 given, bounds the wrong way round, an unknown class.
+    `classes`: a list of class names, or their text comma-separated."""
+    given = (ttft_p99_ms, itl_p99_ms, weight_min, weight_max, classes)
+    if all(v is None for v in given):
+        return None
+    nums: dict[str, float | None] = {}
+    for name, v in zip(SLO_KEYS, given[:4]):
+        v = _typed(v, float)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 3.4e38):
+            raise DeclarationError("slo", v, "must be a number > 0", part=name, label=f"slo {name}")
+        nums[name] = None if v is None else float(v)
+    if isinstance(classes, str):
+        classes = [c.strip() for c in classes.split(",")]
+    if classes is not None and (not isinstance(classes, list | tuple) or not all(isinstance(c, str) for c in classes)):
+        raise DeclarationError("slo", None, 'classes: a list of class names, e.g. ["batch", "interactive"]')
+    decl = SloDecl(**nums, classes=tuple(classes) if classes is not None else None)
+    try:
+        decl.governed(decl.weight_min or 1.0)
+    except GovernorConfigError as e:
+        raise DeclarationError("slo", None, str(e)) from None
+    return decl
+
+
+def _toml_slo(value: object) -> SloDecl | None:
+    if not isinstance(value, dict):
+        raise DeclarationError("slo", None, "must be a table, e.g. slo = { ttft_p99_ms = 300 }")
+    _known(value, SLO_KEYS, "slo")
+    if "ttft_p99_ms" not in value and "itl_p99_ms" not in value:
+        raise DeclarationError("slo", None, "needs ttft_p99_ms or itl_p99_ms, e.g. slo = { ttft_p99_ms = 300 }")
+    for k in ("ttft_p99_ms", "itl_p99_ms", "weight_min", "weight_max"):
+        if isinstance(value.get(k), str):  # a TOML number is a number: "300" is a mistake to say
+            raise DeclarationError("slo", value[k], "must be a number > 0", part=k, label=f"slo {k}")
+    return check_slo(*(value.get(k) for k in SLO_KEYS))
+
+
 HEALTH_KINDS = ("http", "tcp", "log", "none")
 
 
@@ -588,6 +667,7 @@ class EngineDecl:
     kind: str | None = field(default=None, metadata={"parse": _toml_kind})  # None: derived (engine_kind)
     activity: ActivitySpec | None = field(default=None, metadata={"parse": _toml_activity})  # None: the kind's
     health: HealthSpec | None = field(default=None, metadata={"parse": _toml_health})  # None: the kind's
+    slo: SloDecl | None = field(default=None, metadata={"parse": _toml_slo})  # a latency target (None: none)
 
     @property
     def engine_kind(self) -> str:
@@ -654,7 +734,7 @@ def parse_engine(table: Mapping[str, object], *, cwd: str) -> EngineDecl:
 
 def _check_sources(decl: EngineDecl) -> None:
     """The kind, activity and health keys together (each alone is checked by its parse)."""
-    declared = next((k for k in ("kind", "activity", "health") if getattr(decl, k) is not None), None)
+    declared = next((k for k in ("kind", "activity", "health", "slo") if getattr(decl, k) is not None), None)
     if decl.synth is not None:
         if declared is not None:
             raise DeclarationError(declared, None, "goes with command (a synthetic engine has its own)")

@@ -83,6 +83,7 @@ from ..host.budgets import (
 )
 from ..host.errors import GpushareError
 from ..host.listen_fds import ListenFdError, bind_listening
+from ..observe.latency import LatencyRecorder, Request, is_stream_content_type
 
 MAX_HEAD_BYTES = PROXY_MAX_HEAD_BYTES
 TIMINGS_KEPT = 4096
@@ -421,7 +422,8 @@ class _Relay:
     at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after the body."""
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
-                 "raw", "held", "held_bytes", "trailers", "done", "extra", "ended")  # fmt: skip
+                 "raw", "held", "held_bytes", "trailers", "done", "extra", "ended",
+                 "rec", "rec_req", "clock")  # fmt: skip
 
     def __init__(
         self, cl: _Client, head: h11.Response, framing: str, length: int, raw: bool, held: list[bytes] | None
@@ -442,11 +444,16 @@ class _Relay:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.extra = False
         self.ended = False
+        self.rec: LatencyRecorder | None = None  # set with `rec_req` when the request is timed
+        self.rec_req: Request | None = None
+        self.clock: Callable[[], float] = time.monotonic
 
     def feed(self, data: bytes) -> None:
         if self.ended:
             self.extra = self.extra or bool(data)
             return
+        if data and self.rec_req is not None:  # one clock read per read relayed: the per-token cost
+            self._timed(data)
         try:
             if not data:
                 if self.framing != "close":
@@ -466,6 +473,19 @@ class _Relay:
                 self.end()
         except Exception as e:  # _Cut, h11's LocalProtocolError, the client gone, a bug: the exchange ends with it
             self.fail(e)
+
+    def _timed(self, data: bytes) -> None:
+        """Tell the recorder of a read, before it is relayed (`_chunked` changes the state read here): a read
+        of a chunked body that begins a chunk (a stream's usual read: `SIZE CRLF event CRLF`) is looked at from
+        the event on, so an SSE ping or `[DONE]` is known as no token; the last chunk (size 0) is no chunk."""
+        at = 0
+        if self.framing == "chunked" and not (self.left or self.crlf or self.line or self.in_trailers):
+            if data.startswith(b"0\r\n"):
+                return
+            nl = data.find(b"\r\n", 0, 22)
+            at = nl + 2 if nl > 0 else 0
+        assert self.rec is not None and self.rec_req is not None
+        self.rec.chunk(self.rec_req, self.clock(), data, at)
 
     def fail(self, e: BaseException) -> None:
         if not self.ended:
@@ -628,6 +648,8 @@ class FrontProxy:
         self.requests_total = 0
         self.evicted_total = 0  # connections closed at the cap to make room for a newcomer
         self.timings: deque[RequestTiming] = deque(maxlen=TIMINGS_KEPT)
+        # latency as clients see it (work requests only): written on the loop's thread, read on any (`report`)
+        self.latency = LatencyRecorder(clock_s=clock_s)
         self.demand_changes: deque[tuple[float, bool]] = deque(maxlen=TIMINGS_KEPT)  # (monotonic s, demand)
         self._clients: set[_Client] = set()
         self._pool: list[_Upstream] = []  # idle engine connections, the most recently used last
@@ -951,6 +973,7 @@ class FrontProxy:
         ex = _Exchange(start)
         try:
             if method == "CONNECT":
+                ex.status = 405
                 _answer(cl, 405, {"error": "CONNECT is not supported"}, close=True)
                 return False
             ready = self._engine_ready
@@ -967,12 +990,29 @@ class FrontProxy:
                 return True
             props = self._seed_view is not None and method == "GET" and path == PROPS_PATH
             return await self._forward(cl, req, work, props, ex)
+        except _Cut as e:  # answered by _serve_client with its status when no response has begun
+            ex.cut_status = e.status
+            raise
         finally:
             if ex.demand:
                 self._demand(-1)
+            if work:
+                self._timed_end(ex)
             self.timings.append(
                 RequestTiming(start, ex.first_byte_s, self._clock(), method[:16], target[:200], ex.status)
             )
+
+    def _timed_end(self, ex: _Exchange) -> None:
+        """A work request's end for the latency recorder, whatever happened: one that never reached the engine
+        (its body broke, the engine could not be reached or did not load in time) counts from its head, with
+        the status the proxy answered it (None: the client left)."""
+        now = self._clock()
+        r = ex.rec if ex.rec is not None else self.latency.begin(ex.start_s)
+        if r.status is None:
+            status = ex.status if ex.status is not None else ex.cut_status
+            if status is not None:
+                self.latency.head(r, now, status, False)
+        self.latency.end(r, now)
 
     async def _discard_body(self, cl: _Client) -> None:
         """Read (and drop) a request body we answer ourselves, at most PROXY_PIPELINE_BUFFER_BYTES of it."""
@@ -1060,6 +1100,8 @@ class FrontProxy:
         if work and not ex.demand:
             self._demand(+1)
             ex.demand = True
+        if work and ex.rec is None:  # TTFT and e2e count from here (a resend does not restart them)
+            ex.rec = self.latency.begin(self._clock())
 
         def at_eof() -> None:
             if cl.conn.eof and not cl.buffered() and not up.half_closed and not cl.conn.lost:
@@ -1132,6 +1174,10 @@ class FrontProxy:
         raw = framing == "chunked" and held is None and req.http_version != b"1.0"
         relay = _Relay(cl, head, framing, length, raw, held)
         relays.append(relay)
+        if ex.rec is not None:
+            ctype = next((v for n, v in ev.headers if n == b"content-type"), b"")
+            self.latency.head(ex.rec, self._clock(), ev.status_code, is_stream_content_type(ctype))
+            relay.rec, relay.rec_req, relay.clock = self.latency, ex.rec, self._clock
         if held is None:
             cl.conn.write(cl.h.send(head))
         rest, closed = up.h.trailing_data
@@ -1188,6 +1234,8 @@ class _Exchange:
     first_byte_s: float | None = None
     status: int | None = None
     demand: bool = False
+    rec: Request | None = None  # its latency record, from its body's end (work requests)
+    cut_status: int | None = None  # the status the proxy answers it with, when it ends it (a _Cut)
 
 
 def _whole_chunks(data: bytes) -> int:

@@ -50,7 +50,9 @@ class EngineKind:
     `activity`: its own activity source (None: none of its own, `cpu` unless another is chosen);
     `gauge`: the Prometheus gauge that counts its work in flight (a preset: `--activity KEY` is the
     metrics source with that gauge at http://127.0.0.1:PORT/metrics); `own_health`: it serves GET
-    /health on its port (else ready at once, unless told). `supervised`: started by `run` under a
+    /health on its port (else ready at once, unless told). `host_flag`: the flag that sets where it
+    listens and the engine's own default host (the front proxy serves its public address and moves it to an
+    internal one: core/engines/fronted.py). `supervised`: started by `run` under a
     supervisor (synth and python are processes of ours, which join themselves); `rewrites_command`:
     how it is prepared and started (core/engines/start.py): its port, host, --metrics and --slots given
     by the supervisor, started once its ports are known free (llama-server), else run as given; `in_form`:
@@ -67,6 +69,7 @@ class EngineKind:
     gauge: str | None = None
     activity: str | None = None
     own_health: bool = False
+    host_flag: tuple[str, str] | None = None
     supervised: bool = True
     rewrites_command: bool = False
     in_form: bool = True
@@ -102,7 +105,9 @@ def _command(default: str) -> KindField:
     return KindField("command", "Command", "the engine's command line, run as given", default)
 
 
-def _preset(key: str, label: str, port: int, gauge: str, program: str, tail: str, **recognised) -> EngineKind:
+def _preset(
+    key: str, label: str, port: int, gauge: str, program: str, tail: str, host_flag: tuple[str, str], **recognised
+) -> EngineKind:
     """A served engine with a Prometheus gauge and a /health of its own on `port` (vLLM, SGLang, TGI)."""
     line = f"{program} --port {port} {tail}"
     return EngineKind(
@@ -113,6 +118,7 @@ def _preset(key: str, label: str, port: int, gauge: str, program: str, tail: str
         gauge=gauge,
         activity="metrics",
         own_health=True,
+        host_flag=host_flag,
         fields=(_command(line),),
         **recognised,
     )
@@ -142,6 +148,7 @@ KINDS: tuple[EngineKind, ...] = (
         "vllm:num_requests_running",
         "vllm serve MODEL",
         "--gpu-memory-utilization 0.45",
+        ("--host", "0.0.0.0"),
         programs=("vllm",),
         modules=("vllm",),
     ),
@@ -152,6 +159,7 @@ KINDS: tuple[EngineKind, ...] = (
         "sglang:num_running_reqs",
         "python -m sglang.launch_server --model-path MODEL",
         "--enable-metrics --mem-fraction-static 0.45",
+        ("--host", "127.0.0.1"),
         modules=("sglang",),
     ),
     _preset(
@@ -161,6 +169,7 @@ KINDS: tuple[EngineKind, ...] = (
         "tgi_batch_current_size",
         "text-generation-launcher --model-id MODEL",
         "--cuda-memory-fraction 0.45",
+        ("--hostname", "0.0.0.0"),
         programs=("text-generation-launcher",),
     ),
     EngineKind(

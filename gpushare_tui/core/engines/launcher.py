@@ -29,7 +29,7 @@ from ..host.lifecycle import Termination
 from ..host.paths import file_name_part, state_dir
 from ..host.text import printable
 from . import spawn
-from .declaration import EngineDecl, SourceOptions, SynthDecl
+from .declaration import EngineDecl, SloDecl, SourceOptions, SynthDecl
 
 POLL_S = 0.1  # how often a wait for the notice checks `cancelled`
 EXIT_WAIT_S = 2.0
@@ -61,6 +61,7 @@ class LaunchSpec:
     klass: str = "batch"  # the latency class (spec §7): `run --class`
     proxy: bool = True  # llama-server behind the front proxy (`run --no-proxy`: False)
     synth: SynthDecl | None = None
+    slo: SloDecl | None = None  # a latency target (`run --slo-*`)
 
     @classmethod
     def of_decl(cls, decl: EngineDecl, gpu_key: str, share_group: str | None = None) -> LaunchSpec:
@@ -75,6 +76,7 @@ class LaunchSpec:
             sources=decl.run_options(),
             klass=decl.klass,
             synth=decl.synth,
+            slo=decl.slo,
         )
 
     def argv(self, notify_fd: int | None = None, listen_fd: int | None = None) -> list[str]:
@@ -102,6 +104,7 @@ class LaunchSpec:
             klass=self.klass,
             proxy=self.proxy,
             listen_fd=listen_fd,
+            slo=self.slo.run_options() if self.slo is not None else None,
         )
 
 

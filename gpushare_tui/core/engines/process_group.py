@@ -29,6 +29,7 @@ class EngineGroup:
     def __init__(self, say: Callable[[str], None]) -> None:
         self.proc: subprocess.Popen | None = None
         self.watchdog: watchdog.Watchdog | None = None
+        self.ours: Callable[[], Sequence[int]] = tuple  # our own children beside the engine (the front proxy's)
         self._say = say
         self._lock = threading.Lock()
         self.stopped = False
@@ -116,10 +117,10 @@ class EngineGroup:
         _reap(adopted)
 
     def _adopted(self) -> list[int]:
-        """Our descendants other than the engine's tree and the watchdog: the engine's orphans,
-        re-parented to us (and theirs)."""
+        """Our descendants other than the engine's tree, the watchdog and our own (`ours`: the front proxy's
+        process, never paced): the engine's orphans, re-parented to us (and theirs)."""
         proc, dog = self.proc, self.watchdog
-        skip = {proc.pid if proc else 0, dog.pid if dog else 0}
+        skip = {proc.pid if proc else 0, dog.pid if dog else 0, *self.ours()}
         kids = [p for p in activity.ProcessTree.children_of(os.getpid()) if p not in skip]
         return [*kids, *(d for k in kids for d in activity.ProcessTree(k, refresh_s=0).pids()[1:])]
 

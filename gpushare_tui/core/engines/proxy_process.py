@@ -10,8 +10,10 @@ in bench/proxy.py --lateness), and its CPU is its own.
 The child is `python -m gpushare_tui.core.engines.proxy_process LISTEN_FD CONTROL_FD HOST PORT READY SEED`,
 given the listening socket and one end of a socketpair; it ends at EOF on the pair (the supervisor closed it, or
 died: PR_SET_PDEATHSIG too). Lines on the pair, child to parent: `demand 1` / `demand 0` (the moment the proxy
-sees them), `seed` (asks for the engine's GPU entry), `error TEXT`; parent to child: `ready`, `seed JSON`.
-The interface is FrontProxy's: on_demand and on_error are called on a thread of the parent, seed_view too."""
+sees them), `seed` (asks for the engine's GPU entry), `error TEXT`, `latency JSON` (its latency figures, at most
+every latency_link.LATENCY_SNAPSHOT_S, when they changed); parent to child: `ready`, `seed JSON`.
+The interface is FrontProxy's: on_demand and on_error are called on a thread of the parent, seed_view too; the
+latency figures are `latency` (the last snapshot received: latency_link.LatencySnapshot, None before one)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from typing import BinaryIO
 from ..host.errors import GpushareError
 from . import spawn
 from .front_proxy import FrontProxy, ProxyError, listen_socket
+from .latency_link import LATENCY_SNAPSHOT_S, LatencySnapshot, parse_snapshot, snapshot_line
 
 START_TIMEOUT_S = 30.0  # the child says it serves (imports, a loop) within this
 STOP_TIMEOUT_S = 5.0
@@ -61,6 +64,7 @@ class ProxyProcess:
         self._reader: threading.Thread | None = None
         self._closing = False
         self._demand = False  # as the child last said
+        self.latency: LatencySnapshot | None = None  # the child's figures, as last received
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -191,6 +195,10 @@ class ProxyProcess:
                 self._on_demand(self._demand)
         elif line == b"seed\n":
             self._send(b"seed " + json.dumps(self._seed(), allow_nan=False).encode())
+        elif line.startswith(b"latency "):
+            snap = parse_snapshot(line[8:], time.monotonic())
+            if snap is not None:
+                self.latency = snap
         elif line.startswith(b"error "):
             self._say(line[6:].decode("utf-8", "replace").rstrip("\n"))
 
@@ -234,6 +242,8 @@ def _serve(listen_fd: int, ctl_fd: int, upstream: tuple[str, int], ready: bool, 
         engine_ready=ready,
     ).start()
     send("serving")
+    done = threading.Event()
+    threading.Thread(target=_send_latency, args=(proxy, send, done), name="gpushare-latency", daemon=True).start()
     try:
         for line in ctl.makefile("rb"):
             if line == b"ready\n":
@@ -241,7 +251,21 @@ def _serve(listen_fd: int, ctl_fd: int, upstream: tuple[str, int], ready: bool, 
             elif line.startswith(b"seed "):
                 seeds.put(line[5:])
     finally:
+        done.set()
         proxy.close()
+
+
+def _send_latency(proxy: FrontProxy, send: Callable[[str], None], done: threading.Event) -> None:
+    """The proxy's latency figures to the parent every LATENCY_SNAPSHOT_S, when they changed (off the loop's
+    thread: reading the recorder is a copy of its window, ~0.1-1 ms a second)."""
+    last = b""
+    while True:
+        line = snapshot_line(proxy.latency, time.monotonic())
+        if line != last:
+            send(line.decode())
+            last = line
+        if done.wait(LATENCY_SNAPSHOT_S):
+            return
 
 
 def main(argv: list[str]) -> int:

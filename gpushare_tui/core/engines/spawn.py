@@ -68,6 +68,7 @@ def run_argv(
     klass: str = "batch",
     proxy: bool = True,
     listen_fd: int | None = None,
+    slo: Mapping[str, object] | None = None,
 ) -> list[str]:
     """`gpushare-tui run`: supervise `engine_argv`, with its ready notice on `notify_fd`; `sources`:
     its --activity/--health... options (those given); `--class` only when not the default batch,
@@ -76,6 +77,7 @@ def run_argv(
     options["listen_fd"] = listen_fd
     options |= {"name": name or None, "share_group": share_group, "class": _class_option(klass), **asdict(sources)}
     options["no_proxy"] = not proxy
+    options |= slo or {}  # its latency target: declaration.SloDecl.run_options()
     return gpushare_argv("run", options, engine_argv)
 
 

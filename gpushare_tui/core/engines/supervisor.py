@@ -41,6 +41,7 @@ from ..host.errors import EngineError, Interrupted
 from ..host.text import counted
 from ..observe.snapshot import own_peer
 from ..pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
+from ..pacing.governor import GovernorBounds, SloTarget
 from ..registry import abi
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
@@ -52,6 +53,7 @@ from .monitor import EngineStatus, GpuBusy, Monitor
 from .pace_loop import STOP_LEAD_US, PaceLoop, lateness_summary
 from .process_group import STOP_GRACE_S, EngineGroup
 from .proxy_process import ProxyProcess
+from .slo_keeper import SloKeeper
 from .spawn import Progress
 from .start import start as start_command
 
@@ -83,6 +85,7 @@ class Supervisor:
         load_progress: Progress | None = None,
         seed_view: Callable[[int | None], dict] | None = None,
         listen_socket: socket.socket | None = None,
+        slo: tuple[SloTarget, GovernorBounds] | None = None,
     ) -> None:
         """`args`: the command as it is started (llama_server.prepare_args for llama-server, whose
         sources' URLs left None are on its port; else command.prepare); `kind`, `activity_spec`,
@@ -91,7 +94,8 @@ class Supervisor:
         before `start()` starts nothing. `load_progress`: called while the engine loads (health.wait_ready's
         `progress`). `seed_view`: the engine's GPU entry given its slot (serve.peers.engine_view), which the
         front proxy serves as `/gpu/peers` and adds to `/props` (spec §5); None: neither. `listen_socket`:
-        the public port's listening socket, handed down (the proxy serves it instead of binding)."""
+        the public port's listening socket, handed down (the proxy serves it instead of binding). `slo`: a latency
+        target and its governor's bounds (slo_keeper.py: the governor runs once the engine has joined)."""
         self.args = args
         self.kind = kind
         self.activity_spec = activity_spec
@@ -110,6 +114,7 @@ class Supervisor:
         self._listen_socket = listen_socket
         self.engine_status = EngineStatus()
         self.group = EngineGroup(say)  # the engine's process group: its signals, pidfds, escaped descendants
+        self.group.ours = self._own_children
         self.membership: Membership | None = None
         self._control: ControlServer | None = None
         self._monitor: threading.Thread | None = None
@@ -117,12 +122,14 @@ class Supervisor:
         self.klass = check_class(klass)  # the latency class (spec §7): published at the join, then by set_class
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
-        # proxied (llama-server): the engine listens on `upstream`; health checks and probes go there
+        # proxied (llama-server, any HTTP engine: fronted.py): the engine listens on `upstream`; probes go there
         self.upstream: tuple[str, int] | None = args.upstream  # set by the kind's prepare (llama-server's)
         host, port = self.upstream or (args.host, args.port)
         self.base_url = sockets.http_url(host.split(",")[0], port) if port is not None else None
         self.proxy: ProxyProcess | None = None
         self.pacing: PaceLoop | None = None  # the pace loop, while run() runs
+        self._slo_spec = slo
+        self.slo: SloKeeper | None = None  # its governor, from the join on
 
     # -- public ------------------------------------------------------------
 
@@ -182,7 +189,11 @@ class Supervisor:
             slot = self.membership.join()
             if self.proxy is not None:
                 self.proxy.set_engine_ready()  # the requests waiting go to the engine
-            self._control = ControlServer(self.proc.pid, control_handlers(self, self.owner))
+            handlers = control_handlers(self, self.owner)
+            if self._slo_spec is not None:
+                keeper = self.slo = self._slo_keeper(*self._slo_spec)
+                handlers = keeper.wrap(handlers)  # a person's edit pauses it, up's restarts it
+            self._control = ControlServer(self.proc.pid, handlers)
         except BaseException:
             self.shutdown()
             raise
@@ -215,6 +226,19 @@ class Supervisor:
             sock=self._listen_socket,
             engine_ready=False,
         ).start()
+
+    def _own_children(self) -> tuple[int, ...]:
+        """Our children that are no part of the engine: the front proxy's process."""
+        proxy = self.proxy
+        return (proxy.proc.pid,) if proxy is not None and proxy.proc is not None else ()
+
+    def _slo_keeper(self, target: SloTarget, bounds: GovernorBounds) -> SloKeeper:
+        """The governor of the engine's latency target, fed by the front proxy's figures (none without one)."""
+        proxy = self.proxy
+        if proxy is None:
+            self._say("gpushare-tui: governor: no front proxy (--no-proxy, or no port to front): no figures, it holds")
+        snapshot = (lambda: proxy.latency) if proxy is not None else (lambda: None)
+        return SloKeeper(target, bounds, engine=self, snapshot=snapshot, log_path=self.log_path, say=self._say).start()
 
     def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:
         """Who listens where the readiness probe goes (http, tcp): ready only once it is the engine's tree."""
@@ -296,6 +320,8 @@ class Supervisor:
             gpu_key=self.gpu_key,
             log=self.log_path,
             signal_lateness=SignalLateness(**self.lateness_summary()),
+            latency=self.proxy.latency.report if self.proxy is not None and self.proxy.latency is not None else None,
+            slo=self.slo.report() if self.slo is not None else None,
         )
 
     def shutdown(self) -> None:
@@ -307,6 +333,8 @@ class Supervisor:
         busy streaming can take the whole 10 s to exit (its HTTP threads wait for their clients), and it
         holds no share meanwhile."""
         self._quit.set()
+        if self.slo is not None:  # first: it sets the weight
+            self.slo.close()
         proc = self.proc
         if proc is not None:
             self._resume(force=True)  # first: a probe in flight may take budgets.ENGINE_PROBE_DEADLINE_S to end

@@ -258,11 +258,12 @@ class LatencyRecorder:
         r.ok = 200 <= status < 300
         r.streamed = streamed
 
-    def chunk(self, r: Request, t_s: float, data: bytes) -> None:
-        """A response body chunk was relayed to the client at `t_s`."""
+    def chunk(self, r: Request, t_s: float, data: bytes, at: int = 0) -> None:
+        """A response body chunk was relayed to the client at `t_s`; its event begins at `at` (a chunked body's
+        read as relayed: after its chunk-size line)."""
         last = r.last_s
         if last is not None:
-            if not r.streamed or data.startswith(_NOT_TOKENS):
+            if not r.streamed or data.startswith(_NOT_TOKENS, at):
                 return  # a reply's rest, an SSE comment (a ping) or the stream's end: no token
             r.last_s = t_s
             gap = t_s - last
