@@ -6,8 +6,8 @@ known (core/observe/latency.py). llama-server's own rewrite is llama_server.prep
     args, sources = fronted_args(argv, sources, proxy=True)
 
 Only the engine's host and port flags are changed (each kind's `host_flag` in its record, core/engines/kinds.py;
-`--port` for all), and a readiness or metrics URL on its public address (the presets' `http://127.0.0.1:PORT/...`, or one
-given) is moved to the internal one: the proxy answers /health 503 until the engine is ready, and the listener
+`--port` for all), and a readiness or metrics URL on its public address (the presets'
+`http://127.0.0.1:PORT/...`, or one given) is moved to the internal one: the proxy answers /health 503 until the engine is ready, and the listener
 check wants the engine's own tree there. A command without a port of its own is not fronted (the activity
 source stays its DEMAND: a gauge, CPU readings)."""
 
