@@ -30,10 +30,11 @@ def _log_of(stderr: str) -> str:
 
 
 def _engine_output(stderr: str) -> str:
+    """What the engine wrote to its log (the log's marks of each run's start left out)."""
     path = _log_of(stderr)
     try:
         with open(path) as f:
-            return f.read()
+            return "".join(line for line in f if not re.match(r"--- gpushare-tui: .* ---$", line))
     finally:
         os.unlink(path)
 
