@@ -454,7 +454,8 @@ LLAMA_SERVER = "llama-server"
 # (tgi_batch_current_size, "Current batch size"). SGLang serves /metrics only with --enable-metrics.
 ENGINE_DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000, "tgi": 3000}
 # The front proxy serves these kinds' public address (core/engines/fronted.py): each kind's host flag and its default
-# host (the engine's own default, the proxy's then), besides --port (a command giving --port is fronted too).
+# host (the engine's own default, the proxy's then), besides --port (a command giving --port and an HTTP probe on it
+# is fronted too).
 FRONTED_HOST_FLAGS = {
     "vllm": ("--host", "0.0.0.0"),
     "sglang": ("--host", "127.0.0.1"),
