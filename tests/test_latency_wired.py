@@ -37,6 +37,7 @@ class Runs:
     def __init__(self, procs, key: str, state_dir: str) -> None:
         self.procs, self.key = procs, key
         self.env = {**os.environ, "XDG_STATE_HOME": state_dir}
+        self.sups: list = []
 
     def run(self, name: str, *options: str, engine: list[str]) -> int:
         """The engine's pid once it is ready (its supervisor joined)."""
@@ -44,12 +45,21 @@ class Runs:
         argv = cli_argv("run", "--gpu-key", self.key, "--name", name, "--notify-fd", str(notice_w), *options)
         try:
             sup = self.procs.start([*argv, "--", *engine], pass_fds=(notice_w,), env=self.env)
+            self.sups.append(sup)
         finally:
             os.close(notice_w)
         with os.fdopen(notice_r, "rb") as pipe:
             wait_for(lambda: read_join_line(sup), 60, what=f"{name}'s join line")
             assert select.select([pipe], [], [], 30)[0], "no ready notice"
             return int(json.loads(pipe.readline())["engine_pid"])
+
+    def stop_all(self) -> str:
+        """SIGTERM to each supervisor (it ends its engine); what they said on stderr after joining."""
+        said = []
+        for sup in self.sups:
+            sup.terminate()
+            said.append(sup.communicate(timeout=30)[1])
+        return "".join(said)
 
 
 @pytest.fixture
@@ -101,6 +111,8 @@ def test_a_proxied_vllm_preset_engine_shows_its_injected_delays_in_every_view(ru
     assert buckets["0.1"] == 0 and buckets["+Inf"] == 4
     assert {s.labels["status"]: s.value for s in fams["gpushare_engine_requests"].samples}["4xx"] == 1
     assert fams["gpushare_engine_itl_p50_seconds"].samples[0].value >= 0.039
+    said = runs.stop_all()
+    assert "left the engine's process group" not in said, said  # its front proxy's process is ours, never paced
 
 
 @pytest.mark.llama

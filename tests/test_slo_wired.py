@@ -169,10 +169,10 @@ def test_every_http_engine_kind_is_fronted_and_its_probes_go_to_the_engine() -> 
     args, _ = fronted_args(tgi, resolve_sources(tgi))
     assert (args.host, args.port) == ("127.0.0.1", 3000) and "--hostname" in args.argv and "3000" not in args.argv
     cmd = ["python", "serve.py", "--port=9001"]
-    args, _ = fronted_args(cmd, resolve_sources(cmd))
+    args, _ = fronted_args(cmd, resolve_sources(cmd, SourceOptions(health_url="http://127.0.0.1:9001/ready")))
     assert args.upstream is not None and "--host" not in args.argv  # an unknown command's host flag is not guessed
-    for unfronted, proxy in ((["python", "train.py"], True), (argv, False)):  # no port of its own; --no-proxy
-        args, same = fronted_args(unfronted, resolve_sources(unfronted))
+    # not fronted: no port of its own; a port it shows no HTTP on (a gRPC server, a rendezvous port); --no-proxy
+    for unfronted, proxy in ((["python", "train.py"], True), (cmd, True), (argv, False)):
         args, same = fronted_args(unfronted, resolve_sources(unfronted), proxy=proxy)
         assert args.upstream is None and list(args.argv) == unfronted
     assert retarget("http://10.0.0.2:8123/metrics", 8123, ("127.0.0.1", 5)) == "http://10.0.0.2:8123/metrics"

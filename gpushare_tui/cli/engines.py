@@ -287,7 +287,8 @@ def _on_socket(args, sock: socket.socket):
     if args.upstream is None:
         raise UsageError(
             "a listening socket handed down (LISTEN_FDS, --listen-fd) is served by the front proxy:"
-            " an HTTP engine whose port is known (llama-server, vLLM, SGLang, TGI, a command giving --port),"
+            " an HTTP engine whose port is known (llama-server, vLLM, SGLang, TGI, a command giving --port"
+            " and an HTTP probe on it),"
             " without --no-proxy"
         )
     host, port = address(sock)

@@ -46,7 +46,8 @@ NoHealthOpt = typer.Option(False, "--no-health", help="Ready at once (no readine
 NoProxyOpt = typer.Option(
     False,
     "--no-proxy",
-    help="An HTTP engine (llama-server, vLLM, SGLang, TGI, a command giving --port): serve its port itself, without"
+    help="An HTTP engine (llama-server, vLLM, SGLang, TGI, a command giving --port and an HTTP probe on it): serve"
+    " its port itself, without"
     " the front proxy that publishes its work in flight at each request's start and end and measures its latency"
     " (DEMAND then comes from its activity source: probes, tens of ms late).",
 )
