@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 import typer
 
@@ -22,7 +22,6 @@ from ..core.engines.declaration import (
     check_slo,
     resolve_sources,
 )
-from ..core.engines.launcher import LaunchSpec
 from ..core.host.errors import EngineFinished, GpushareError, Interrupted, UsageError
 from .common import WaitProgress, checked_group, resolve_key
 from .options import (
@@ -49,17 +48,17 @@ from .options import (
     WeightOpt,
 )
 
+if TYPE_CHECKING:
+    from ..core.engines.launcher import LaunchSpec
+
 # The engine's command line is everything from its program on, passed through untouched: our options come
 # before it (an option after the program is the engine's: `run echo hello --weight 5` prints
-# "hello --weight 5"); `--` before the program is optional (it is needed only where the program's name
-# starts with `-`). An unknown option before the program is an error (exit 2), never taken for the engine's.
+# "hello --weight 5"); `--` before the program is optional (needed only where the program's name starts
+# with `-`, or for engine arguments that are not UTF-8 text: cli/common.check_argv_text). An unknown option
+# before the program is an error (exit 2), never taken for the engine's.
 CONTEXT = {"allow_extra_args": True, "allow_interspersed_args": False}
 USAGE = "[OPTIONS] [--] COMMAND [ARGS]..."  # the usage line: the engine's command line follows our options
 NO_ENGINE = "no engine command given (use: -- llama-server ARGS...)"
-ARGV_RULE = (
-    "Our options come first; the engine's command line is everything from its program on, passed to it"
-    " untouched (`--` before it is optional): `run --weight 2 llama-server -m m.gguf --port 8080`."
-)
 
 
 @dataclass(frozen=True)
@@ -107,6 +106,8 @@ class EngineOptions:
         """The engine to start, once every option and its command are valid (core/engines/declaration.py): its
         LaunchSpec (the key resolved) and its resolved sources; else the first problem, a UsageError (one line,
         exit 2), or a GpuKeyError without such a GPU, before anything is started."""
+        from ..core.engines.launcher import LaunchSpec
+
         share_group = checked_group(self.share_group)
         klass = check_class(self.klass, label="--class")
         if not engine_argv:

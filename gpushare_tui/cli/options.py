@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ..core.engines.kinds import PRESETS
 from ..core.host.budgets import FOREIGN_SEGMENTS_SHOWN_MAX
 from ..core.registry.abi import WEIGHT_RULE
 
@@ -34,7 +35,7 @@ ActivityOpt = typer.Option(
     "--activity",
     help="What counts as working: llama (llama-server's /metrics; its default), metrics (--metrics-url, --gauge),"
     " cpu (the process tree uses >= --cpu-cores; other commands' default), gpu (NVML), always;"
-    " or a preset: vllm, sglang, tgi (their in-flight gauge at http://127.0.0.1:PORT/metrics).",
+    f" or a preset: {', '.join(PRESETS)} (their in-flight gauge at http://127.0.0.1:PORT/metrics).",
 )
 MetricsUrlOpt = typer.Option(None, "--metrics-url", help="Prometheus endpoint of --activity metrics.")
 GaugeOpt = typer.Option(None, "--gauge", help="The gauge counting work in flight (--activity metrics).")

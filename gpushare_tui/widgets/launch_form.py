@@ -125,7 +125,7 @@ def _synth_spec(v: dict[str, str], errors: Errors) -> LaunchSpec | None:
 
 
 def _declared_spec(kind: EngineKind, v: dict[str, str], errors: Errors) -> LaunchSpec | None:
-    """vllm/sglang/tgi/command: core.kinds.kind_engine's checked declaration; its command runs as
+    """vllm/sglang/tgi/command: declaration.kind_engine's checked declaration; its command runs as
     given, with its `run_options()` (activity, health). Each problem at its field."""
     weight = 1.0
     try:
