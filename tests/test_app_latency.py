@@ -37,17 +37,22 @@ def with_latency(m: DashboardModel, ttft_p99_ms: float, slo: SloReport | None = 
 
 
 class Stepping(FixedSource):
-    """Hands out its models one per collect, then repeats the last."""
+    """Hands out its models one per collect, then repeats the last; `held`: repeats the first until `release()`
+    (a test that checks the first model's screen is not raced by the next collect on a loaded machine)."""
 
-    def __init__(self, models: list[DashboardModel]) -> None:
+    def __init__(self, models: list[DashboardModel], held: bool = False) -> None:
         super().__init__(models)
         self.i = 0
+        self.held = held
+
+    def release(self) -> None:
+        self.i, self.held = 1, False
 
     def prime(self) -> list[DashboardModel]:
         return []
 
     def collect(self) -> DashboardModel:
-        m = self.models[min(self.i, len(self.models) - 1)]
+        m = self.models[0 if self.held else min(self.i, len(self.models) - 1)]
         self.i += 1
         return m
 
@@ -62,12 +67,13 @@ async def until(pilot, pred, timeout: float = 10.0, what: str = "condition"):
 
 def test_latency_columns_appear_once_an_engine_reports_latency() -> None:
     async def main():
-        source = Stepping([model_at(0), with_latency(model_at(1), 420.0, SloReport(ttft_p99_ms=300.0))])
+        source = Stepping([model_at(0), with_latency(model_at(1), 420.0, SloReport(ttft_p99_ms=300.0))], held=True)
         app = DashboardApp(source, interval_s=0.2)
         async with app.run_test(size=(160, 40)) as pilot:
             table = app.query_one(PeersTable)
             await until(pilot, lambda: app.models_seen >= 1, what="first model")
             assert "ttft" not in table.shown_columns  # nothing to show: no room taken
+            source.release()
             await until(pilot, lambda: "ttft" in table.shown_columns, what="latency columns")
             assert {"itl", "reqs"} <= set(table.shown_columns)
             row = next(r for r in table._rows.values() if r.peer.slot == 0)
