@@ -211,16 +211,20 @@ def test_a_moved_window_never_takes_the_floor(world: World) -> None:
     world.other_peer(weight=1.0)  # 2 : 1, period 120 ms, our window [0, 80000)
     world.at(80_000)
     assert world.pacer.step_done(step_us=1000) == 40_000
-    # at our window's start, a weight that puts "now" outside it (slot 1's window, by another period)
+    owed = schedule.owed_run_us(schedule.build_schedule([(0, 2.0), (1, 1.0)]), 40_000)
+    assert owed > 0
+    # at our window's start, a weight that puts "now" outside it (slot 1's window, by another period), and
+    # still once the owed run is over (the phase of the moved period is the wall clock's: both checked)
     moved = next(
         w
-        for w in (1.5, 2.5, 3.0, 4.0, 6.0, 8.0, 9.0)
-        if not schedule.may_run(schedule.build_schedule([(0, 2.0), (1, w)]), 0, world.t)
+        for w in (1.5, 2.5, 3.0, 4.0, 6.0, 8.0, 9.0, 5.0, 7.0, 3.5, 1.25, 1.75, 2.25, 2.75, 4.5, 5.5)
+        if not any(
+            schedule.may_run(schedule.build_schedule([(0, 2.0), (1, w)]), 0, world.t + dt)
+            for dt in range(0, owed + 2000, 500)
+        )
     )
     world.other_peer(weight=moved)
     world.pacer._sched_mono_us = None  # re-read now
-    owed = schedule.owed_run_us(schedule.build_schedule([(0, 2.0), (1, 1.0)]), 40_000)
-    assert owed > 0
     ran = 0
     while ran + 1000 < owed:  # each step_done reports a 1 ms step run
         ran += 1000
