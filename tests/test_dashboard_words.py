@@ -21,8 +21,10 @@ from gpushare_tui.widgets.timeline import bar_line, window_label
 EXT1, DEMAND = abi.FLAG_EXT1, abi.FLAG_DEMAND
 
 
-def _view(slots: list[abi.SlotRecord], users_applied: bool = False) -> GpuView:
-    s = replace(snap(slots), users_applied=users_applied)
+def _view(slots: list[abi.SlotRecord], users_applied: bool = False, uids: tuple[int, ...] = ()) -> GpuView:
+    s = snap(slots)
+    peers = tuple(replace(p, uid=uid, user=f"user{uid}") for p, uid in zip(s.peers, uids)) + s.peers[len(uids) :]
+    s = replace(s, peers=peers, users_applied=users_applied)
     rows = tuple(PeerRow("k", p) for p in s.peers)
     return GpuView(s, None, rows, achieved_shares(rows))
 
@@ -30,7 +32,9 @@ def _view(slots: list[abi.SlotRecord], users_applied: bool = False) -> GpuView:
 def test_the_gpu_line_says_its_schedule_in_words() -> None:
     members = [replace(slot(0, 1), flags=EXT1 | DEMAND), replace(slot(1, 1), flags=EXT1)]
     assert schedule_note(_view(members).snapshot) == "interactive first"
-    users = _view(members, users_applied=True)
+    one_user = _view(members, users_applied=True, uids=(1000, 1000))
+    assert schedule_note(one_user.snapshot) == "interactive first"  # one user: nothing to split between users
+    users = _view(members, users_applied=True, uids=(1000, 1001))
     assert schedule_note(users.snapshot) == "interactive first, fair between users"
     line = info_line(users).plain
     assert "interactive first, fair between users" in line and "ext1" not in line, line
