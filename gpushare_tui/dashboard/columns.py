@@ -144,8 +144,8 @@ def _class_order(r: PeerRow) -> tuple[bool, bool, bool, bool]:
 def schedule_note(g: GpuSnapshot) -> str:
     """What a GPU line says of its schedule, in words: "interactive first" when the Extension-1 schedule applies
     ("interactive first: slot N has priority" while priority members run first; ", fair between users" when
-    Extension 2 splits the GPU between two users or more), "classes off: slot N is an older (v1) peer" when a member without
-    Extension 1 puts the others back on §5, "" for a v1-only segment."""
+    Extension 2 splits the GPU between two users or more), "classes off: slot N is an older (v1) peer" when a
+    member without Extension 1 puts the others back on §5, "" for a v1-only segment."""
     users = ", fair between users" if g.users_applied and len(g.users) > 1 else ""  # one user: nothing to split
     if g.schedule_mode == "priority":
         slots = ", ".join(map(str, g.priority_slots))
