@@ -168,6 +168,9 @@ def to_png(svg_path: str) -> str | None:
     with open(svg_path, encoding="utf-8") as f:
         svg = f.read()
     svg = BRAILLE_RUN.sub(_split_braille_run, svg)
+    # Textual writes runs of blanks as no-break spaces; a renderer's fallback face may draw those narrower than
+    # a cell, so a right-justified header ("     PID") ran into the one before it: plain spaces, kept as written
+    svg = svg.replace("&#160;", " ").replace("<svg ", '<svg xml:space="preserve" ', 1)
     tmp = svg_path[:-4] + ".render.svg"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(svg)

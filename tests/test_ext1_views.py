@@ -104,11 +104,13 @@ def test_cells_and_notes() -> None:
     v = view([ext1_slot(0, 1, CHAT), ext1_slot(1, 1, EXT1 | DEMAND), ext1_slot(2, 1, EXT1 | INTER), slot(3, 1, 0)])
     assert [class_text(r) for r in v.rows] == ["int*", "bat+", "int", "v1"]
     assert [cell_text(r, "class") for r in v.rows] == ["int*", "bat+", "int", "v1"]
-    assert schedule_note(v.snapshot) == "ext1 priority (slot 0)" and "ext1 priority" in info_line(v).plain
+    note = "interactive first: slot 0 has priority"  # in words: no "ext1" jargon on the dashboard
+    assert schedule_note(v.snapshot) == note and note in info_line(v).plain
     no_claim = view([ext1_slot(0, 1, EXT1 | DEMAND), ext1_slot(1, 1, EXT1 | INTER)])
-    assert schedule_note(no_claim.snapshot) == "ext1"
+    assert schedule_note(no_claim.snapshot) == "interactive first"
     forced = view([ext1_slot(0, 1, CHAT), slot(4, 1)])
-    assert schedule_note(forced.snapshot) == "v1 compat (slot 4)" and "v1 compat (slot 4)" in info_line(forced).plain
+    off = "classes off: slot 4 is an older (v1) peer"
+    assert schedule_note(forced.snapshot) == off and off in info_line(forced).plain
     assert schedule_note(view([slot(0, 1), slot(1, 2)]).snapshot) == ""  # a v1-only segment: nothing to explain
 
 
@@ -118,7 +120,7 @@ def test_once_table_and_metrics() -> None:
     v = view([ext1_slot(0, 1, CHAT), slot(1, 1)], key="mix")
     model = DashboardModel(NOW, (v,))
     table = render_table(ReportData("h", NOW, [(None, v)]))
-    assert "schedule v1 compat (slot 1)" in table.splitlines()[0]
+    assert "schedule classes off: slot 1 is an older (v1) peer" in table.splitlines()[0]
     assert table.splitlines()[2].split()[-1] == "int+" and table.splitlines()[3].split()[-1] == "v1"
     text = render_metrics(lambda: model).decode()
     labels = 'class="interactive",gpu_key="mix",name="p0",pid="1000",slot="0",user=""'  # user: not verifiable here
@@ -148,7 +150,7 @@ def test_pilot_shows_class_and_v1_compat() -> None:
     lines, panel = asyncio.run(main())
     assert "CLS" in lines[0].split()
     assert [line.split()[-1] for line in lines[1:]] == ["int+", "bat+", "v1"]  # v1 compat: nobody holds priority
-    assert "v1 compat (slot 2)" in panel
+    assert "classes off: slot 2 is an older (v1) peer" in panel
 
 
 @pytest.mark.slow
@@ -175,7 +177,7 @@ def test_a_real_v1_peer_forces_v1_compat_until_it_leaves(procs, cli, gpu_key: st
         assert (peers[0]["class"], peers[0]["demand"], peers[0]["priority"]) == (None, None, None)
         assert (peers[share.slot]["class"], peers[share.slot]["demand"]) == ("interactive", True)
         table = cli("--once", "--gpu-key", gpu_key).stdout
-        assert "schedule v1 compat (slot 0)" in table
+        assert "schedule classes off: slot 0 is an older (v1) peer" in table
         writer.kill()
         writer.wait()
         wait_for(lambda: gpu()["schedule_mode"] != "v1", 15, what="the v1 peer to die (3 s) and ext1 to resume")

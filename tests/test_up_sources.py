@@ -173,12 +173,12 @@ def test_every_declared_kind_has_a_default_activity() -> None:
         assert EngineDecl("e", command=("x",), kind=key).run_options().activity == choice
 
 
-def test_the_readmes_any_engine_toml_checks(tmp_path, monkeypatch, capsys) -> None:
-    """README "Any engine": its `up` example passes `up --check` with its programs on PATH."""
+def test_the_any_engine_pages_toml_checks(tmp_path, monkeypatch, capsys) -> None:
+    """docs/any-engine.md: its `up` example passes `up --check` with its programs on PATH."""
     from gpushare_tui.cli import main as cli_main
     from testkit.paths import REPO
 
-    section = (REPO / "README.md").read_text().split("## Any engine", 1)[1]
+    section = (REPO / "docs" / "any-engine.md").read_text()
     toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

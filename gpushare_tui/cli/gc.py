@@ -15,7 +15,7 @@ SAY_WHICH = (
 
 
 def gc(
-    keys: list[str] | None = typer.Argument(None, metavar="[KEY]...", help="The gpu keys whose segments to collect."),
+    keys: list[str] | None = typer.Argument(None, metavar="KEY", help="The gpu keys whose segments to collect."),
     match: str | None = typer.Option(
         None, "--match", help="Collect the segments whose key matches this shell pattern (* ? [...]); quote it."
     ),

@@ -124,6 +124,7 @@ def kind_text(e: EngineInfo) -> str | None:
 
 # -- latency class (issue 20, spec §7 Extension 1) --------------------------------------------------------
 CLASS_SHORT = {"interactive": "int", "batch": "bat"}
+CLASS_LEGEND = "CLS: int interactive · bat batch · * has priority now · + has work in flight · v1 no classes"
 
 
 def class_text(r: PeerRow) -> str:
@@ -141,17 +142,19 @@ def _class_order(r: PeerRow) -> tuple[bool, bool, bool, bool]:
 
 
 def schedule_note(g: GpuSnapshot) -> str:
-    """What a GPU line says of Extension 1: "v1 compat (slot N)" when a member without it (slot N) puts
-    Extension-1 peers back on §5, "ext1" when the Extension-1 schedule applies ("ext1 priority (slot N)"
-    while priority members run first), "" for a v1-only segment."""
+    """What a GPU line says of its schedule, in words: "interactive first" when the Extension-1 schedule applies
+    ("interactive first: slot N has priority" while priority members run first; ", fair between users" when
+    Extension 2 splits the GPU between two users or more), "classes off: slot N is an older (v1) peer" when a
+    member without Extension 1 puts the others back on §5, "" for a v1-only segment."""
+    users = ", fair between users" if g.users_applied and len(g.users) > 1 else ""  # one user: nothing to split
     if g.schedule_mode == "priority":
         slots = ", ".join(map(str, g.priority_slots))
-        users = " users" if g.users_applied else ""
-        return f"ext1{users} priority ({'slot' if len(g.priority_slots) == 1 else 'slots'} {slots})"
+        who = f"slot {slots} has" if len(g.priority_slots) == 1 else f"slots {slots} have"
+        return f"interactive first: {who} priority{users}"
     if g.schedule_mode == "ext1":
-        return "ext1 users" if g.users_applied else "ext1"
+        return f"interactive first{users}"
     if g.v1_peer is not None and any(p.alive and p.klass is not None for p in g.peers):
-        return f"v1 compat (slot {g.v1_peer})"
+        return f"classes off: slot {g.v1_peer} is an older (v1) peer"
     return ""
 
 

@@ -26,6 +26,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ..dashboard.columns import (
+    CLASS_LEGEND,
     COLUMN_BY_KEY,
     COLUMNS,
     GAP,
@@ -451,6 +452,8 @@ class PeersTable(ScrollView, can_focus=True):
         layout = [(_INDEX[c.key], name if c.key == "name" else c.width) for c in shown]
         if layout != self._layout:
             self._shown, self._layout = shown, layout
+            # the CLS cell's short forms explained where they stand: under the table, while CLS is shown
+            self.border_subtitle = CLASS_LEGEND if any(c.key == "class" for c in shown) else ""
             self._width = sum(w + GAP for _, w in layout)
             self.virtual_size = Size(self._width, len(self._order) + 1)
             self._strips.clear()

@@ -118,7 +118,7 @@ def bar_line(snap: GpuSnapshot | None, width: int, no_color: bool = False) -> Te
         if n <= 0:
             continue
         ms = (end - start) / 1000
-        text = f" {name} {ms:.0f}ms" if n >= len(name) + 7 else (f" {name}" if n > 2 else "")
+        text = window_label(name, ms, n)
         if no_color:
             cell = (text + slot_fill(slot) * n)[:n]
         else:
@@ -130,6 +130,15 @@ def bar_line(snap: GpuSnapshot | None, width: int, no_color: bool = False) -> Te
     if bar_w < width:
         bar.append(_fit(" " + legends(snap)[1], width - bar_w), _DIM)
     return bar
+
+
+def window_label(name: str, ms: float, cells: int) -> str:
+    """A window's label in its `cells`: ` name 40ms`, else ` name`, else the name cut with `…`, always with a
+    blank cell after it, so a label never runs into the next window's (` agent chat 300ms` read as one)."""
+    for text in (f" {name} {ms:.0f}ms", f" {name}"):
+        if len(text) < cells:
+            return text
+    return f" {name[: cells - 3]}…" if cells >= 4 else ""
 
 
 def _fit(s: str, n: int) -> str:
