@@ -295,7 +295,8 @@ def test_sigterm_soon_after_join_exits_in_order_every_time(procs, gpu_key: str, 
     for i in range(12):
         delay_s = rng.choice((0.0, rng.uniform(0, 0.05), rng.uniform(0, 0.3)))
         p = procs.start(
-            cli_argv_threads_at_exit("synth", "--weight", "1", "--gpu-key", gpu_key, "-q", "--step-ms", "1")
+            # not --quiet: its join line on stderr is what the test waits for (--quiet says nothing there)
+            cli_argv_threads_at_exit("synth", "--weight", "1", "--gpu-key", gpu_key, "--step-ms", "1")
         )
         line = p.stderr.readline()
         assert "joined" in line, line + p.stderr.read()
