@@ -85,6 +85,17 @@ def test_an_unknown_option_before_the_program_is_an_error_never_the_engines(comm
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--weigth" in r.stderr, r.stderr
 
 
+def test_a_program_named_with_a_format_character_is_shown_replaced(gpu_key, tmp_path) -> None:
+    """`run`'s lines name the engine's program through the one display rule (core.host.text.printable): a
+    program named with U+202E never reaches the terminal raw (it would reorder the line it is in)."""
+    prog = tmp_path / "ec\u202eho"
+    prog.symlink_to("/bin/echo")
+    r = run_cli("run", "--gpu-key", gpu_key, "--no-health", "--name", "rlo", str(prog), "hi")
+    assert r.returncode == 0, r.stderr
+    assert "\u202e" not in r.stderr and "starting " + str(tmp_path) + "/ec\ufffdho" in r.stderr, r.stderr
+    _engine_output(r.stderr)
+
+
 def test_the_rule_is_in_the_help() -> None:
     for command in ("run", "launch"):
         r = run_cli_here(command, "--help")

@@ -23,6 +23,7 @@ from ..core.engines.declaration import (
     resolve_sources,
 )
 from ..core.host.errors import EngineFinished, GpushareError, Interrupted, UsageError
+from ..core.host.text import printable
 from .common import WaitProgress, checked_group, resolve_key
 from .options import (
     ActivityOpt,
@@ -156,7 +157,6 @@ def _begin_log(log_path: str, name: str) -> None:
 
     from ..core.host import logfiles
     from ..core.host.paths import file_name_part
-    from ..core.host.text import printable
 
     logfiles.begin_run(log_path, printable(name), os.getpid(), time.time())
     directory = os.path.dirname(log_path)
@@ -274,8 +274,8 @@ def _start_supervisor(
         slo=spec.slo.governed(spec.weight) if spec.slo is not None else None,
     )
     if quit_event.is_set():  # a signal during the checks: nothing is started, and nothing said to be
-        raise Interrupted(f"interrupted before {args.argv[0]} was started (nothing is running)")
-    _say(f"gpushare-tui: starting {args.argv[0]} (log {log_path})")
+        raise Interrupted(f"interrupted before {printable(args.argv[0])} was started (nothing is running)")
+    _say(f"gpushare-tui: starting {printable(args.argv[0])} (log {printable(log_path)})")
     sup.start()
     return sup
 
