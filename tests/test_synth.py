@@ -263,6 +263,7 @@ def _status(pid: int) -> control.StatusReply:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a rate learnt in one stretch of real time compared with one in the next: other CPU work between
 def test_solo_tok_s_is_reached_alone_and_kept_while_sharing(procs, gpu_key, runtime_dir, cli) -> None:
     """A synth alone learns its solo rate (the best tok/s as the only active member); once it shares the
     GPU (equal weights) its tok/s drops below it, and a peer that never ran alone has none. --once --json
