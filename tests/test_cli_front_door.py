@@ -96,6 +96,18 @@ def test_a_program_named_with_a_format_character_is_shown_replaced(gpu_key, tmp_
     _engine_output(r.stderr)
 
 
+def test_launch_of_an_engine_that_finishes_with_0_before_it_is_ready_succeeds_too(gpu_key) -> None:
+    """`launch` hears it from its supervisor as `run` says it: exit 0, the same line (and `--json`: ok, finished);
+    an engine that fails before it is ready still fails (exit 1)."""
+    r = run_cli("launch", "--gpu-key", gpu_key, "--health-log", "never printed", "--json", "--", "true")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"engine \d+ finished with exit code 0 before it was ready", r.stderr), r.stderr
+    reply = json.loads(r.stdout)
+    assert reply["ok"] is True and "finished with exit code 0" in reply["finished"], r.stdout
+    r = run_cli("launch", "--gpu-key", gpu_key, "--health-log", "never printed", "--", "false")
+    assert r.returncode == 1 and "exited with code 1 while loading" in r.stderr, r.stderr
+
+
 def test_the_rule_is_in_the_help() -> None:
     for command in ("run", "launch"):
         r = run_cli_here(command, "--help")

@@ -352,6 +352,11 @@ def launch(
     try:
         spec, _ = EngineOptions(**options).checked(ctx.args)
         reply = launch_detached(spec, progress=WaitProgress(), termination=term)
+    except EngineFinished as e:  # it ran and ended well before it was ready (run exits 0 for it): no failure
+        if as_json:
+            print(json.dumps({"ok": True, "finished": str(e)}))
+        _say(f"gpushare-tui: {e}")
+        raise typer.Exit(0) from None
     except GpushareError as e:
         if as_json:  # a script reads stdout; the one line on stderr and the exit code follow as ever
             print(json.dumps({"ok": False, "error": str(e)}))

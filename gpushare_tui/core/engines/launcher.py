@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from ..host import logfiles
-from ..host.errors import EngineError, GpushareError, Interrupted, UsageError
+from ..host.errors import EngineError, EngineFinished, GpushareError, Interrupted, UsageError
 from ..host.lifecycle import Termination
 from ..host.paths import file_name_part, state_dir
 from ..host.text import printable
@@ -203,7 +203,7 @@ def launch_detached(
         raise GpushareError(f"supervisor exited (code {proc.returncode}) before the engine was ready; see {sup_log}")
     _reap_later(proc)
     if isinstance(notice, spawn.Failed):
-        raise EngineError(notice.error, notice.log_tail)
+        raise (EngineFinished if notice.finished else EngineError)(notice.error, notice.log_tail)
     if progress is not None:
         progress(what, time.monotonic() - t0, spec.load_timeout_s, True)
     return LaunchReply(**asdict(notice), supervisor_log=sup_log)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from ..host import paths
-from ..host.errors import GpushareError
+from ..host.errors import EngineFinished, GpushareError
 from .declaration import SourceOptions
 
 PR_SET_PDEATHSIG = 1
@@ -182,10 +182,12 @@ class Ready:
 
 @dataclass(frozen=True)
 class Failed:
-    """The engine could not be started: the reason, and its log's last lines."""
+    """The engine could not be started: the reason, and its log's last lines. `finished`: it exited with code 0
+    before it was ready (host.errors.EngineFinished): it ran and ended well, which is no failure."""
 
     error: str
     log_tail: str = ""
+    finished: bool = False
 
 
 class NoticeError(GpushareError):
@@ -209,7 +211,7 @@ def notify_ready(fd: int | None, *, engine_pid: int, port: int | None, host: str
 
 def notify_failed(fd: int | None, error: GpushareError) -> None:
     """Supervisor side: the engine could not be started (its log's tail travels with the reason)."""
-    _notify(fd, {"ok": False, **asdict(Failed(str(error), error.log_tail))})
+    _notify(fd, {"ok": False, **asdict(Failed(str(error), error.log_tail, isinstance(error, EngineFinished)))})
 
 
 def read_notice(fd: int) -> Ready | Failed | None:
@@ -229,7 +231,7 @@ def read_notice(fd: int) -> Ready | Failed | None:
         if not isinstance(msg, dict):
             raise TypeError("not an object")
         if not msg.get("ok"):
-            return Failed(str(msg.get("error")), str(msg.get("log_tail") or ""))
+            return Failed(str(msg.get("error")), str(msg.get("log_tail") or ""), msg.get("finished") is True)
         slot = msg.get("slot")
         return Ready(
             engine_pid=_int(msg["engine_pid"]),
