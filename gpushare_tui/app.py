@@ -13,11 +13,13 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.notifications import Notify, SeverityLevel
 from textual.reactive import var
@@ -178,6 +180,7 @@ class DashboardApp(App):
         self._hidden_segments = 0
         self.models_seen = 0
         self.collector: Worker[None] | None = None
+        self.closing = False  # exit() was called
         self._wake = threading.Event()
         self._panels: dict[str, GpuPanel] = {}
         self._host = host
@@ -225,7 +228,20 @@ class DashboardApp(App):
             "or try `gpushare-tui demo`."
         )
 
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        self.closing = True  # on_mount may still be to run, over a screen being taken down
+        super().exit(*args, **kwargs)
+
     def on_mount(self) -> None:
+        try:
+            self._mount_parts()
+        except NoMatches:
+            if not self.closing:
+                raise
+            # exit() came during the start-up (a SIGINT/SIGTERM then: the demo's handler, `up`'s): the screen's
+            # widgets are going; nothing is started, and the app ends as it was asked to
+
+    def _mount_parts(self) -> None:
         for m in self.source.prime():
             self.history.add(m)
         self._top = self.query_one(TopBar)

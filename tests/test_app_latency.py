@@ -124,3 +124,34 @@ def test_d_on_an_engine_without_a_front_proxy_says_why_there_is_nothing() -> Non
             assert app.screen.query_one(LatencyPlot).series == ()
 
     asyncio.run(main())
+
+
+def test_an_exit_during_the_start_up_ends_the_app_without_a_traceback() -> None:
+    """A SIGINT as the dashboard starts (the demo's handler calls exit()) may take the screen's widgets down
+    before on_mount looks them up: the app ends as asked, nothing started, no traceback. (The screen going
+    away is played by query_one failing once exit() was called.)"""
+    from textual.css.query import NoMatches
+
+    async def main():
+        source = FixedSource([model_at(0)])
+        app = DashboardApp(source, interval_s=3600)
+        real_query_one = app.query_one
+        exited: list[bool] = []
+
+        def query_one(*args, **kwargs):
+            if exited:
+                raise NoMatches("the screen is being taken down")
+            return real_query_one(*args, **kwargs)
+
+        def prime():
+            app.exit()
+            exited.append(True)
+            return []
+
+        app.query_one = query_one  # type: ignore[method-assign]
+        source.prime = prime  # type: ignore[method-assign]
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.1)
+        assert app.collector is None  # nothing started
+
+    asyncio.run(main())
