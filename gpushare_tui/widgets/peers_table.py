@@ -39,6 +39,7 @@ from .palette import slot_colour
 
 SORT_CYCLE = ("slot", "share", "busy", "weight", "toks", "speed", "name", "pid")
 _INDEX = {c.key: i for i, c in enumerate(COLUMNS)}
+_KEYS = tuple(c.key for c in COLUMNS)
 _JUSTIFY: dict[str, JustifyMethod] = {c.key: "right" if c.right else "left" for c in COLUMNS}
 _ENGINE_STYLE = {"running": "green", "loading": "yellow", "stopped": "yellow", "exiting": "yellow"}
 # engine_text's cases other than a state (dead, foreign, not asked yet, no reply, differs from its file)
@@ -53,13 +54,14 @@ def _engine_style(r: PeerRow, text: str) -> str:
     return _ENGINE_STYLE.get(r.engine.state or "", "") if r.engine is not None else ""
 
 
-def row_cells(r: PeerRow) -> tuple[Text, ...]:
-    """The rendered cells of one row, in COLUMNS order (pure): the columns' text, styled."""
+def row_cells(r: PeerRow, texts: tuple[str, ...] | None = None) -> tuple[Text, ...]:
+    """The rendered cells of one row, in COLUMNS order (pure): the columns' text, styled. `texts`: the columns'
+    text already made for the row (its display_key's), not made again."""
     p = r.peer
     dead = not p.alive
     base = "dim" if dead else ""
     colour = slot_colour(p.slot)
-    plain = {c.key: c.text(r) for c in COLUMNS}
+    plain = dict(zip(_KEYS, texts if texts is not None else (c.text(r) for c in COLUMNS), strict=True))
     width = COLUMN_BY_KEY["slot"].width
     swatch = Text.assemble(("■", colour), plain["slot"].rjust(width - 2))
     if p.alive:
@@ -202,7 +204,7 @@ class PeersTable(ScrollView, can_focus=True):
     def cells(self, key: str) -> tuple[Text, ...]:
         cells = self._cells.get(key)
         if cells is None:
-            cells = self._cells[key] = row_cells(self._rows[key])
+            cells = self._cells[key] = row_cells(self._rows[key], self._keys[key][1])  # its key holds the texts
         return cells
 
     def show(self, rows: tuple[PeerRow, ...]) -> None:
