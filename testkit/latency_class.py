@@ -1,18 +1,14 @@
-"""An interactive engine's inter-token gaps as a client sees them (streamed /completion requests, one at a
-time, on a fixed cadence), and a sampler of the registry (who held PRIORITY, and when): shared by the
-latency-class regression test (tests/test_latency_class.py) and the scripts that compare versions."""
+"""An interactive engine's inter-token gaps as a client sees them: streamed /completion requests, one at a
+time, on a cadence (tests/test_latency_class.py; self-contained, so that the test runs against older builds)."""
 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
-from gpushare_tui.core.registry import abi
-from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS
 
 
@@ -57,38 +53,3 @@ def percentile(xs: list[float], q: float) -> float:
     """The q-quantile of `xs` (nearest rank below; the largest for q = 1)."""
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * q))]
-
-
-class PrioritySampler:
-    """Reads the registry `key` every `every_s` on a thread: for slot `slot`, the spans (monotonic s) in
-    which its PRIORITY bit was set, and the busy_ppm it published as each span ended."""
-
-    def __init__(self, key: str, slot: int, every_s: float = 0.001) -> None:
-        self.key, self.slot, self.every_s = key, slot, every_s
-        self.spans: list[tuple[float, float, int]] = []  # (start, end, busy_ppm at the end)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> PrioritySampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        since: float | None = None
-        last_ppm = 0
-        with Segment.attach_readonly(shm_path(self.key)) as seg:
-            while not self._stop.wait(self.every_s):
-                rec = next((r for r in seg.read_slots() if r.index == self.slot), None)
-                now = time.monotonic()
-                held = rec is not None and bool(rec.flags & abi.FLAG_PRIORITY)
-                if held and since is None:
-                    since = now
-                elif not held and since is not None:
-                    self.spans.append((since, now, last_ppm))
-                    since = None
-                if rec is not None:
-                    last_ppm = rec.busy_ppm
