@@ -259,3 +259,48 @@ def test_the_pace_loop_keeps_an_interactive_engines_priority_by_its_device_time(
         assert w.seg.read_slot(0).busy_ppm > 0  # the busy it is judged on is published with the bit
     finally:
         w.close()
+
+
+def test_an_engine_continued_idle_between_two_requests_is_not_busy() -> None:
+    """Device time is continued time with work in flight (DEMAND): two 200 ms requests 0.8 s apart, the engine
+    continued throughout (alone in the schedule while idle), read ~40 % busy over the second, and the bit stays
+    set. Counted between activity marks alone (< 1.2 s apart), the idle spell read as busy: ~100 % over that
+    second, and an honest engine lost PRIORITY at its next request (its gaps then §5's: tests/test_latency_class)."""
+    clock = Clock(T0_US)
+    users = Users()
+    w = World(unique_key(), clock, 1.0, users)
+    try:
+        w.write_peer(1, Peer(1.0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, 0, None))
+        w.me.set_interactive(True)
+        stopped = [False]
+        loop = PaceLoop(
+            w.me,
+            alive=lambda: True,
+            quit_event=threading.Event(),
+            stop=lambda: stopped.__setitem__(0, True),
+            cont=lambda: stopped.__setitem__(0, False),
+            stopped=lambda: stopped[0],
+            lateness_us=deque(),
+            clock_us=clock,
+            mono_us=clock,
+            sleep_s=clock.sleep,
+            users=users,  # type: ignore[arg-type]
+        )
+        bits, ppms = [], []
+        for k in range(140):  # 10 ms rounds: a request [0, 200) ms, idle, a request [1000, 1200) ms, idle
+            t_ms = 10 * k
+            working = t_ms < 200 or 1000 <= t_ms < 1200
+            w.write_peer(1, w.present[1])
+            if working != w.me.demand:
+                w.me.set_demand(working)  # the proxy's: at each request's start and end
+            if working:
+                w.me.mark_active(clock.t)
+            loop.step()
+            assert not stopped[0] or not working, t_ms  # with priority (or alone) it is never stopped
+            ppms.append(loop.policy.meter.ppm(clock.t))
+            bits.append(bool(w.seg.read_slot(0).flags & abi.FLAG_PRIORITY))
+            clock.t += 10_000
+        assert all(bits[1:]), bits.index(False, 1)
+        assert max(ppms) <= 450_000, max(ppms)  # 2 x 200 ms of work, a round's edge each, over any second
+    finally:
+        w.close()

@@ -221,6 +221,61 @@ def test_an_honest_holder_within_its_budget_is_always_believed() -> None:
     assert 0.7 <= ran <= 0.9  # it waited through every burst: the holder's priority was believed
 
 
+def _honest(weight: float, n_batch: int, burst_s: float, seconds: float, lag_us: int, join_s: float) -> int:
+    """An honest holder (slot 0, INTERACTIVE, `weight`) beside `n_batch` batch members of weight 1 streaming
+    without pause (each joining at `join_s`, so its check starts with no history): every `burst_s + 1 s` the
+    holder has work for `burst_s`, runs whenever it holds priority or is in its §5 window, and keeps PRIORITY by
+    §7 rule 2 (its busy over the last second, idle included, against its plain share) on a meter that sees its
+    running `lag_us` late. Each batch member re-reads as the pacer does (every REREAD_US while it may run, in
+    growing slices while it waits) and judges the holder (HoldOffCheck). Returns how often they tripped."""
+    tick = 2_000
+    checks = [schedule_ext1.HoldOffCheck() for _ in range(n_batch)]
+    meter = schedule_ext1.BusyMeter(1_000_000)
+    ran: list[int] = []  # the holder's running ticks' ends, not yet on its meter
+    prio = False
+    waited, since, next_read = [False] * n_batch, [0] * n_batch, [0] * n_batch
+    t = 0
+    while t < seconds * 1e6:
+        now = T0 + t
+        has = 0.3e6 <= t and (t - 0.3e6) % ((burst_s + 1.0) * 1e6) < burst_s * 1e6
+        while ran and ran[0] + lag_us <= t:
+            meter.add(ran.pop(0), tick)
+        ppm = meter.ppm(t)
+        prio = schedule_ext1.next_priority(prio, ppm, weight / (weight + n_batch))
+        flags = (
+            abi.FLAG_EXT1 | abi.FLAG_INTERACTIVE | (abi.FLAG_DEMAND if has else 0) | (abi.FLAG_PRIORITY if prio else 0)
+        )
+        batch = BATCH_FLAGS if t >= join_s * 1e6 else abi.FLAG_EXT1
+        slots = [SlotRecord(0, 100, 0, 1, weight, 1, now, ppm, b"\0" * abi.NAME_BYTES, flags=flags)] + [
+            SlotRecord(i, 100 + i, 0, 1, 1.0, 1, now, 0, b"\0" * abi.NAME_BYTES, flags=batch)
+            for i in range(1, n_batch + 1)
+        ]
+        d = schedule_ext1.decide(slots, now)
+        if has and d.may_run(0, now):
+            ran.append(t + tick)
+        for k in range(n_batch) if batch & abi.FLAG_DEMAND else ():
+            if t >= next_read[k]:
+                judged = checks[k].judge(d, k + 1, slots, now, t, waited=waited[k])
+                since[k] = since[k] if waited[k] else t
+                waited[k] = judged.waits(k + 1)
+                slice_us = schedule_ext1.wait_slice_us(t - since[k])
+                next_read[k] = t + (slice_us if waited[k] else schedule_ext1.REREAD_US)
+        t += tick
+    return sum(c.tripped for c in checks)
+
+
+@pytest.mark.parametrize("weight,n_batch", [(1.0, 1), (3.0, 1), (1.0, 2)])
+def test_an_honest_holders_bursts_never_trip_the_check(weight: float, n_batch: int) -> None:
+    """Bursts of 0.3 s to 3 s after an idle second (priority for its budget S_i of a second, then §5), the
+    batch members there before or joining mid-burst, the holder's meter up to 150 ms late (a supervisor's:
+    it counts an engine's running at its next activity mark, ~50 ms, and misses up to ~100 ms before the first
+    mark of a burst): never judged over budget. The check's margin, shown: a meter 250 ms late trips it."""
+    for burst_s in (0.3, 1.0, 3.0):
+        for join_s in (0.0, 0.5):
+            assert _honest(weight, n_batch, burst_s, 9.0, 150_000, join_s) == 0, (burst_s, join_s)
+    assert _honest(weight, n_batch, 1.0, 9.0, 250_000, 0.0) > 0
+
+
 def test_decide_ignoring_priority_is_section_5_over_every_member() -> None:
     slots = _pair(T0)
     d = schedule_ext1.decide(slots, T0)

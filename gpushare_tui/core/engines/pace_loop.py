@@ -65,6 +65,7 @@ class PaceLoop:
         self.decision: schedule_ext2.Decision | None = None
         self.action: policy_.Action | None = None
         self._prev: schedule.Schedule | None = None
+        self._had_demand = False  # DEMAND as of the previous round (a span counts as busy if it had work at either end)
         self._busy = BusyFromMarks(BUSY_MARK_GAP_US)
         self._last_mono, self._last_wall = self._mono(), self._clock()
 
@@ -83,7 +84,9 @@ class PaceLoop:
         now, mono = self._clock(), self._mono()
         if not self._stopped():
             self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
-            self._busy.continued(self._last_mono, mono)
+            if m.demand or self._had_demand:  # device time: continued with work in flight (idle between requests,
+                self._busy.continued(self._last_mono, mono)  # marks < 1.2 s apart counted as busy: PRIORITY lost)
+        self._had_demand = m.demand
         device_us = self._busy.mark(m.last_active_us)  # device time: continued while working
         m.add_busy_us(device_us)  # busy_total_us (spec §7)
         self.policy.busy(mono, device_us)  # the PRIORITY budget's meter

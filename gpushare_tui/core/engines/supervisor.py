@@ -322,6 +322,7 @@ class Supervisor:
             signal_lateness=SignalLateness(**self.lateness_summary()),
             latency=self.proxy.latency.report if self.proxy is not None and self.proxy.latency is not None else None,
             slo=self.slo.report() if self.slo is not None else None,
+            held_off_trips=self.pacing.policy.hold_off.tripped if self.pacing is not None else None,
         )
 
     def shutdown(self) -> None:

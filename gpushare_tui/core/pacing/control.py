@@ -97,6 +97,8 @@ class StatusReply:
     # latency as clients see it, where a front proxy sees the engine's requests (core/observe/latency.py)
     latency: LatencyReport | None = None
     slo: SloReport | None = None  # its latency target and the governor's view of it (core/pacing/governor.py)
+    # how often this member, kept waiting by PRIORITY, judged the holders over their budget (spec §7, HoldOffCheck)
+    held_off_trips: int | None = None
 
     def to_json(self) -> dict:
         """Every field, in order (`klass` as `class`); None as null."""
