@@ -362,12 +362,14 @@ def check_slo(
     if isinstance(classes, str):
         classes = [c.strip() for c in classes.split(",")]
     if classes is not None and (not isinstance(classes, list | tuple) or not all(isinstance(c, str) for c in classes)):
-        raise DeclarationError("slo", None, 'classes: a list of class names, e.g. ["batch", "interactive"]')
+        raise DeclarationError(
+            "slo", None, 'classes: a list of class names, e.g. ["batch", "interactive"]', part="classes", label="slo"
+        )
     decl = SloDecl(**nums, classes=tuple(classes) if classes is not None else None)
     try:
         decl.governed(decl.weight_min or 1.0)
-    except GovernorConfigError as e:
-        raise DeclarationError("slo", None, str(e)) from None
+    except GovernorConfigError as e:  # `part`: the key it is about (the launch form shows it there)
+        raise DeclarationError("slo", None, str(e), part=e.field, label="slo") from None
     return decl
 
 

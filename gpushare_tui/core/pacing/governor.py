@@ -55,7 +55,11 @@ CLASS_ORDER = ("batch", "interactive")  # least first: interactive runs first wh
 
 
 class GovernorConfigError(ValueError):
-    """A target or bounds that cannot be governed; the message says which field and why."""
+    """A target or bounds that cannot be governed; the message says which field and why, `field` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,9 @@ class SloTarget:
         for name in ("ttft_p99_ms", "itl_p99_ms"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf):
-                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number of ms > 0")
+                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number of ms > 0", name)
         if self.ttft_p99_ms is None and self.itl_p99_ms is None:
-            raise GovernorConfigError("an SLO needs ttft_p99_ms or itl_p99_ms")
+            raise GovernorConfigError("an SLO needs ttft_p99_ms or itl_p99_ms", "ttft_p99_ms")
 
 
 @dataclass(frozen=True)
@@ -88,15 +92,19 @@ class GovernorBounds:
         for name in ("weight_min", "weight_max"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 3.4e38):
-                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number > 0")
+                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number > 0", name)
         if self.weight_min > self.weight_max:
-            raise GovernorConfigError(f"weight_min {self.weight_min:g} is above weight_max {self.weight_max:g}")
+            raise GovernorConfigError(
+                f"weight_min {self.weight_min:g} is above weight_max {self.weight_max:g}", "weight_max"
+            )
         if (
             not self.classes
             or any(c not in LATENCY_CLASSES for c in self.classes)
             or len(set(self.classes)) != len(self.classes)
         ):
-            raise GovernorConfigError(f"invalid classes {self.classes!r}: one or both of {', '.join(CLASS_ORDER)}")
+            raise GovernorConfigError(
+                f"invalid classes {self.classes!r}: one or both of {', '.join(CLASS_ORDER)}", "classes"
+            )
 
 
 @dataclass(frozen=True)
