@@ -238,7 +238,19 @@ class Supervisor:
         if proxy is None:
             self._say("gpushare-tui: governor: no front proxy (--no-proxy, or no port to front): no figures, it holds")
         snapshot = (lambda: proxy.latency) if proxy is not None else (lambda: None)
-        return SloKeeper(target, bounds, engine=self, snapshot=snapshot, log_path=self.log_path, say=self._say).start()
+        return SloKeeper(
+            target, bounds, engine=self, snapshot=snapshot, usage=self._usage, log_path=self.log_path, say=self._say
+        ).start()
+
+    def _usage(self) -> tuple[int, float] | None:
+        """The governor's view of what its share costs: the engine's busy µs since its join, and the weights of
+        the schedule's other members (spec §5's, now) summed; None before the join."""
+        m = self.membership
+        if m is None or m.slot is None:
+            return None
+        now = wall_us()
+        others = sum(float(r.weight) for r in m.read_slots() if r.index != m.slot and r.is_member(now))
+        return m.busy_total_us, others
 
     def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:
         """Who listens where the readiness probe goes (http, tcp): ready only once it is the engine's tree."""
