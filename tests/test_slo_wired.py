@@ -143,6 +143,23 @@ def test_the_keeper_gives_the_governor_the_engines_busy_fraction_and_the_others_
     assert "up to interactive weight 4 (from interactive weight 1): pressing on its share (busy 50% of 33%)" in said
 
 
+def test_the_supervisors_in_flight_clock_counts_the_time_with_work_in_flight() -> None:
+    """The governor's measure of use (the proxy's DEMAND changes): repeated flags change nothing, an open span
+    counts up to now."""
+    from gpushare_tui.core.engines.supervisor import InFlightClock
+
+    c = InFlightClock()
+    assert c.total_us(100) == 0
+    c.set(True, 1_000)
+    c.set(True, 1_500)  # still the same span
+    assert c.total_us(1_200) == 200
+    c.set(False, 2_000)
+    c.set(False, 3_000)
+    assert c.total_us(9_000) == 1_000
+    c.set(True, 10_000)
+    assert c.total_us(10_250) == 1_250
+
+
 def test_a_class_edit_is_a_persons_edit_and_a_met_target_moves_nothing_within_margin(tmp_path) -> None:
     engine, clock = Engine(), [1000.0]
     keeper = keeper_for(engine, recorder_missing(0.09), clock, str(tmp_path / "e.log"))

@@ -31,7 +31,7 @@ from .latency_link import LatencySnapshot
 
 SLO_TICK_S = 1.0  # one governor step this often
 NO_FIGURES = Figures(None, None, 0)
-Usage = Callable[[], "tuple[int, float] | None"]  # (its busy µs since its join, the other members' weights summed)
+Usage = Callable[[], "tuple[int, float] | None"]  # (its µs with work in flight so far, the others' weights summed)
 
 
 class Governed(Protocol):
@@ -48,8 +48,8 @@ class Governed(Protocol):
 class SloKeeper:
     """One engine's governor, ticked on a thread of its own; thread-safe (a lock serialises the ticks and the
     edits the control socket reports). `snapshot()`: the proxy's figures as last received (None: none yet);
-    `usage()`: the engine's busy time and the other members' weights now (None: unknown), from which each step's
-    figures get its busy fraction over GOVERNOR_BUSY_WINDOW_S (governor.Figures.busy_frac)."""
+    `usage()`: the µs the engine had work in flight so far and the other members' weights now (None: unknown),
+    from which each step's figures get its use over GOVERNOR_BUSY_WINDOW_S (governor.Figures.busy_frac)."""
 
     def __init__(
         self,
@@ -66,7 +66,7 @@ class SloKeeper:
     ) -> None:
         self._engine, self._snapshot, self._log_path, self._say = engine, snapshot, log_path, say
         self._usage = usage
-        self._busy: deque[tuple[float, int]] = deque()  # (monotonic s, busy µs) samples, the window's and one more
+        self._busy: deque[tuple[float, int]] = deque()  # (monotonic s, in-flight µs) samples: the window's and one more
         self._clock, self._tick_s = clock_s, tick_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -120,7 +120,7 @@ class SloKeeper:
         while len(samples) > 2 and now_s - samples[1][0] >= GOVERNOR_BUSY_WINDOW_S:
             samples.popleft()  # the oldest kept is the last one at least the window back
         t0, b0 = samples[0]
-        if now_s - t0 < GOVERNOR_BUSY_WINDOW_S / 2 or busy_us < b0:  # too short to judge, or a rejoin's counter
+        if now_s - t0 < GOVERNOR_BUSY_WINDOW_S / 2 or busy_us < b0:  # too short to judge, or a counter that went back
             return replace(figures, others_weight=others_weight)
         return replace(figures, busy_frac=(busy_us - b0) / 1e6 / (now_s - t0), others_weight=others_weight)
 

@@ -20,8 +20,9 @@ at weights doubling from the lowest to the highest; with one class, that class a
   GOVERNOR_DOWN_AFTER_MAX_S); the wait returns to its base after that long without a reversal;
 - fewer than GOVERNOR_MIN_REQUESTS requests in the window: no judgement, nothing moves (an idle engine has no
   window anyway: what it holds costs no one anything);
-- what its share costs the others (when the engine's busy fraction and the other members' weights are known:
-  Figures.busy_frac, Figures.others_weight): a setting costs the others device time only while the engine uses
+- what its share costs the others (when the engine's use, the fraction of the time it had work in flight, and
+  the other members' weights are known: Figures.busy_frac, Figures.others_weight): a setting costs the others
+  device time only while the engine uses
   its whole share; below it, the engine takes what its work needs whatever the setting. So a down is made only
   when it frees device time: the engine uses at least GOVERNOR_PRESS of the share the rung below would give it
   (else a lower setting would give the others nothing and could only cost the target: held). And an engine that
@@ -125,7 +126,7 @@ class Figures:
     ttft_p99_ms: float | None
     itl_p99_ms: float | None
     requests: int
-    busy_frac: float | None = None  # the engine's device busy fraction over GOVERNOR_BUSY_WINDOW_S (None: unknown)
+    busy_frac: float | None = None  # its use over GOVERNOR_BUSY_WINDOW_S: the time with work in flight (None: unknown)
     others_weight: float | None = None  # the weights of the schedule's other members, summed (None: unknown)
 
 
