@@ -134,7 +134,8 @@ def test_a_real_llama_server_behind_its_proxy_reports_its_latency(runs, llama_se
 
 def test_two_targets_that_cannot_hold_are_reported_and_nothing_oscillates(runs, cli, gpu_key) -> None:
     """Each engine's TTFT is injected at 250 ms, its target 100 ms: no weight can meet it. Each climbs (2.5x the
-    target: two rungs, then one), holds the top of its bounds and says the target is unreachable; the weights
+    target: two rungs; or at once to the top, its requests in flight all the time pressing on any share below
+    it), holds the top of its bounds and says the target is unreachable; the weights
     seen change at most once per 10 s, and not at all once unreachable (watched for more than a governor window
     after both are: HELD_WATCH_S)."""
     target = ("--slo-ttft-p99-ms", "100", "--slo-weight-max", "4")
