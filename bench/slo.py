@@ -8,9 +8,9 @@ Policies (each on a fresh gpu key, three engines `gpushare-tui launch`ed, same m
     plain      weights 1:1:1, every engine batch class (the chat's requests wait for its window)
     static     the chat `--class interactive` (spec §7: it runs first while it has work, within its share), 1:1:1
     governor   the chat with `--slo-ttft-p99-ms TARGET` and bounds weight 1-8, both classes: its governor moves its
-               weight and class (gpushare_tui/core/pacing/governor.py), from --governor-start (default the top of
-               its bounds, interactive weight 8: it gives back what the target does not need; `batch` starts it at
-               batch weight 1, from where a flood's onset is met only once it has seen it: its figures lag).
+               weight and class (gpushare_tui/core/pacing/governor.py), from --governor-start: `batch` (the
+               default) batch weight 1, the bottom of its bounds, as plain; `top` interactive weight 8, from where
+               it gives back what the target does not need.
 Phases: `calm` (chat requests with Poisson arrivals, mean gap --mean-gap-s), then `flood` (Poisson arrivals at the
 rate that needs --flood-busy of the device: more than the static class's share, 1/3, less than the governor's top
 one, 8/10), then calm again; requests of 64-128 tokens (bench/latency.py's InteractiveLoad); the chat decodes
@@ -83,7 +83,7 @@ def launch(s: Setup, key: str, name: str, *extra: str, parallel: int = 1) -> Eng
     return Engine(1.0, info["port"], info["engine_pid"])
 
 
-def chat_options(policy: str, target_ms: float, start: str = "top") -> list[str]:
+def chat_options(policy: str, target_ms: float, start: str = "batch") -> list[str]:
     if policy == "static":
         return ["--class", "interactive"]
     if policy == "governor":
@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("--chat-slots", type=int, default=4, help="the chat's -np: requests it decodes together")
     ap.add_argument("--mean-gap-s", type=float, default=2.0, help="mean gap between calm chat arrivals")
     ap.add_argument("--target-ttft-ms", type=float, default=100.0)
-    ap.add_argument("--governor-start", choices=("top", "batch"), default="top", help="the governed chat's start")
+    ap.add_argument("--governor-start", choices=("batch", "top"), default="batch", help="the governed chat's start")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {', '.join(POLICIES)}")
     ap.add_argument("--quick", action="store_true", help="one round of plain and static, 10 s phases")
     ap.add_argument("--embd", type=int, default=256)
