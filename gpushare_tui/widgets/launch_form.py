@@ -110,7 +110,8 @@ def _slo(v: dict[str, str], errors: Errors) -> SloDecl | None:
     try:
         return check_slo(**given)
     except DeclarationError as e:
-        errors.setdefault(f"slo_{e.part}" if e.part in SLO_KEYS else "slo_ttft_p99_ms", e.at_field)
+        key = e.subkey or e.part
+        errors.setdefault(f"slo_{key}" if key in SLO_KEYS else "slo_ttft_p99_ms", e.at_field)
         return None
 
 
