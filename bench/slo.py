@@ -50,7 +50,8 @@ from bench.latency import BATCH_N_PREDICT, InteractiveLoad, Request, Setup, batc
 from bench.pacing import CLI, Engine, end, engine_argv, llama_server_path
 from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.core.pacing import control
-from gpushare_tui.core.registry.segment import shm_path
+from gpushare_tui.core.registry.abi import FLAG_DEMAND, FLAG_PRIORITY
+from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.load import StreamLoad
 from testkit.tiny_gguf import NON_TEXT_TOKEN_IDS, write_tiny_llama
 
@@ -137,6 +138,7 @@ def run_policy(policy: str, s: Setup, a: argparse.Namespace, solo_tok_s: float, 
         loads: list[InteractiveLoad] = []
         t0 = time.monotonic()
         watch = SettingWatch(chat.pid, t0).start()
+        flags = FlagWatch(key, chat.pid, t0).start()
         c0 = pacing.decode_counts(engines)
         phases = []
         for k, (name, secs) in enumerate((("calm", a.calm_s), ("flood", a.flood_s), ("calm", a.calm_s))):
@@ -150,7 +152,9 @@ def run_policy(policy: str, s: Setup, a: argparse.Namespace, solo_tok_s: float, 
         c1 = pacing.decode_counts(engines)
         t1 = time.monotonic()
         watch.stop()
+        flags.stop()
         row["settings"] = watch.changes
+        row["priority_pct_of_demand"] = flags.by_phase(phases)
     finally:
         end(engines)
         Path(shm_path(key)).unlink(missing_ok=True)
@@ -170,6 +174,40 @@ def run_policy(policy: str, s: Setup, a: argparse.Namespace, solo_tok_s: float, 
         load_avg_1m_end=psutil.getloadavg()[0],
     )  # fmt: skip
     return row
+
+
+class FlagWatch:
+    """The chat's slot flags every 10 ms: per phase, the % of the samples with work in flight (DEMAND) in which it
+    held PRIORITY (an interactive engine within its budget runs first; without it, it waits for its window)."""
+
+    def __init__(self, key: str, pid: int, t0: float) -> None:
+        self.path, self.pid, self.t0 = shm_path(key), pid, t0
+        self.samples: list[tuple[float, bool, bool]] = []  # (s since t0, demand, priority)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> FlagWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        with Segment.attach_readonly(self.path) as seg:
+            while not self._stop.wait(0.01):
+                rec = next((r for r in seg.read_slots() if r.pid == self.pid), None)
+                if rec is not None:
+                    t = time.monotonic() - self.t0
+                    self.samples.append((t, bool(rec.flags & FLAG_DEMAND), bool(rec.flags & FLAG_PRIORITY)))
+
+    def by_phase(self, phases: list[dict]) -> list[float | None]:
+        out: list[float | None] = []
+        for p in phases:
+            busy = [pr for t, d, pr in self.samples if p["from_s"] <= t < p["to_s"] and d]
+            out.append(round(100 * sum(busy) / len(busy), 1) if busy else None)
+        return out
 
 
 class SettingWatch:
@@ -228,6 +266,9 @@ def print_table(rows: list[dict], meta: dict) -> None:
         if "windows" in r:
             cells = " ".join(_f(w["attained_pct"], ".0f") + f"/{w['requests']}" for w in r["windows"])
             print(f"round {r['round']} {r['policy']:<9} per 10 s (% within/requests): {cells}")
+        if r.get("priority_pct_of_demand"):
+            held = " / ".join(_f(x, ".0f") for x in r["priority_pct_of_demand"])
+            print(f"round {r['round']} {r['policy']:<9} priority held while in flight, % (calm / flood / calm): {held}")
         if r.get("settings") and r["policy"] == "governor":
             path = ", ".join(f"{t:g}s {c} {w:g}" + (f" ({v})" if v else "") for t, c, w, v in r["settings"])
             print(f"round {r['round']} governor settings: {path}")
