@@ -29,6 +29,7 @@ from gpushare_tui.core.engines.kinds import FORM_KINDS as KINDS
 from gpushare_tui.core.engines.kinds import KIND_BY_KEY
 from gpushare_tui.core.engines.launcher import LaunchReply, LaunchSpec
 from gpushare_tui.core.host.errors import EngineError
+from gpushare_tui.core.pacing import control
 from gpushare_tui.core.pacing.control import socket_path
 from gpushare_tui.core.registry import abi, segment
 from gpushare_tui.core.registry.membership import Membership
@@ -40,7 +41,7 @@ from gpushare_tui.demo import start_demo, stop_demo
 from gpushare_tui.widgets.confirm_stop import ConfirmStop
 from gpushare_tui.widgets.gpu_panel import GpuPanel, info_line
 from gpushare_tui.widgets.help_screen import NAVIGATION, HelpScreen
-from gpushare_tui.widgets.launch_form import FIELDS, LaunchForm, launch_in_worker
+from gpushare_tui.widgets.launch_form import FIELDS, SLO, LaunchForm, launch_in_worker
 from gpushare_tui.widgets.peers_table import PeersTable, cell_text
 from gpushare_tui.widgets.share_plot import SharePlot
 from gpushare_tui.widgets.timeline import Timeline
@@ -886,7 +887,8 @@ def test_the_form_renders_every_kind_of_core_kinds_and_shows_its_errors_inline(g
                 form.query_one("#f-kind", Select).value = kind.key
                 own = {f.key for f in kind.fields}
                 assert form.shown_kind == kind.key
-                assert {f.key for f in FIELDS if form.query_one(f"#r-{f.key}").display} == own | {
+                target = {f.key for f in SLO} if kind.supervised else set()  # a synthetic engine has no proxy
+                assert {f.key for f in FIELDS if form.query_one(f"#r-{f.key}").display} == own | target | {
                     "weight",
                     "class",
                     "name",
@@ -975,6 +977,66 @@ def test_launch_form_starts_a_real_command_engine_with_its_class(gpu_key, tmp_pa
             assert _slot_flags(gpu_key, row.peer.pid) & abi.FLAG_INTERACTIVE
             said = f"engine pid {row.peer.pid} "
             await until(pilot, lambda: any(said in n for n in notes(app)), what=f"{said!r} in {notes(app)}")
+
+    try:
+        asyncio.run(main())
+    finally:
+        if started:  # the supervisor ends its engine in order; then the engine itself, if left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(started[0], signal.SIGTERM)
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+                psutil.Process(started[0]).wait(15)
+        for pid in started:
+            _end(pid)
+
+
+def test_the_form_launches_an_engine_with_a_latency_target_that_its_status_shows(
+    gpu_key, tmp_path, runtime_dir, monkeypatch
+):
+    """The form's SLO fields (run/launch's --slo-* options): a bad value is one message at its field and nothing
+    is started; a good target reaches the real supervisor's governor: the engine's `status` (its control socket)
+    and the dashboard's row show the target and the bounds."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    started: list[int] = []
+
+    async def main():
+        app = DashboardApp(gpu_key=gpu_key, interval_s=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            form = await open_form(pilot)
+            form.query_one("#f-kind", Select).value = "command"
+            assert all(form.query_one(f"#r-{f.key}").display for f in SLO)
+            values = {"command": f"{sys.executable} -c 'import time; time.sleep(60)'", "weight": "2", "name": "slo-ff"}
+            for k, v in {**values, "health_url": "", "slo_ttft_p99_ms": "fast", "slo_weight_max": "6"}.items():
+                form.query_one(f"#f-{k}").value = v
+            form.query_one("#f-activity", Select).value = "always"
+            await press_launch(pilot, form)
+            assert form.errors == {"slo_ttft_p99_ms": "'fast': must be a number > 0"}
+            assert "must be a number > 0" in str(form.query_one("#e-slo_ttft_p99_ms", Static).render())
+            assert "nothing was started" in form.status_text and app.screen is form
+            form.query_one("#f-slo_ttft_p99_ms", Input).value = "250"
+            form.query_one("#f-slo_weight_min", Input).value = "8"
+            await press_launch(pilot, form)
+            assert form.errors == {"slo_weight_max": "weight_min 8 is above weight_max 6"}
+            form.query_one("#f-slo_weight_min", Input).value = ""
+            form.query_one("#f-slo_classes", Select).value = "interactive"
+            await press_launch(pilot, form)
+            await until(pilot, lambda: not isinstance(app.screen, LaunchForm), timeout=60, what="launched")
+            assert form.last_spec is not None and form.last_spec.slo is not None
+            row = await _launched_row(pilot, "slo-ff")
+            started.append(row.peer.pid)
+            started.insert(0, psutil.Process(row.peer.pid).ppid())
+            st = control.StatusReply.from_json(control.request(row.peer.pid, "status"))
+            assert st.slo is not None
+            assert (st.slo.ttft_p99_ms, st.slo.itl_p99_ms) == (250.0, None)
+            assert (st.slo.weight_min, st.slo.weight_max, st.slo.classes) == (2.0, 6.0, "interactive")
+            shown = await until(
+                pilot,
+                lambda: next(
+                    (r.engine.slo for r in app.query_one(PeersTable)._rows.values() if r.engine and r.engine.slo), None
+                ),
+                what="the target in the dashboard's row",
+            )
+            assert shown.ttft_p99_ms == 250.0 and shown.weight_max == 6.0
 
     try:
         asyncio.run(main())

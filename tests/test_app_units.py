@@ -24,7 +24,7 @@ from gpushare_tui.dashboard.columns import (
 )
 from gpushare_tui.dashboard.model import EngineInfo, PeerRow, speed_pct
 from gpushare_tui.widgets.help_screen import column_table, screen_text
-from gpushare_tui.widgets.launch_form import COMMON, FIELDS, LaunchResult, validate_launch
+from gpushare_tui.widgets.launch_form import COMMON, FIELDS, SLO, LaunchResult, validate_launch
 from gpushare_tui.widgets.palette import SLOT_COLOURS, slot_colour, slot_rgb
 from gpushare_tui.widgets.peers_table import cell_text, header_cells, row_cells
 from gpushare_tui.widgets.timeline import bar_line, cursor_line
@@ -291,8 +291,8 @@ def test_the_form_renders_core_kinds_table():
     """The form composes every core/engines/kinds.py kind's fields once by key (vllm/sglang/tgi/command share
     `command`), then the common ones; it keeps no table of its own."""
     keys = [f.key for f in FIELDS]
-    assert len(keys) == len(set(keys)) and keys[-4:] == ["weight", "class", "name", "gpu_key"]
-    assert {f.key for k in KINDS for f in k.fields} | {f.key for f in COMMON} == set(keys)
+    assert len(keys) == len(set(keys)) and keys[-4 - len(SLO) : -len(SLO)] == ["weight", "class", "name", "gpu_key"]
+    assert {f.key for k in KINDS for f in k.fields} | {f.key for f in (*COMMON, *SLO)} == set(keys)
     (klass,) = (f for f in COMMON if f.key == "class")
     assert (klass.choices, klass.default) == (("interactive", "batch"), "batch")
 
@@ -372,3 +372,46 @@ def test_accounting_cells():
     assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_COUNTER, 61.0, 7200.0)), "energy") == "2.00"
     assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_BUSY_PPM, 61.0, None)), "time") == "~0:01:01"
     assert cell_text(PeerRow("k", p, account=PeerAccount(SOURCE_BUSY_PPM, None, None)), "time") == "-"
+
+
+def test_the_forms_latency_target_is_run_and_launchs_options_checked_as_theirs():
+    """The SLO fields are `run`/`launch`'s --slo-* options (EngineOptions' fields, SloDecl.run_options()'s keys),
+    offered for every supervised kind (not synth: no front proxy), checked by declaration.check_slo as theirs; a
+    bad value is one message at its field and nothing is built."""
+    from dataclasses import fields
+
+    from gpushare_tui.cli.engines import EngineOptions
+    from gpushare_tui.core.engines.declaration import SloDecl, check_slo
+
+    keys = [f.key for f in SLO]
+    assert keys == [f.name for f in fields(EngineOptions) if f.name.startswith("slo_")]
+    assert keys == list(SloDecl().run_options())
+    base = {"kind": "command", "command": f"{PY} -c pass", "activity": "always", "weight": "2", "gpu_key": "k"}
+    spec, errors = validate_launch(base)
+    assert errors == {} and spec is not None and spec.slo is None  # nothing given: no target
+    given = {"slo_ttft_p99_ms": "250", "slo_weight_max": "6", "slo_classes": "interactive"}
+    spec, errors = validate_launch({**base, **given})
+    assert errors == {} and spec is not None
+    assert (
+        spec.slo
+        == check_slo("250", None, None, "6", "interactive")
+        == SloDecl(250.0, None, None, 6.0, ("interactive",))
+    )
+    assert "--slo-ttft-p99-ms" in spec.argv() and "--slo-classes" in spec.argv()  # what `run` is given
+    both = {"slo_itl_p99_ms": "40", "slo_classes": "batch,interactive"}  # the selector's default: no request
+    spec, errors = validate_launch({**base, **both})
+    assert spec is not None and spec.slo == SloDecl(None, 40.0)
+    for bad, field, message in (
+        ({"slo_ttft_p99_ms": "fast"}, "slo_ttft_p99_ms", "'fast': must be a number > 0"),
+        ({"slo_itl_p99_ms": "-1"}, "slo_itl_p99_ms", "-1.0: must be a number > 0"),
+        ({"slo_weight_max": "4"}, "slo_ttft_p99_ms", "an SLO needs ttft_p99_ms or itl_p99_ms"),
+        ({"slo_classes": "interactive"}, "slo_ttft_p99_ms", "an SLO needs ttft_p99_ms or itl_p99_ms"),
+        ({"slo_ttft_p99_ms": "100", "slo_weight_min": "4", "slo_weight_max": "2"}, "slo_weight_max", "above"),
+        ({"slo_ttft_p99_ms": "100", "slo_classes": "fast"}, "slo_classes", "one or both of batch, interactive"),
+    ):
+        spec, errors = validate_launch({**base, **bad})
+        assert spec is None and list(errors) == [field] and message in errors[field], (bad, errors)
+    # a synthetic engine has no target: its SLO fields are not read
+    synth = {"kind": "synth", "step_ms": "2", "weight": "1", "gpu_key": "k", "slo_ttft_p99_ms": "fast"}
+    spec, errors = validate_launch(synth)
+    assert errors == {} and spec is not None and spec.slo is None

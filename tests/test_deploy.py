@@ -52,8 +52,11 @@ def test_every_counter_says_what_restarts_it() -> None:
     readme = (DEPLOY / "README.md").read_text()
     section = readme.split("### Counters, and what restarts them from 0", 1)[1].split("\n\n", 2)[1]
     rows = [line for line in section.splitlines() if line.startswith("| `gpushare_")]
-    for name in COUNTER_RESETS:
-        assert any(f"`{name}`" in row.split(" | ")[0] for row in rows), name
+    for name, when in COUNTER_RESETS.items():
+        (row,) = [row for row in rows if f"`{name}`" in row.split(" | ")[0]]
+        said = row.split(" | ")[-1]  # its "starts from 0 again when" cell says the same as COUNTER_RESETS
+        assert ("`serve` restarts" in said) == ("serve" in when), (name, said)
+        assert ("supervisor" in said) == (when == "supervisor"), (name, said)
 
 
 def test_systemd_unit_runs_serve() -> None:

@@ -16,6 +16,7 @@ from gpushare_tui.core.pacing.governor import (
     GOVERNOR_DOWN_AFTER_S,
     GOVERNOR_MANUAL_HOLD_S,
     GOVERNOR_MIN_REQUESTS,
+    GOVERNOR_PRESS,
     GOVERNOR_UNREACHABLE_AFTER_S,
     GOVERNOR_WINDOW_S,
     Figures,
@@ -30,6 +31,7 @@ from gpushare_tui.core.pacing.governor import (
     ladder,
     paused_s,
     rung_of,
+    share_of,
     step,
 )
 
@@ -168,25 +170,84 @@ def test_a_reversal_sets_a_floor_and_doubles_the_wait() -> None:
     assert d.state.down_after_s == 2 * GOVERNOR_DOWN_AFTER_S
 
 
+# -- what its share costs the others (the engine's busy fraction, the other members' weights) -----------------
+
+
+def used(ttft_ms: float, busy: float, others: float = 2.0) -> Figures:
+    """Figures of an engine that used `busy` of the device beside members of `others` weight (two batch engines
+    of weight 1: the bench's)."""
+    return Figures(ttft_ms, None, 20, busy_frac=busy, others_weight=others)
+
+
+def test_a_down_that_would_free_no_device_time_is_not_made() -> None:
+    """Met with margin at interactive weight 4 while using 5% of the device: the share below (2 / 4) is far more
+    than it uses, so a down gives the others nothing and only risks the target: it holds, saying why."""
+    s = initial_state(BOUNDS, "interactive", 4)
+    for t in range(0, 600, 1):
+        d = step(TARGET, BOUNDS, s, used(100, 0.05), float(t))
+        assert not d.changed and d.verdict == "margin", (t, d.reason)
+        s = d.state
+    assert "a lower setting frees nothing (busy 5%, the share below 50%)" in d.reason
+    # the bottom of the interactive class: the batch class at the same weight frees nothing either
+    d = step(TARGET, BOUNDS, initial_state(BOUNDS, "interactive", 1), used(100, 0.05), 0.0)
+    d = step(TARGET, BOUNDS, d.state, used(100, 0.05), GOVERNOR_DOWN_AFTER_S)
+    assert not d.changed and "frees nothing" in d.reason
+
+
+def test_a_down_is_made_when_the_engine_would_use_the_share_below() -> None:
+    """Using half the device at interactive weight 4 (share 2/3): the share below, weight 2's (1/2), is one it
+    fills: a down gives the others device time, and is made after the margin held."""
+    s = initial_state(BOUNDS, "interactive", 4)
+    d = step(TARGET, BOUNDS, s, used(100, 0.5), 0.0)
+    d = step(TARGET, BOUNDS, d.state, used(100, 0.5), GOVERNOR_DOWN_AFTER_S)
+    assert d.changed and (d.klass, d.weight) == ("interactive", 2)
+    assert 0.5 >= GOVERNOR_PRESS * share_of(2, 2.0)
+    # without the engine's figures of use (an older keeper, a peer that reports none): as before, it moves down
+    d = step(TARGET, BOUNDS, s, fig(100), 0.0)
+    assert step(TARGET, BOUNDS, d.state, fig(100), GOVERNOR_DOWN_AFTER_S).changed
+
+
+def test_pressing_on_its_share_moves_up_before_the_target_is_missed() -> None:
+    """A flood's onset: the engine uses half the device at interactive weight 1 (share 1/3, its priority budget):
+    its p99 is still met, but no longer with margin. It goes up at once to the lowest rung whose share it would
+    not press on (weight 4: 0.5 <= 0.8 x 2/3), never past its bounds; met with margin it does not move."""
+    s = initial_state(BOUNDS, "interactive", 1)
+    d = step(TARGET, BOUNDS, s, used(250, 0.5), 0.0)
+    assert d.changed and (d.klass, d.weight) == ("interactive", 4) and d.verdict == "met"
+    assert d.line and "pressing on its share (busy 50% of 33%)" in d.line
+    d2 = step(TARGET, BOUNDS, d.state, used(250, 0.9), 5.0)  # presses still: not before the window is after it
+    assert not d2.changed and d2.verdict == "settling"
+    d3 = step(TARGET, BOUNDS, d2.state, used(250, 0.9), GOVERNOR_WINDOW_S)  # 0.9 > 0.8 x 8/10: the top
+    assert d3.changed and (d3.klass, d3.weight) == ("interactive", 8)
+    d4 = step(TARGET, BOUNDS, d3.state, used(250, 1.0), 100.0)  # at the top and met: held, not "unreachable"
+    assert not d4.changed and d4.verdict == "met"
+    quiet = step(TARGET, BOUNDS, s, used(100, 0.5), 0.0)  # pressing, but met with margin: the target needs no more
+    assert not quiet.changed
+    missed = step(TARGET, BOUNDS, s, used(400, 0.5), 0.0)  # a small miss (1 rung) while pressing: to weight 4
+    assert missed.changed and (missed.klass, missed.weight) == ("interactive", 4) and missed.verdict == "missed"
+
+
 # -- sequences ----------------------------------------------------------------------------------------------
 
-TICKS = st.lists(
-    st.tuples(
-        st.floats(0.1, 30.0),  # time to the next tick
-        st.one_of(st.none(), st.floats(1.0, 5000.0)),  # ttft p99
-        st.integers(0, 40),  # requests
-    ),
-    min_size=1,
-    max_size=400,
+TICK = (
+    st.floats(0.1, 30.0),  # time to the next tick
+    st.one_of(st.none(), st.floats(1.0, 5000.0)),  # ttft p99
+    st.integers(0, 40),  # requests
 )
+TICKS = st.lists(st.tuples(*TICK), min_size=1, max_size=400)
+
+
+USAGE = st.one_of(st.none(), st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 20.0)))  # (busy, others' weights)
+TICKS_USED = st.lists(st.tuples(*TICK, USAGE), min_size=1, max_size=400)
 
 
 def run(ticks, bounds: GovernorBounds = BOUNDS, start: tuple[str, float] = ("batch", 1)) -> list[tuple[float, int]]:
-    """(time, rung) of every change over the ticks."""
+    """(time, rung) of every change over the ticks ((dt, ttft, requests[, (busy, others' weights) or None]))."""
     s, t, changes = initial_state(bounds, *start), 0.0, []
-    for dt, ttft, n in ticks:
+    for dt, ttft, n, *usage in ticks:
         t += dt
-        d = step(TARGET, bounds, s, Figures(ttft, None, n), t)
+        busy, others = usage[0] if usage and usage[0] is not None else (None, None)
+        d = step(TARGET, bounds, s, Figures(ttft, None, n, busy, others), t)
         assert (d.klass, d.weight) == ladder(bounds)[d.state.rung]
         if d.changed:
             changes.append((t, d.state.rung))
@@ -197,7 +258,7 @@ def run(ticks, bounds: GovernorBounds = BOUNDS, start: tuple[str, float] = ("bat
     return changes
 
 
-@given(TICKS)
+@given(st.one_of(TICKS, TICKS_USED))
 @settings(max_examples=400, deadline=None)
 def test_no_figures_make_it_change_more_than_once_per_window(ticks) -> None:
     changes = run(ticks)
@@ -217,7 +278,7 @@ def test_a_miss_never_moves_down_and_a_margin_never_up(ticks) -> None:
         s = d.state
 
 
-@given(TICKS)
+@given(st.one_of(TICKS, TICKS_USED))
 @settings(max_examples=400, deadline=None)
 def test_reversals_are_few_whatever_the_figures(ticks) -> None:
     """An up after a down doubles the wait before the next down: within any stretch of GOVERNOR_DOWN_AFTER_MAX_S

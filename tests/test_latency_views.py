@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -155,6 +156,31 @@ def test_the_peers_table_shows_the_latency_columns_only_when_an_engine_reports_l
     assert COLUMN_BY_KEY["itl"].text(row) == "50" and COLUMN_BY_KEY["reqs"].text(row) == "0.65"  # 20 in 31 s
     narrow, _ = fit_columns(80)
     assert "ttft" not in {c.key for c in narrow} or "reqs" not in {c.key for c in narrow}  # REQ/S drops first
+
+
+def test_the_once_table_shows_the_latency_columns_only_where_an_engine_has_figures_and_a_legend_to_read() -> None:
+    """As the dashboard: TTFT99/ITL99/REQ/S in a segment's table only when one of its engines reports latency;
+    the legend below says what the less obvious columns shown mean, a line each, none longer than LEGEND_WIDTH."""
+    from gpushare_tui.cli.once import render_table
+    from gpushare_tui.dashboard.columns import LEGEND_WIDTH, legend
+
+    with_figures = model_of(EngineInfo(state="running", latency=recorded()))
+    without = model_of(EngineInfo(state="running"))
+    for model, shown in ((with_figures, True), (without, False)):
+        lines = render_table(ReportData.of_model(model, "h")).splitlines()
+        header = lines[1].split()
+        assert ("TTFT99" in header, "ITL99" in header, "REQ/S" in header) == (shown, shown, shown), header
+        assert lines[2].split()[2] == "chat" and len(lines[2].split()) == len(header)
+        text = "\n".join(lines[3:])
+        assert text == legend({c for c in COLUMN_BY_KEY if shown or c not in LATENCY_KEYS})
+        assert ("TTFT99  time to first token p99" in text) == shown
+        assert all(len(line) <= LEGEND_WIDTH for line in lines[3:]) and len(lines) >= 3 + 5
+        assert lines[3].startswith("SHR%    share it gets while busy")
+    # two segments, one with figures: each table has its own columns; the legend says what any of them showed
+    two = DashboardModel(NOW, (*with_figures.gpus, replace(without.gpus[0], snapshot=snap([slot(0, 1.0)], key="b"))))
+    lines = render_table(ReportData.of_model(two, "h")).splitlines()
+    headers = [line.split() for line in lines if line.startswith(" SLOT")]
+    assert ["TTFT99" in h for h in headers] == [True, False] and "TTFT99  time" in "\n".join(lines)
 
 
 def test_status_prints_latency_and_the_target_in_words(monkeypatch, capsys) -> None:

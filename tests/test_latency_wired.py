@@ -28,6 +28,7 @@ from testkit.wait import wait_for
 pytestmark = pytest.mark.slow
 
 SLACK_MS = 150  # what a loaded host may add to an injected delay
+HELD_WATCH_S = 12.0  # an unreachable target's setting watched this long (> the governor's 10 s window): held
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
@@ -133,8 +134,10 @@ def test_a_real_llama_server_behind_its_proxy_reports_its_latency(runs, llama_se
 
 def test_two_targets_that_cannot_hold_are_reported_and_nothing_oscillates(runs, cli, gpu_key) -> None:
     """Each engine's TTFT is injected at 250 ms, its target 100 ms: no weight can meet it. Each climbs (2.5x the
-    target: two rungs, then one), holds the top of its bounds and says the target is unreachable; the weights
-    seen change at most once per 10 s, and not at all once unreachable."""
+    target: two rungs; or at once to the top, its requests in flight all the time pressing on any share below
+    it), holds the top of its bounds and says the target is unreachable; the weights
+    seen change at most once per 10 s, and not at all once unreachable (watched for more than a governor window
+    after both are: HELD_WATCH_S)."""
     target = ("--slo-ttft-p99-ms", "100", "--slo-weight-max", "4")
     pids, urls = [], []
     for name in ("a", "b"):
@@ -155,9 +158,9 @@ def test_two_targets_that_cannot_hold_are_reported_and_nothing_oscillates(runs, 
     seen: dict[int, list[tuple[float, str | None, float | None]]] = {pid: [] for pid in pids}
     unreachable_at: dict[int, float] = {}
     try:
-        deadline = time.monotonic() + 75
+        deadline = time.monotonic() + 75 + HELD_WATCH_S
         while time.monotonic() < deadline and not (
-            len(unreachable_at) == 2 and time.monotonic() > max(unreachable_at.values()) + 5
+            len(unreachable_at) == 2 and time.monotonic() > max(unreachable_at.values()) + HELD_WATCH_S
         ):
             for pid in pids:
                 st = status(pid)
@@ -169,6 +172,7 @@ def test_two_targets_that_cannot_hold_are_reported_and_nothing_oscillates(runs, 
             time.sleep(0.3)
         assert len(unreachable_at) == 2, seen
         r = cli("--once", "--format", "prometheus", "--gpu-key", gpu_key)
+        shown = json.loads(cli("--once", "--json", "--gpu-key", gpu_key).stdout)["gpus"][0]["peers"]
     finally:
         stop.set()
         for t in threads:
@@ -176,6 +180,7 @@ def test_two_targets_that_cannot_hold_are_reported_and_nothing_oscillates(runs, 
     fams = {f.name: f for f in text_string_to_metric_families(r.stdout)}
     assert [s.value for s in fams["gpushare_engine_slo_unreachable"].samples] == [1, 1]
     assert fams["gpushare_gpu_slo_unreachable_engines"].samples[0].value == 2
+    assert [p["engine"]["slo"]["state"] for p in shown] == ["unreachable", "unreachable"]
     for pid in pids:
         changes = seen[pid]
         assert changes[-1][1:] == ("interactive", 4.0), changes  # the top of its bounds, held

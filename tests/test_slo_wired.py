@@ -101,6 +101,65 @@ def test_the_keeper_moves_up_on_a_miss_and_a_persons_edit_pauses_it_until_up_dec
     assert keeper.report().ttft_attained_pct == 0.0
 
 
+def test_the_keeper_gives_the_governor_the_engines_busy_fraction_and_the_others_weights(tmp_path) -> None:
+    """`usage()` (the supervisor's: busy µs since the join, the other members' weights): each step's figures carry
+    the busy fraction over the last GOVERNOR_BUSY_WINDOW_S (none until half of it is there, none across a counter
+    that went back: a rejoin), and a governed engine pressing on its share goes up before it misses."""
+    engine, clock = Engine(), [1000.0]
+    engine.klass = "interactive"
+    busy = [0]
+    rec = recorder_missing(0.08)  # 80 ms: met (100), not with margin (70)
+
+    def snapshot():
+        return parse_snapshot(snapshot_line(rec, 100.0)[8:], clock[0])
+
+    keeper = SloKeeper(
+        SloTarget(ttft_p99_ms=100),
+        GovernorBounds(1, 8),
+        engine=engine,
+        snapshot=snapshot,
+        usage=lambda: (busy[0], 2.0),
+        log_path=str(tmp_path / "engine.log"),
+        say=lambda _l: None,
+        clock_s=lambda: clock[0],
+    )
+    seen = []
+    for _ in range(4):  # half the device: 500 ms of every second
+        seen.append(keeper._figures(clock[0]))
+        clock[0] += 1
+        busy[0] += 500_000
+    assert [f.busy_frac for f in seen] == [None, pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.5)]
+    assert {f.others_weight for f in seen} == {2.0} and seen[-1].ttft_p99_ms is not None
+    busy[0] = 0  # the engine rejoined: its counter starts again
+    assert keeper._figures(clock[0]).busy_frac is None
+    keeper.tick()  # interactive weight 1 (share 1/3) at half the device: pressing; met without margin
+    assert engine.sets == [] and keeper.report().state == "met"  # the rejoin's sample: no busy yet
+    for _ in range(3):
+        clock[0] += 1
+        busy[0] += 500_000
+        keeper.tick()
+    assert engine.sets == [("interactive", 4.0)]  # the lowest rung whose share (2/3) it does not press on
+    said = open(tmp_path / "engine.log").read()
+    assert "up to interactive weight 4 (from interactive weight 1): pressing on its share (busy 50% of 33%)" in said
+
+
+def test_the_supervisors_in_flight_clock_counts_the_time_with_work_in_flight() -> None:
+    """The governor's measure of use (the proxy's DEMAND changes): repeated flags change nothing, an open span
+    counts up to now."""
+    from gpushare_tui.core.engines.supervisor import InFlightClock
+
+    c = InFlightClock()
+    assert c.total_us(100) == 0
+    c.set(True, 1_000)
+    c.set(True, 1_500)  # still the same span
+    assert c.total_us(1_200) == 200
+    c.set(False, 2_000)
+    c.set(False, 3_000)
+    assert c.total_us(9_000) == 1_000
+    c.set(True, 10_000)
+    assert c.total_us(10_250) == 1_250
+
+
 def test_a_class_edit_is_a_persons_edit_and_a_met_target_moves_nothing_within_margin(tmp_path) -> None:
     engine, clock = Engine(), [1000.0]
     keeper = keeper_for(engine, recorder_missing(0.09), clock, str(tmp_path / "e.log"))

@@ -154,11 +154,9 @@ def _cells(text: str) -> int:
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
-def _line(texts: list[str], widths: list[int]) -> str:
-    from ..dashboard.columns import COLUMNS
-
+def _line(columns: Sequence[Column], texts: list[str], widths: list[int]) -> str:
     out = []
-    for c, t, w in zip(COLUMNS, texts, widths):
+    for c, t, w in zip(columns, texts, widths):
         fill = " " * (w - _cells(t))
         out.append(fill + t if c.right else t + fill)
     return (" " + " ".join(out)).rstrip()
@@ -166,13 +164,16 @@ def _line(texts: list[str], widths: list[int]) -> str:
 
 def render_table(data: ReportData, show_idle: bool = True) -> str:
     """The human-readable `--once` table: per segment a line, then the dashboard's peers-table columns
-    (every one: the table is not width-limited) with the same headers and cell text, and a legend line.
-    Unless `show_idle`, segments with no live peer are left out (counted in a last line). Names, keys and
-    errors are untrusted: every cell goes through `printable` (the JSON form keeps them, escaped)."""
+    (every one, the table is not width-limited, but the latency columns only where an engine of the segment
+    reports latency, as the dashboard) with the same headers and cell text; then the legend of the less obvious
+    columns shown, one line each. Unless `show_idle`, segments with no live peer are left out (counted in a
+    last line). Names, keys and errors are untrusted: every cell goes through `printable` (the JSON form keeps
+    them, escaped)."""
     from ..core.host.text import printable
-    from ..dashboard.columns import COLUMNS, legend, schedule_note, users_note
+    from ..dashboard.columns import COLUMNS, LATENCY_KEYS, latency_reported, legend, schedule_note, users_note
 
     lines = []
+    shown_keys: set[str] = set()
     views = [(h, v) for h, v in data.views if show_idle or any(r.peer.alive for r in v.rows)]
     hidden = len(data.views) - len(views)
     for host, v in views:
@@ -187,12 +188,14 @@ def render_table(data: ReportData, show_idle: bool = True) -> str:
         )
         if note := users_note(g):  # Extension 2: a line per GPU with two users or more
             lines.append(printable(note))
-        cells = [[_cell(c, r) for c in COLUMNS] for r in v.rows]
-        widths = [max([len(c.label)] + [_cells(row[i]) for row in cells]) for i, c in enumerate(COLUMNS)]
-        lines.append(_line([c.label for c in COLUMNS], widths))
-        lines += [_line(row, widths) for row in cells]
+        columns = [c for c in COLUMNS if latency_reported(v.rows) or c.key not in LATENCY_KEYS]
+        shown_keys.update(c.key for c in columns)
+        cells = [[_cell(c, r) for c in columns] for r in v.rows]
+        widths = [max([len(c.label)] + [_cells(row[i]) for row in cells]) for i, c in enumerate(columns)]
+        lines.append(_line(columns, [c.label for c in columns], widths))
+        lines += [_line(columns, row, widths) for row in cells]
     if views:
-        lines.append(legend())
+        lines.append(legend(shown_keys))
     for host, e in data.errors:
         where = ": ".join(printable(x) for x in (host or "", e.segment) if x)
         lines.append(f"error: {where}: {printable(e.error)}")

@@ -10,7 +10,8 @@ but a sort-cycle entry (widgets.peers_table.SORT_CYCLE) if `o` should reach it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -320,6 +321,12 @@ LATENCY_COLUMNS: tuple[Column, ...] = (
 LATENCY_KEYS = frozenset(c.key for c in LATENCY_COLUMNS)
 
 
+def latency_reported(rows: Iterable[PeerRow]) -> bool:
+    """Whether some engine of `rows` reports its clients' latency (a front proxy's figures): the latency columns
+    are shown only then (the dashboard's table and the `--once` table)."""
+    return any(r.latency is not None for r in rows)
+
+
 def latency_text(lat: LatencyReport) -> str:
     """An engine's latency in one line (`status NAME`, the detail view)."""
     parts = []
@@ -589,6 +596,15 @@ def fit_columns(available: int, empty: frozenset[str] = frozenset()) -> tuple[tu
     return tuple(shown), max(lo, min(hi, available - others()))
 
 
-def legend() -> str:
-    """One line saying what the less obvious columns mean (under the `--once` table)."""
-    return "; ".join(f"{c.label} {c.legend}" for c in COLUMNS if c.legend)
+LEGEND_WIDTH = 100  # the `--once` legend's lines wrap here (a reader's terminal, not one 600-character line)
+
+
+def legend(shown: Collection[str] | None = None) -> str:
+    """What the less obvious columns mean (under the `--once` table): a line each (LABEL, then its meaning, wrapped
+    at LEGEND_WIDTH with the meaning's indent), for the columns whose keys are in `shown` (None: every one)."""
+    cols = [c for c in COLUMNS if c.legend and (shown is None or c.key in shown)]
+    indent = max(len(c.label) for c in COLUMNS if c.legend) + 2  # the same whichever are shown
+    return "\n".join(
+        textwrap.fill(c.legend, LEGEND_WIDTH, initial_indent=c.label.ljust(indent), subsequent_indent=" " * indent)
+        for c in cols
+    )

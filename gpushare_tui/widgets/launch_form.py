@@ -1,8 +1,9 @@
 """`l`: start an engine detached (like `gpushare-tui launch`), and report how it went.
 
 The form renders core/engines/kinds.py's FORM_KINDS: its first field picks the engine kind, and the fields shown
-are that kind's own, then COMMON (weight, latency class, name, GPU key). It validates every field
-first (core/engines/declaration.py; inline errors, nothing started); then it calls
+are that kind's own, then COMMON (weight, latency class, name, GPU key), then for a supervised kind SLO (a latency
+target and its governor's bounds: run/launch's --slo-* options). It validates every field
+first (core/engines/declaration.py, as `launch` checks its options; inline errors, nothing started); then it calls
 `core.launcher.launch_detached` in a thread worker for the kind's LaunchSpec (llama-server:
 `BINARY -m MODEL [--port P] EXTRA...` under a supervisor; vLLM/SGLang/TGI/any command: the command
 as given under a supervisor, with its declaration's activity and health options; synthetic:
@@ -30,13 +31,16 @@ from ..core.engines.declaration import (
     LATENCY_CLASSES,
     MODEL_FLAGS,
     PORT_FLAG,
+    SLO_KEYS,
     DeclarationError,
+    SloDecl,
     SourceOptions,
     SynthDecl,
     check_class,
     check_gpu_key,
     check_model,
     check_name,
+    check_slo,
     check_step_ms,
     check_weight,
     check_work_units,
@@ -68,6 +72,17 @@ COMMON = (
     KindField("name", "Name", "empty: the model file's name"),
     KindField("gpu_key", "GPU key", "segment key"),
 )
+# A supervised kind's latency target (docs/latency.md), after COMMON: the keys are run/launch's --slo-* options
+# (cli/engines.EngineOptions' fields, SloDecl.run_options()), checked as theirs (declaration.check_slo). All left
+# empty (the classes at their default): no target.
+SLO_CLASSES_DEFAULT = "batch,interactive"
+SLO = (
+    KindField("slo_ttft_p99_ms", "TTFT p99 ms", "latency target, ms (empty: none)"),
+    KindField("slo_itl_p99_ms", "ITL p99 ms", "inter-token target, ms (empty: none)"),
+    KindField("slo_weight_min", "Weight min", "the governor's least weight (empty: Weight)"),
+    KindField("slo_weight_max", "Weight max", "the governor's most weight (empty: 8 x Weight)"),
+    KindField("slo_classes", "SLO classes", "", SLO_CLASSES_DEFAULT, (SLO_CLASSES_DEFAULT, *LATENCY_CLASSES)),
+)
 DEFAULT_KIND = LLAMA_SERVER
 SYNTHETIC = kind_record(SYNTH)
 
@@ -78,7 +93,26 @@ def _all_fields() -> tuple[KindField, ...]:
     for k in FORM_KINDS:
         for f in k.fields:
             seen.setdefault(f.key, f)
-    return (*seen.values(), *COMMON)
+    return (*seen.values(), *COMMON, *SLO)
+
+
+def form_fields(kind: EngineKind) -> tuple[KindField, ...]:
+    """The fields the form shows for `kind`: its own, COMMON, and SLO for a supervised one (a synthetic engine
+    has no front proxy: no latency to keep)."""
+    return (*kind.fields, *COMMON, *(SLO if kind.supervised else ()))
+
+
+def _slo(v: dict[str, str], errors: Errors) -> SloDecl | None:
+    """The SLO fields' target (None: none given), each problem at its field."""
+    given = {k: v.get(f"slo_{k}") or None for k in SLO_KEYS}
+    if given["classes"] == SLO_CLASSES_DEFAULT:
+        given["classes"] = None  # the default is no request of its own
+    try:
+        return check_slo(**given)
+    except DeclarationError as e:
+        key = e.subkey or e.part
+        errors.setdefault(f"slo_{key}" if key in SLO_KEYS else "slo_ttft_p99_ms", e.at_field)
+        return None
 
 
 FIELDS = _all_fields()
@@ -218,9 +252,10 @@ def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, Errors]:
     kind = _form_kind(values.get("kind") or DEFAULT_KIND)
     if kind is None:
         return None, {"kind": f"{values.get('kind')!r}: not one of {', '.join(k.key for k in FORM_KINDS)}"}
-    v = {f.key: (values.get(f.key) or "").strip() for f in (*kind.fields, *COMMON)}
+    v = {f.key: (values.get(f.key) or "").strip() for f in form_fields(kind)}
     builder = _BUILDERS.get(kind.key)
     spec = builder(v, errors) if builder is not None else _declared_spec(kind, v, errors)
+    slo = _slo(v, errors) if kind.supervised else None
     klass = "batch"
     try:
         klass = check_class(v["class"] or "batch", label="class")
@@ -234,7 +269,7 @@ def validate_launch(values: dict[str, str]) -> tuple[LaunchSpec | None, Errors]:
             check_gpu_key(key)
         except DeclarationError as e:
             errors["gpu_key"] = e.at_field
-    return (None, errors) if errors or spec is None else (replace(spec, klass=klass), {})
+    return (None, errors) if errors or spec is None else (replace(spec, klass=klass, slo=slo), {})
 
 
 def launch_in_worker(spec: LaunchSpec, started: Started | None = None) -> LaunchReply:
@@ -292,7 +327,7 @@ class LaunchForm(Dialog[LaunchResult | None]):
         """The initial values of `kind`'s fields and the common ones: core.kinds' defaults (a llama-server
         binary: the one found here), then what the form was given."""
         info = kind_record(kind_key)
-        values = {f.key: f.default for f in (*info.fields, *COMMON)}
+        values = {f.key: f.default for f in form_fields(info)}
         if kind_key == LLAMA_SERVER:
             values["binary"] = default_binary()
         return values | {k: str(v) for k, v in self.given.items() if k in values}
@@ -337,8 +372,8 @@ class LaunchForm(Dialog[LaunchResult | None]):
         return k.key if k is not None else self.first_kind
 
     def kind_fields(self) -> tuple[KindField, ...]:
-        """The fields shown: the selected kind's, then the common ones."""
-        return (*kind_record(self.kind).fields, *COMMON)
+        """The fields shown: the selected kind's, then the common ones (and a supervised kind's target)."""
+        return form_fields(kind_record(self.kind))
 
     def _value(self, key: str) -> str:
         w = self.query_one(f"#f-{key}")
@@ -354,7 +389,9 @@ class LaunchForm(Dialog[LaunchResult | None]):
         info = kind_record(kind_key)
         own = {f.key: f for f in info.fields}
         for f in FIELDS:
-            if f not in COMMON:
+            if f in SLO:
+                self.query_one(f"#r-{f.key}").display = info.supervised
+            elif f not in COMMON:
                 self.query_one(f"#r-{f.key}").display = f.key in own
                 if f.key in own and not own[f.key].choices:  # a field kinds share: this kind's hint
                     self.query_one(f"#f-{f.key}", Input).placeholder = own[f.key].hint

@@ -33,6 +33,7 @@ from ..dashboard.columns import (
     LATENCY_KEYS,
     Column,
     fit_columns,
+    latency_reported,
 )
 from ..dashboard.model import PeerRow
 from .palette import slot_colour
@@ -217,7 +218,7 @@ class PeersTable(ScrollView, can_focus=True):
         empty = frozenset() if any(r.vram_mib is not None for r in rows) else frozenset({"vram"})
         if not any(r.account is not None and r.account.energy_j is not None for r in rows):
             empty |= {"energy"}  # no energy source (NVML's energy counter, RAPL)
-        if not any(r.latency is not None for r in rows):
+        if not latency_reported(rows):
             empty |= LATENCY_KEYS  # no engine behind a front proxy reports its clients' latency
         if empty != self._empty:
             self._empty = empty

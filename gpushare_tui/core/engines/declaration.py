@@ -45,13 +45,21 @@ _LABELS = {"binary": "engine binary", "model": "model", "port": PORT_FLAG}
 class DeclarationError(UsageError, ValueError):
     """One invalid value. `field`: the declaration's field (an `[[engine]]` key); `part`: what in it
     (`binary`, `model` or `port` of a command, `step_ms` of synth; else the field); `label`: how a
-    person names it; `value`: what was given (None: nothing); `problem`: what is wrong with it.
-    `str(e)`, the command line's form: `invalid LABEL 'VALUE': PROBLEM`."""
+    person names it; `value`: what was given (None: nothing); `problem`: what is wrong with it; `subkey`: the key
+    of a table's value the problem is about where `part` does not say it (slo's `weight_max`: the launch form
+    shows it there). `str(e)`, the command line's form: `invalid LABEL 'VALUE': PROBLEM`."""
 
     def __init__(
-        self, field: str, value: object, problem: str, *, part: str | None = None, label: str | None = None
+        self,
+        field: str,
+        value: object,
+        problem: str,
+        *,
+        part: str | None = None,
+        label: str | None = None,
+        subkey: str | None = None,
     ) -> None:
-        self.field, self.value, self.problem = field, value, problem
+        self.field, self.value, self.problem, self.subkey = field, value, problem, subkey
         self.part = part or field
         self.label = label or _LABELS.get(self.part, self.part)
         given = "" if value is None else f" {value!r}"
@@ -362,12 +370,14 @@ def check_slo(
     if isinstance(classes, str):
         classes = [c.strip() for c in classes.split(",")]
     if classes is not None and (not isinstance(classes, list | tuple) or not all(isinstance(c, str) for c in classes)):
-        raise DeclarationError("slo", None, 'classes: a list of class names, e.g. ["batch", "interactive"]')
+        raise DeclarationError(
+            "slo", None, 'classes: a list of class names, e.g. ["batch", "interactive"]', subkey="classes"
+        )
     decl = SloDecl(**nums, classes=tuple(classes) if classes is not None else None)
     try:
         decl.governed(decl.weight_min or 1.0)
     except GovernorConfigError as e:
-        raise DeclarationError("slo", None, str(e)) from None
+        raise DeclarationError("slo", None, str(e), subkey=e.field) from None
     return decl
 
 

@@ -3,7 +3,7 @@ step every SLO_TICK_S), never on the pacing path. It reads the front proxy's fig
 moves the engine's weight and class with the supervisor's own setters, and writes each decision as one line in the
 engine's log (`gpushare-tui: governor: ...`) and on the supervisor's output.
 
-    keeper = SloKeeper(target, bounds, engine=supervisor, log_path=..., say=...).start()
+    keeper = SloKeeper(target, bounds, engine=supervisor, snapshot=..., usage=..., log_path=..., say=...).start()
     handlers = keeper.wrap(handlers)   # the control socket's set_weight/set_class: who set it
     keeper.report()                    # the `status` reply's `slo`
     keeper.close()
@@ -19,16 +19,19 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from ..host import paths
 from ..pacing.control import Handler
-from ..pacing.governor import Figures, Governor, GovernorBounds, SloReport, SloTarget
+from ..pacing.governor import GOVERNOR_BUSY_WINDOW_S, Figures, Governor, GovernorBounds, SloReport, SloTarget
 from .latency_link import LatencySnapshot
 
 SLO_TICK_S = 1.0  # one governor step this often
 NO_FIGURES = Figures(None, None, 0)
+Usage = Callable[[], "tuple[int, float] | None"]  # (its µs with work in flight so far, the others' weights summed)
 
 
 class Governed(Protocol):
@@ -44,7 +47,9 @@ class Governed(Protocol):
 
 class SloKeeper:
     """One engine's governor, ticked on a thread of its own; thread-safe (a lock serialises the ticks and the
-    edits the control socket reports). `snapshot()`: the proxy's figures as last received (None: none yet)."""
+    edits the control socket reports). `snapshot()`: the proxy's figures as last received (None: none yet);
+    `usage()`: the µs the engine had work in flight so far and the other members' weights now (None: unknown),
+    from which each step's figures get its use over GOVERNOR_BUSY_WINDOW_S (governor.Figures.busy_frac)."""
 
     def __init__(
         self,
@@ -54,11 +59,14 @@ class SloKeeper:
         engine: Governed,
         snapshot: Callable[[], LatencySnapshot | None],
         log_path: str | None,
+        usage: Usage | None = None,
         say: Callable[[str], None] = print,
         clock_s: Callable[[], float] = time.monotonic,
         tick_s: float = SLO_TICK_S,
     ) -> None:
         self._engine, self._snapshot, self._log_path, self._say = engine, snapshot, log_path, say
+        self._usage = usage
+        self._busy: deque[tuple[float, int]] = deque()  # (monotonic s, in-flight µs) samples: the window's and one more
         self._clock, self._tick_s = clock_s, tick_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -102,7 +110,19 @@ class SloKeeper:
 
     def _figures(self, now_s: float) -> Figures:
         snap = self._snapshot()
-        return snap.recent if snap is not None else NO_FIGURES
+        figures = snap.recent if snap is not None else NO_FIGURES
+        got = self._usage() if self._usage is not None else None
+        if got is None:
+            return figures
+        busy_us, others_weight = got
+        samples = self._busy
+        samples.append((now_s, busy_us))
+        while len(samples) > 2 and now_s - samples[1][0] >= GOVERNOR_BUSY_WINDOW_S:
+            samples.popleft()  # the oldest kept is the last one at least the window back
+        t0, b0 = samples[0]
+        if now_s - t0 < GOVERNOR_BUSY_WINDOW_S / 2 or busy_us < b0:  # too short to judge, or a counter that went back
+            return replace(figures, others_weight=others_weight)
+        return replace(figures, busy_frac=(busy_us - b0) / 1e6 / (now_s - t0), others_weight=others_weight)
 
     def _apply(self, klass: str, weight: float) -> None:
         """The governor's change, through the engine's own setters (not the control socket: no person's edit)."""

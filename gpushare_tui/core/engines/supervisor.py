@@ -63,6 +63,27 @@ PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (budgets.ENGINE_PROBE_DEADLINE_S)
 
 
+class InFlightClock:
+    """The time (µs, monotonic) with work in flight, from the changes of a flag (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since_us: int | None = None  # in flight since (None: not now)
+        self._total_us = 0
+
+    def set(self, in_flight: bool, now_us: int) -> None:
+        with self._lock:
+            if in_flight and self._since_us is None:
+                self._since_us = now_us
+            elif not in_flight and self._since_us is not None:
+                self._total_us += max(0, now_us - self._since_us)
+                self._since_us = None
+
+    def total_us(self, now_us: int) -> int:
+        with self._lock:
+            return self._total_us + (max(0, now_us - self._since_us) if self._since_us is not None else 0)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -130,6 +151,7 @@ class Supervisor:
         self.pacing: PaceLoop | None = None  # the pace loop, while run() runs
         self._slo_spec = slo
         self.slo: SloKeeper | None = None  # its governor, from the join on
+        self._in_flight = InFlightClock()  # the time it had requests in flight (its governor's measure of use)
 
     # -- public ------------------------------------------------------------
 
@@ -238,7 +260,21 @@ class Supervisor:
         if proxy is None:
             self._say("gpushare-tui: governor: no front proxy (--no-proxy, or no port to front): no figures, it holds")
         snapshot = (lambda: proxy.latency) if proxy is not None else (lambda: None)
-        return SloKeeper(target, bounds, engine=self, snapshot=snapshot, log_path=self.log_path, say=self._say).start()
+        return SloKeeper(
+            target, bounds, engine=self, snapshot=snapshot, usage=self._usage, log_path=self.log_path, say=self._say
+        ).start()
+
+    def _usage(self) -> tuple[int, float] | None:
+        """The governor's view of what its share costs: the µs the engine had requests in flight (its front proxy's
+        DEMAND: what its work asks of the device, whether it runs or waits; its busy_total_us counts all the time
+        it was continued between activity marks up to 1.2 s apart, which a request a second fills), and the
+        weights of the schedule's other members (spec §5's, now) summed; None before the join."""
+        m = self.membership
+        if m is None or m.slot is None:
+            return None
+        now = wall_us()
+        others = sum(float(r.weight) for r in m.read_slots() if r.index != m.slot and r.is_member(now))
+        return self._in_flight.total_us(mono_us()), others
 
     def _port_check(self, spec: HealthSpec) -> listener.PortCheck | None:
         """Who listens where the readiness probe goes (http, tcp): ready only once it is the engine's tree."""
@@ -282,6 +318,7 @@ class Supervisor:
 
     def _proxy_demand(self, demand: bool) -> None:
         """The proxy's DEMAND (its thread): the first request in flight arrived, or the last one ended."""
+        self._in_flight.set(demand, mono_us())
         if self.membership is not None:
             self.membership.set_demand(demand)
 

@@ -20,6 +20,15 @@ at weights doubling from the lowest to the highest; with one class, that class a
   GOVERNOR_DOWN_AFTER_MAX_S); the wait returns to its base after that long without a reversal;
 - fewer than GOVERNOR_MIN_REQUESTS requests in the window: no judgement, nothing moves (an idle engine has no
   window anyway: what it holds costs no one anything);
+- what its share costs the others (when the engine's use, the fraction of the time it had work in flight, and
+  the other members' weights are known: Figures.busy_frac, Figures.others_weight): a setting costs the others
+  device time only while the engine uses
+  its whole share; below it, the engine takes what its work needs whatever the setting. So a down is made only
+  when it frees device time: the engine uses at least GOVERNOR_PRESS of the share the rung below would give it
+  (else a lower setting would give the others nothing and could only cost the target: held). And an engine that
+  presses on its share (uses more than GOVERNOR_PRESS of it: an interactive engine is about to lose its
+  priority, spec §7's budget is its share) while its p99s are no longer met with margin goes up before the
+  target is missed, to the lowest rung whose share it would not press on (a flood's onset: the figures lag);
 - unreachable: at the top rung, missed for GOVERNOR_UNREACHABLE_AFTER_S: said once (a line), reported (state
   "unreachable"), and held — the top rung is kept, never chased past, until the target is met again.
 
@@ -49,13 +58,19 @@ GOVERNOR_DOWN_AFTER_MAX_S = 1800.0  # the most that wait grows to after reversal
 GOVERNOR_UNREACHABLE_AFTER_S = 30.0  # missed at the top rung this long: the target is unreachable
 GOVERNOR_MIN_REQUESTS = 3  # fewer requests in the window: no judgement
 GOVERNOR_MANUAL_HOLD_S = 600.0  # a person's weight or class edit holds the governor off this long
+GOVERNOR_BUSY_WINDOW_S = 2.0  # the engine's busy fraction (Figures.busy_frac) is over this: a flood shows in it
+GOVERNOR_PRESS = 0.8  # busy above this fraction of its share: it presses on its share
 WEIGHT_STEP = 2.0  # weights on the ladder: the lowest, doubling, then the highest
 
 CLASS_ORDER = ("batch", "interactive")  # least first: interactive runs first while it has work (spec §7)
 
 
 class GovernorConfigError(ValueError):
-    """A target or bounds that cannot be governed; the message says which field and why."""
+    """A target or bounds that cannot be governed; the message says which field and why, `field` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -69,9 +84,9 @@ class SloTarget:
         for name in ("ttft_p99_ms", "itl_p99_ms"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf):
-                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number of ms > 0")
+                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number of ms > 0", name)
         if self.ttft_p99_ms is None and self.itl_p99_ms is None:
-            raise GovernorConfigError("an SLO needs ttft_p99_ms or itl_p99_ms")
+            raise GovernorConfigError("an SLO needs ttft_p99_ms or itl_p99_ms", "ttft_p99_ms")
 
 
 @dataclass(frozen=True)
@@ -88,15 +103,19 @@ class GovernorBounds:
         for name in ("weight_min", "weight_max"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 3.4e38):
-                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number > 0")
+                raise GovernorConfigError(f"invalid {name} {v!r}: must be a number > 0", name)
         if self.weight_min > self.weight_max:
-            raise GovernorConfigError(f"weight_min {self.weight_min:g} is above weight_max {self.weight_max:g}")
+            raise GovernorConfigError(
+                f"weight_min {self.weight_min:g} is above weight_max {self.weight_max:g}", "weight_max"
+            )
         if (
             not self.classes
             or any(c not in LATENCY_CLASSES for c in self.classes)
             or len(set(self.classes)) != len(self.classes)
         ):
-            raise GovernorConfigError(f"invalid classes {self.classes!r}: one or both of {', '.join(CLASS_ORDER)}")
+            raise GovernorConfigError(
+                f"invalid classes {self.classes!r}: one or both of {', '.join(CLASS_ORDER)}", "classes"
+            )
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,8 @@ class Figures:
     ttft_p99_ms: float | None
     itl_p99_ms: float | None
     requests: int
+    busy_frac: float | None = None  # its use over GOVERNOR_BUSY_WINDOW_S: the time with work in flight (None: unknown)
+    others_weight: float | None = None  # the weights of the schedule's other members, summed (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -193,6 +214,20 @@ def _setting_text(rung: tuple[str, float]) -> str:
     return f"{rung[0]} weight {rung[1]:g}"
 
 
+def share_of(weight: float, others_weight: float) -> float:
+    """The share of the device a member of `weight` gets beside members of `others_weight` (spec §5, the floor
+    aside): its window, and an interactive member's priority budget (§7)."""
+    return weight / (weight + others_weight) if others_weight > 0 else 1.0
+
+
+def _usage(f: Figures) -> tuple[float, float] | None:
+    """(busy fraction, the others' weights) when both are known and make sense, else None (not judged)."""
+    b, o = f.busy_frac, f.others_weight
+    if b is None or o is None or not (0 <= b < math.inf and 0 <= o < math.inf):
+        return None
+    return min(b, 1.0), o
+
+
 def step(target: SloTarget, bounds: GovernorBounds, state: GovernorState, figures: Figures, now_s: float) -> Decision:
     """The next setting (see the module for the rule). `figures` are over the GOVERNOR_WINDOW_S before `now_s`."""
     rungs = ladder(bounds)
@@ -216,6 +251,18 @@ def step(target: SloTarget, bounds: GovernorBounds, state: GovernorState, figure
         return hold(replace(s, margin_since_s=None), why, "idle")
     since_change = math.inf if s.changed_at_s is None else now_s - s.changed_at_s
     worst = max(ratios)
+    usage = _usage(figures)
+    needed = None  # pressing on its share: the lowest rung it would not press on (None: it does not, or unknown)
+    if usage is not None and usage[0] > GOVERNOR_PRESS * share_of(rungs[rung][1], usage[1]):
+        fits = (r for r in range(rung + 1, top + 1) if usage[0] <= GOVERNOR_PRESS * share_of(rungs[r][1], usage[1]))
+        needed = next(fits, top)
+    if worst <= 1.0 and needed is not None and rung < top and worst > GOVERNOR_MARGIN:  # about to miss
+        assert usage is not None
+        s = replace(s, margin_since_s=None, missed_top_since_s=None, unreachable=False)
+        if since_change < GOVERNOR_WINDOW_S:
+            return hold(s, f"pressing on its share: {seen}; settling after the last change", "settling")
+        why = f"pressing on its share (busy {usage[0]:.0%} of {share_of(rungs[rung][1], usage[1]):.0%}), {seen}"
+        return _up(s, rungs, rung, needed, now_s, why, "met")
     if worst > 1.0:  # missed
         s = replace(s, margin_since_s=None)
         if rung == top:
@@ -229,13 +276,8 @@ def step(target: SloTarget, bounds: GovernorBounds, state: GovernorState, figure
             return hold(s, f"missed at the top of its bounds: {seen}", "missed")
         if since_change < GOVERNOR_WINDOW_S:
             return hold(s, f"missed: {seen}; settling after the last change", "settling")
-        new = min(top, rung + 1 + int(math.log2(min(worst, 2.0**16))))  # a ratio may overflow to inf
-        if s.last_move < 0:  # the rung below did not hold: a floor, and a longer wait before the next down
-            down_after = min(GOVERNOR_DOWN_AFTER_MAX_S, 2 * s.down_after_s)
-            s = replace(s, floor=new, floor_until_s=now_s + down_after, down_after_s=down_after, reversal_at_s=now_s)
-        s = replace(s, rung=new, changed_at_s=now_s, last_move=1, missed_top_since_s=None)
-        line = f"up to {_setting_text(rungs[new])} (from {_setting_text(rungs[rung])}): missed, {seen}"
-        return Decision(s, *rungs[new], True, line, line, "missed")
+        new = rung + 1 + int(math.log2(min(worst, 2.0**16)))  # a ratio may overflow to inf
+        return _up(s, rungs, rung, max(new, needed or 0), now_s, f"missed, {seen}", "missed")
     recovered = "target met again: " if s.unreachable else ""
     line = f"{recovered}{seen}" if s.unreachable else None
     s = replace(s, missed_top_since_s=None, unreachable=False)
@@ -249,10 +291,27 @@ def step(target: SloTarget, bounds: GovernorBounds, state: GovernorState, figure
         return hold(s, f"met with margin: {seen}; {why}", "margin", line)
     if now_s - since < s.down_after_s or since_change < GOVERNOR_WINDOW_S:
         return hold(s, f"met with margin: {seen}; down after {s.down_after_s:g} s of it", "margin", line)
+    if usage is not None and usage[0] < GOVERNOR_PRESS * (below := share_of(rungs[rung - 1][1], usage[1])):
+        why = f"a lower setting frees nothing (busy {usage[0]:.0%}, the share below {below:.0%})"
+        return hold(s, f"met with margin: {seen}; {why}", "margin", line)
     new = rung - 1
     s = replace(s, rung=new, changed_at_s=now_s, last_move=-1, margin_since_s=now_s)
     down = f"down to {_setting_text(rungs[new])} (from {_setting_text(rungs[rung])}): met with margin, {seen}"
     return Decision(s, *rungs[new], True, down, f"{recovered}{down}", "margin")
+
+
+def _up(
+    s: GovernorState, rungs: tuple[tuple[str, float], ...], rung: int, new: int, now_s: float, why: str, verdict: str
+) -> Decision:
+    """Up from `rung` to `new` (at most the top) because `why`. An up that follows a down (the rung below did not
+    hold) makes the rung it goes to a floor, and doubles the wait before the next down."""
+    new = min(len(rungs) - 1, new)
+    if s.last_move < 0:
+        down_after = min(GOVERNOR_DOWN_AFTER_MAX_S, 2 * s.down_after_s)
+        s = replace(s, floor=new, floor_until_s=now_s + down_after, down_after_s=down_after, reversal_at_s=now_s)
+    s = replace(s, rung=new, changed_at_s=now_s, last_move=1, missed_top_since_s=None)
+    line = f"up to {_setting_text(rungs[new])} (from {_setting_text(rungs[rung])}): {why}"
+    return Decision(s, *rungs[new], True, line, line, verdict)
 
 
 def paused_s(now_s: float, manual_at_s: float | None, declared_at_s: float | None) -> float:
