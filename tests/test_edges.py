@@ -1,0 +1,118 @@
+"""Truth at every edge (core/pacing/edges.py): what each window gave the engine, summed up purely; the engine's
+threads read from /proc; and a real supervised engine's `status` showing its last minute of windows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from gpushare_tui.core.engines.activity import threads_sched_ns
+from gpushare_tui.core.pacing import edges
+from gpushare_tui.core.pacing.edges import EdgeReport, Window
+from gpushare_tui.core.registry.segment import Segment, shm_path
+from testkit.cli import cli_argv, run_cli, status_json
+from testkit.wait import wait_for
+
+
+def _w(end_s: float, sched_ms: float, ran_ms: float | None, cont: int = 100, stop: int = 300) -> Window:
+    ran = None if ran_ms is None else int(ran_ms * 1000)
+    return Window(int(end_s * 1e6), int(sched_ms * 1000), cont, stop, ran, 0 if ran is not None else None)
+
+
+def test_report_sums_up_the_last_minute_only() -> None:
+    ws = [_w(0, 40, 10), *(_w(100 + i, 40, 36) for i in range(10)), _w(115, 80, None, cont=5000, stop=7000)]
+    r = edges.report(ws, now_mono_us=int(160 * 1e6))
+    assert r.windows == 11 and r.span_s == 60  # the window at t=0 is older than a minute
+    assert r.scheduled_ms_mean == pytest.approx((10 * 40 + 80) / 11)
+    assert r.ran_pct == pytest.approx(90.0)  # of the windows whose run is known only
+    assert r.loss_per_edge_ms == pytest.approx(2.0)  # 4 ms lost a window, over its 2 edges
+    assert r.lateness_p50_us == 300 and r.lateness_p99_us == 7000  # both edges pooled
+    assert r.waited_pct == 0.0
+    assert edges.report([], 0) == EdgeReport(span_s=60, windows=0)
+
+
+def test_a_window_that_ran_past_its_stop_is_a_negative_loss() -> None:
+    r = edges.report([_w(1, 40, 42)], int(1e6))
+    assert r.ran_pct == pytest.approx(105.0) and r.loss_per_edge_ms == pytest.approx(-1.0)
+
+
+def test_by_length_and_the_fit_split_the_loss_into_per_edge_and_proportional() -> None:
+    # 3 ms lost at the edges of every window, and 5% of its length besides
+    ws = [_w(i, length, length - 3 - 0.05 * length) for i in range(20) for length in (40, 80, 120)]
+    groups = edges.by_length(ws)
+    assert list(groups) == [40_000, 80_000, 120_000]
+    assert groups[80_000].windows == 20 and groups[80_000].loss_per_edge_ms == pytest.approx((3 + 4) / 2)
+    fit = edges.fit_loss(ws)
+    assert fit is not None
+    assert fit[0] == pytest.approx(3000, abs=1) and fit[1] == pytest.approx(0.05, abs=1e-4)
+    assert edges.fit_loss([_w(1, 40, 30), _w(2, 40, 31)]) is None  # one length: no split
+
+
+def test_the_ring_is_bounded() -> None:
+    ring = edges.ring()
+    for i in range(edges.WINDOWS_KEPT + 10):
+        ring.append(_w(i, 40, 40))
+    assert len(ring) == edges.WINDOWS_KEPT
+
+
+def test_threads_are_read_and_a_gone_or_crowded_process_is_unknown() -> None:
+    stop = threading.Event()
+    burner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)], daemon=True)
+    burner.start()
+    try:
+        first = threads_sched_ns(os.getpid())
+        time.sleep(0.2)
+        second = threads_sched_ns(os.getpid())
+    finally:
+        stop.set()
+        burner.join()
+    assert first is not None and second is not None
+    assert second[0] - first[0] >= 50_000_000  # the burning thread's 200 ms (less what others took)
+    assert threads_sched_ns(os.getpid(), max_threads=1) is None  # more threads than the cap: not read
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert threads_sched_ns(p.pid) is None  # gone (reaped): unknown, never an error
+
+
+def _engine(procs, gpu_key: str, name: str, weight: float) -> int:
+    """A supervised command engine burning core 0 (`--activity always`); its pid."""
+    argv = cli_argv("run", "--weight", str(weight), "--gpu-key", gpu_key, "--name", name, "--activity", "always")
+    procs.start([*argv, "--", "taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+
+    def pid() -> int | None:
+        if not os.path.exists(shm_path(gpu_key)):
+            return None
+        with Segment.attach_readonly(shm_path(gpu_key)) as seg:
+            return next((r.pid for r in seg.read_slots() if r.name == name), None)
+
+    return wait_for(pid, 30, what=f"engine {name} joined")
+
+
+@pytest.mark.slow
+def test_status_shows_the_windows_each_supervised_engine_ran(procs, gpu_key, runtime_dir) -> None:
+    """Two real engines paced 3:1 (windows of 120 and 40 ms): each one's `status` shows its windows of the last
+    minute at their scheduled length, both signals' lateness, and that it ran most of each (each burns one
+    core, the one it may use: 2 cores, nothing else to run)."""
+    a = _engine(procs, gpu_key, "edges-a", 3)
+    b = _engine(procs, gpu_key, "edges-b", 1)
+    time.sleep(4.0)
+    for pid, length_ms in ((a, 120), (b, 40)):
+        e = status_json(pid)["edges"]
+        assert e["windows"] >= 4 * 1000 / 160 * 0.5, e  # a window a period (160 ms), half of them at least
+        assert e["scheduled_ms_mean"] == pytest.approx(length_ms, rel=0.05), e
+        assert 0 <= e["lateness_p50_us"] <= e["lateness_p99_us"] < 80_000, e
+        # measured: 66% at load 2.6 (core 0 shared with other jobs); a broken reading (no base, another
+        # process's threads, ns as µs) is far off
+        assert 20 <= e["ran_pct"] <= 105, e
+        assert e["loss_per_edge_ms"] < length_ms * 0.4, e
+    text = run_cli("status", str(a)).stdout
+    (line,) = [ln for ln in text.splitlines() if ln.split(":")[0].strip() == "edges"]
+    assert "windows of 120 ms mean" in line and "% of scheduled" in line and "ms per edge" in line, line
+    doc = json.loads(run_cli("status", str(b), "--json").stdout)
+    assert set(doc["edges"]) == set(EdgeReport.__dataclass_fields__)
