@@ -1,0 +1,175 @@
+"""Truth at every edge: what each window of the pacing gives real llama-servers, by window length and by the load
+on the front proxy. Each engine's supervisor records every window it runs the engine in (core/pacing/edges.py:
+scheduled length, SIGCONT/SIGSTOP lateness, the engine's threads' CPU time and runqueue wait between our SIGCONT
+and shortly after our SIGSTOP, over the cores it may use); `status` sums up the last minute, which this bench
+reads at the end of each scenario (fresh engines each: only its windows).
+
+- lengths: two or three engines (the bench.pacing model, `--threads` each, one stream each) at 1:1, 3:1 and
+  2/1/1: windows of 40, 120/40 and 80/40/40 ms. The loss of each engine's windows against their length is fitted:
+  a part per window (its edges cost it, whatever its length) and a part proportional to its length (it ran
+  slower inside: its cores taken by others).
+- proxy: two engines at 1:1 (`-np 32`), B with one stream, A with 1 (the least load that paces it: a proxied
+  engine's DEMAND comes from its proxy) then 32 streams through its front proxy.
+
+    python -m bench.edges [--rounds 2] [--window-s 8] [--only lengths,proxy]
+
+Prints a table per round (every engine) and the fit; writes bench/results/edges.json. The clients are asyncio
+coroutines on raw sockets in this process (bench.proxy's): cheap, but their CPU is on the same 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from bench.pacing import llama_server_path
+from bench.proxy import Run, Supervised, measure, request_bytes
+from gpushare_tui.core.engines.llama_server import free_port
+from gpushare_tui.core.pacing import control
+from gpushare_tui.core.pacing import edges as edges_
+from testkit.shm import remove, shm_file
+from testkit.tiny_gguf import write_tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+LENGTHS = {"1:1": (1, 1), "3:1": (3, 1), "2/1/1": (2, 1, 1)}
+PROXY_STREAMS = (1, 32)
+CLI = [sys.executable, "-m", "gpushare_tui"]
+CTX_PER_SLOT = 192
+
+
+def start(argv: list[str], key: str, name: str, weight: float) -> Supervised:
+    """A llama-server under `gpushare-tui launch` at `weight` (bench.proxy's Supervised, weighted)."""
+    port = free_port()
+    launch = [*CLI, "launch", "--json", "--gpu-key", key, "--name", name, "--weight", str(weight)]
+    out = subprocess.run([*launch, "--", *argv, "--port", str(port)], capture_output=True, text=True, timeout=180)
+    if out.returncode != 0:
+        raise RuntimeError(f"launch failed: {out.stderr.strip()}")
+    info = json.loads(out.stdout)
+    return Supervised(info["supervisor_pid"], info["engine_pid"], port, 0)
+
+
+def edge_report(pid: int) -> dict:
+    st = control.StatusReply.from_json(control.request(pid, "status", 5.0))
+    return dict(vars(st.edges)) if st.edges is not None else {}
+
+
+async def _load(ports_streams: list[tuple[int, int]], request: bytes, warmup_s: float, window_s: float) -> list[Run]:
+    return list(await asyncio.gather(*(measure(p, n, request, warmup_s, window_s, True) for p, n in ports_streams)))
+
+
+def scenario(
+    a: argparse.Namespace, key: str, label: str, engines: list[tuple[float, list[str], int]], request: bytes
+) -> list[dict]:
+    """Engines (weight, argv, streams) started, loaded for warm-up + window, their edges read; one row each."""
+    sups: list[Supervised] = []
+    try:
+        for i, (w, argv, _) in enumerate(engines):
+            sups.append(start(argv, key, f"edges-{i}-{w:g}", w))
+        load0 = os.getloadavg()[0]
+        runs = asyncio.run(_load([(s.port, n) for s, (_, _, n) in zip(sups, engines)], request, a.warmup_s, a.window_s))
+        reports = [edge_report(s.engine_pid) for s in sups]
+    finally:
+        for s in sups:
+            s.stop()
+    load1 = os.getloadavg()[0]
+    return [
+        {
+            "scenario": label,
+            "weight": w,
+            "streams": n,
+            "tok_s": run.tokens / a.window_s,
+            "load_avg_1m": [load0, load1],
+            **rep,
+        }
+        for (w, _, n), run, rep in zip(engines, runs, reports)
+    ]
+
+
+def _f(x: object, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(
+        f"{'scenario':<12} {'w':>3} {'streams':>7} {'window ms':>9} {'windows':>7} {'late p50/p99 µs':>16} "
+        f"{'ran %':>6} {'loss/edge ms':>12} {'waited %':>8} {'tok/s':>7}  load"
+    )
+    for r in rows:
+        late = f"{_f(r.get('lateness_p50_us'), 'd')}/{_f(r.get('lateness_p99_us'), 'd')}"
+        print(
+            f"{r['scenario']:<12} {r['weight']:>3g} {r['streams']:>7} {_f(r.get('scheduled_ms_mean'), '.0f'):>9} "
+            f"{_f(r.get('windows'), 'd'):>7} {late:>16} {_f(r.get('ran_pct'), '.1f'):>6} "
+            f"{_f(r.get('loss_per_edge_ms'), '.2f'):>12} {_f(r.get('waited_pct'), '.1f'):>8} {r['tok_s']:>7.1f}  "
+            f"{r['load_avg_1m'][0]:.2f}-{r['load_avg_1m'][1]:.2f}",
+            flush=True,
+        )
+
+
+def fit(rows: list[dict]) -> tuple[float, float] | None:
+    """The windows' loss on their length over these rows (each engine's mean window stands for its windows)."""
+    ws = []
+    for r in rows:
+        if r.get("scheduled_ms_mean") and r.get("ran_pct") is not None:
+            length_us = r["scheduled_ms_mean"] * 1000
+            ws.append(edges_.Window(0, int(length_us), None, None, int(length_us * r["ran_pct"] / 100)))
+    return edges_.fit_loss(ws)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--window-s", type=float, default=8.0)
+    ap.add_argument("--warmup-s", type=float, default=3.0)
+    ap.add_argument("--embd", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--only", default="lengths,proxy")
+    ap.add_argument("--json", default=str(RESULTS / "edges.json"))
+    a = ap.parse_args()
+    server = llama_server_path()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    model = RESULTS / f"model-{a.embd}x{a.layers}.gguf"
+    if not model.exists():
+        write_tiny_llama(str(model), a.embd, a.layers)
+    request = request_bytes(a.n_predict, True)
+    key = f"bench-edges-{uuid.uuid4().hex[:8]}"
+    only = set(a.only.split(","))
+
+    def argv(slots: int) -> list[str]:
+        ctx = max(4096, slots * CTX_PER_SLOT) if slots == 1 else slots * CTX_PER_SLOT
+        return [server, "-m", str(model), "-t", str(a.threads), "-np", str(slots), "-c", str(ctx)]
+
+    rows: list[dict] = []
+    print(f"model {model.name}, {a.threads} threads per engine, {a.window_s:g} s window after {a.warmup_s:g} s warm-up")
+    try:
+        for rnd in range(a.rounds):
+            print(f"-- round {rnd + 1}")
+            got: list[dict] = []
+            if "lengths" in only:
+                for label, weights in LENGTHS.items():
+                    got += scenario(a, key, label, [(w, argv(1), 1) for w in weights], request)
+            if "proxy" in only:
+                for n in PROXY_STREAMS:
+                    got += scenario(a, key, f"proxy {n}", [(1, argv(32), n), (1, argv(32), 1)], request)
+            for r in got:
+                r["round"] = rnd + 1
+            print_rows(got)
+            f = fit([r for r in got if not r["scenario"].startswith("proxy")])
+            if f is not None:
+                print(f"fit: {f[0] / 1000:.2f} ms lost per window whatever its length, and {100 * f[1]:.1f}% of it")
+            rows += got
+    finally:
+        remove(shm_file(key))
+    Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
