@@ -25,11 +25,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
 from bench.pacing import llama_server_path
 from bench.proxy import Run, Supervised, measure, request_bytes
+from gpushare_tui.core.engines.activity import threads_sched_ns
 from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.core.pacing import control
 from gpushare_tui.core.pacing import edges as edges_
@@ -73,8 +76,13 @@ def scenario(
         for i, (w, argv, _) in enumerate(engines):
             sups.append(start(argv, key, f"edges-{i}-{w:g}", w))
         load0 = os.getloadavg()[0]
+        pids = [s.engine_pid for s in sups] + [s.supervisor_pid for s in sups]
+        cpu: list[list[tuple[int, int] | None]] = []
+        timer = threading.Thread(target=_cpu_at, args=(pids, [a.warmup_s, a.window_s], cpu), daemon=True)
+        timer.start()
         runs = asyncio.run(_load([(s.port, n) for s, (_, _, n) in zip(sups, engines)], request, a.warmup_s, a.window_s))
-        reports = [edge_report(s.engine_pid) for s in sups]
+        timer.join()
+        reports = [edge_report(s.engine_pid) for s in sups] if len(sups) > 1 else [{}]
     finally:
         for s in sups:
             s.stop()
@@ -85,11 +93,29 @@ def scenario(
             "weight": w,
             "streams": n,
             "tok_s": run.tokens / a.window_s,
+            # the engine's threads' CPU time over the window, of all cores: paced or not (solo), the same measure
+            "cpu_pct": _cpu_pct(c0, c1, a.window_s),
+            "supervisor_cpu_pct": _cpu_pct(s0, s1, a.window_s),  # its pace loop, monitor (not its proxy process)
             "load_avg_1m": [load0, load1],
             **rep,
         }
-        for (w, _, n), run, rep in zip(engines, runs, reports)
+        for (w, _, n), run, rep, c0, c1, s0, s1 in zip(
+            engines, runs, reports, cpu[0], cpu[1], cpu[0][len(engines) :], cpu[1][len(engines) :]
+        )
     ]
+
+
+def _cpu_at(pids: list[int], waits_s: list[float], out: list[list[tuple[int, int] | None]]) -> None:
+    """The engines' threads' (CPU ns, wait ns) after each of `waits_s` in turn, appended to `out`."""
+    for w in waits_s:
+        time.sleep(w)
+        out.append([threads_sched_ns(p) for p in pids])
+
+
+def _cpu_pct(c0: tuple[int, int] | None, c1: tuple[int, int] | None, window_s: float) -> float | None:
+    if c0 is None or c1 is None:
+        return None
+    return 100 * (c1[0] - c0[0]) / 1e9 / window_s / (os.cpu_count() or 1)
 
 
 def _f(x: object, spec: str) -> str:
@@ -98,15 +124,16 @@ def _f(x: object, spec: str) -> str:
 
 def print_rows(rows: list[dict]) -> None:
     print(
-        f"{'scenario':<12} {'w':>3} {'streams':>7} {'window ms':>9} {'windows':>7} {'late p50/p99 µs':>16} "
-        f"{'ran %':>6} {'loss/edge ms':>12} {'waited %':>8} {'tok/s':>7}  load"
+        f"{'scenario':<12} {'w':>3} {'streams':>7} {'window ms':>9} {'windows':>7} {'late µs CONT/STOP p50, p99':>26} "
+        f"{'ran %':>6} {'loss/edge ms':>12} {'waited %':>8} {'tok/s':>7} {'cpu %':>6}  load"
     )
     for r in rows:
-        late = f"{_f(r.get('lateness_p50_us'), 'd')}/{_f(r.get('lateness_p99_us'), 'd')}"
+        late = "/".join(_f(r.get(k), "d") for k in ("cont_late_p50_us", "stop_late_p50_us", "lateness_p99_us"))
         print(
             f"{r['scenario']:<12} {r['weight']:>3g} {r['streams']:>7} {_f(r.get('scheduled_ms_mean'), '.0f'):>9} "
-            f"{_f(r.get('windows'), 'd'):>7} {late:>16} {_f(r.get('ran_pct'), '.1f'):>6} "
-            f"{_f(r.get('loss_per_edge_ms'), '.2f'):>12} {_f(r.get('waited_pct'), '.1f'):>8} {r['tok_s']:>7.1f}  "
+            f"{_f(r.get('windows'), 'd'):>7} {late:>26} {_f(r.get('ran_pct'), '.1f'):>6} "
+            f"{_f(r.get('loss_per_edge_ms'), '.2f'):>12} {_f(r.get('waited_pct'), '.1f'):>8} {r['tok_s']:>7.1f} "
+            f"{_f(r.get('cpu_pct'), '.1f'):>6} {_f(r.get('supervisor_cpu_pct'), '.1f'):>5}  "
             f"{r['load_avg_1m'][0]:.2f}-{r['load_avg_1m'][1]:.2f}",
             flush=True,
         )
@@ -154,6 +181,7 @@ def main() -> None:
             print(f"-- round {rnd + 1}")
             got: list[dict] = []
             if "lengths" in only:
+                got += scenario(a, key, "solo", [(1, argv(1), 1)], request)
                 for label, weights in LENGTHS.items():
                     got += scenario(a, key, label, [(w, argv(1), 1) for w in weights], request)
             if "proxy" in only:
@@ -162,7 +190,7 @@ def main() -> None:
             for r in got:
                 r["round"] = rnd + 1
             print_rows(got)
-            f = fit([r for r in got if not r["scenario"].startswith("proxy")])
+            f = fit([r for r in got if r["scenario"] in LENGTHS])
             if f is not None:
                 print(f"fit: {f[0] / 1000:.2f} ms lost per window whatever its length, and {100 * f[1]:.1f}% of it")
             rows += got

@@ -51,6 +51,8 @@ class EdgeReport:
     scheduled_ms_mean: float | None = None
     lateness_p50_us: int | None = None
     lateness_p99_us: int | None = None
+    cont_late_p50_us: int | None = None  # each edge's alone: the run's start (SIGCONT, a wake-up) ...
+    stop_late_p50_us: int | None = None  # ... and its stop
     ran_pct: float | None = None
     loss_per_edge_ms: float | None = None
     waited_pct: float | None = None
@@ -88,6 +90,8 @@ def report(windows: Iterable[Window], now_mono_us: int, span_us: int = REPORT_SP
         scheduled_ms_mean=sum(w.scheduled_us for w in ws) / len(ws) / 1000,
         lateness_p50_us=percentile(late, 0.5),
         lateness_p99_us=percentile(late, 0.99),
+        cont_late_p50_us=percentile([w.cont_late_us for w in ws if w.cont_late_us is not None], 0.5),
+        stop_late_p50_us=percentile([w.stop_late_us for w in ws if w.stop_late_us is not None], 0.5),
         ran_pct=100 * ran_total / sched_total if sched_total else None,
         loss_per_edge_ms=(sched_total - ran_total) / len(measured) / 2 / 1000 if measured else None,
         waited_pct=100 * sum(w.waited_us or 0 for w in waited) / waited_sched if waited_sched else None,
