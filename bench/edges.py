@@ -11,7 +11,7 @@ reads at the end of each scenario (fresh engines each: only its windows).
 - proxy: two engines at 1:1 (`-np 32`), B with one stream, A with 1 (the least load that paces it: a proxied
   engine's DEMAND comes from its proxy) then 32 streams through its front proxy.
 
-    python -m bench.edges [--rounds 2] [--window-s 8] [--only lengths,proxy]
+    python -m bench.edges [--rounds 2] [--window-s 8] [--only solo,1:1,3:1,2/1/1,proxy]
 
 Prints a table per round (every engine) and the fit; writes bench/results/edges.json. The clients are asyncio
 coroutines on raw sockets in this process (bench.proxy's): cheap, but their CPU is on the same 2 cores.
@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--n-predict", type=int, default=128)
-    ap.add_argument("--only", default="lengths,proxy")
+    ap.add_argument("--only", default="solo,1:1,3:1,2/1/1,proxy", help="scenarios (comma list)")
     ap.add_argument("--json", default=str(RESULTS / "edges.json"))
     a = ap.parse_args()
     server = llama_server_path()
@@ -180,9 +180,10 @@ def main() -> None:
         for rnd in range(a.rounds):
             print(f"-- round {rnd + 1}")
             got: list[dict] = []
-            if "lengths" in only:
+            if "solo" in only:
                 got += scenario(a, key, "solo", [(1, argv(1), 1)], request)
-                for label, weights in LENGTHS.items():
+            for label, weights in LENGTHS.items():
+                if label in only:
                     got += scenario(a, key, label, [(w, argv(1), 1) for w in weights], request)
             if "proxy" in only:
                 for n in PROXY_STREAMS:
