@@ -62,19 +62,27 @@ def test_the_ring_is_bounded() -> None:
 
 
 def test_threads_are_read_and_a_gone_or_crowded_process_is_unknown() -> None:
-    stop = threading.Event()
-    burner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)], daemon=True)
+    burned, stop = threading.Event(), threading.Event()
+
+    def burn() -> None:  # 50 ms of this thread's CPU time, however loaded the machine; then it stays
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:
+            pass
+        burned.set()
+        stop.wait()
+
+    first = threads_sched_ns(os.getpid())
+    burner = threading.Thread(target=burn)
     burner.start()
     try:
-        first = threads_sched_ns(os.getpid())
-        time.sleep(0.2)
+        assert burned.wait(30)
         second = threads_sched_ns(os.getpid())
+        assert threads_sched_ns(os.getpid(), max_threads=1) is None  # more threads than the cap: not read
     finally:
         stop.set()
         burner.join()
     assert first is not None and second is not None
-    assert second[0] - first[0] >= 50_000_000  # the burning thread's 200 ms (less what others took)
-    assert threads_sched_ns(os.getpid(), max_threads=1) is None  # more threads than the cap: not read
+    assert second[0] - first[0] >= 50_000_000 and second[1] >= first[1]  # the live thread's 50 ms counted
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     assert threads_sched_ns(p.pid) is None  # gone (reaped): unknown, never an error
