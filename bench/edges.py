@@ -83,6 +83,12 @@ def scenario(
         runs = asyncio.run(_load([(s.port, n) for s, (_, _, n) in zip(sups, engines)], request, a.warmup_s, a.window_s))
         timer.join()
         reports = [edge_report(s.engine_pid) for s in sups] if len(sups) > 1 else [{}]
+        for s in sups:
+            print(
+                f"  {label} engine {s.engine_pid} threads ran/waited ms: {top_waiters(s.engine_pid, a.window_s)};"
+                f" supervisor: {top_waiters(s.supervisor_pid, a.window_s)}",
+                flush=True,
+            )
     finally:
         for s in sups:
             s.stop()
@@ -106,10 +112,39 @@ def scenario(
 
 
 def _cpu_at(pids: list[int], waits_s: list[float], out: list[list[tuple[int, int] | None]]) -> None:
-    """The engines' threads' (CPU ns, wait ns) after each of `waits_s` in turn, appended to `out`."""
+    """The engines' threads' (CPU ns, wait ns) after each of `waits_s` in turn, appended to `out`; and each
+    thread's, in THREADS (its name, CPU ns, wait ns by tid, per pid)."""
     for w in waits_s:
         time.sleep(w)
         out.append([threads_sched_ns(p) for p in pids])
+        THREADS.append({p: _per_thread(p) for p in pids})
+
+
+THREADS: list[dict[int, dict[int, tuple[str, int, int]]]] = []
+
+
+def _per_thread(pid: int) -> dict[int, tuple[str, int, int]]:
+    found: dict[int, tuple[str, int, int]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                run, wait = (int(x) for x in f.read().split()[:2])
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                found[int(tid)] = (f.read().strip(), run, wait)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def top_waiters(pid: int, window_s: float, n: int = 3) -> str:
+    """The threads of `pid` that waited longest for a core over the window: `comm tid: ran/waited ms`."""
+    a, b = THREADS[-2].get(pid, {}), THREADS[-1].get(pid, {})
+    rows = sorted(((b[t][2] - a[t][2], b[t][1] - a[t][1], b[t][0], t) for t in b if t in a), reverse=True)[:n]
+    return ", ".join(f"{name}/{tid}: {run / 1e6:.0f}/{wait / 1e6:.0f}" for wait, run, name, tid in rows)
 
 
 def _cpu_pct(c0: tuple[int, int] | None, c1: tuple[int, int] | None, window_s: float) -> float | None:
