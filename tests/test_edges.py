@@ -127,20 +127,25 @@ def test_status_shows_the_windows_each_supervised_engine_ran(procs, gpu_key, run
 
 
 class _LateClock:
-    """A fake clock whose sleeps each end `late_us` late (a wake-up, the interpreter lock, the step before a signal)."""
+    """A fake clock whose sleeps each end `late_us` late (the sleep's overshoot); `on_sleep` runs at each."""
 
     def __init__(self, t: int, late_us: int) -> None:
         self.t, self.late_us = t, late_us
+        self.on_sleep: list = []
 
     def __call__(self) -> int:
         return self.t
 
     def sleep(self, s: float) -> None:
         self.t += round(s * 1e6) + self.late_us
+        for f in self.on_sleep:
+            f()
 
 
-def _paced_windows(gpu_key: str, late_us: int, cont_lead_max_us: int | None = None) -> list[Window]:
-    """A pace loop (1:1 with a busy peer, 40 ms windows) whose every wake-up is `late_us` late; its windows."""
+def _paced_windows(gpu_key: str, late_us: int, step_us: int = 0, cont_lead_max_us: int | None = None) -> list[Window]:
+    """A pace loop running (1:1 with a busy peer, 40 ms windows) whose every wake-up is `late_us` late and whose
+    every round takes `step_us` after its clock reading (the Python of a step: its signal goes out at once); its
+    last 30 windows of 100."""
     from collections import deque
 
     from gpushare_tui.core.engines.pace_loop import PaceLoop
@@ -157,7 +162,7 @@ def _paced_windows(gpu_key: str, late_us: int, cont_lead_max_us: int | None = No
     kw = {} if cont_lead_max_us is None else {"cont_lead_max_us": cont_lead_max_us}
     loop = PaceLoop(
         me,
-        alive=lambda: True,
+        alive=lambda: len(ring) < 100,
         quit_event=threading.Event(),
         stop=lambda: stopped.__setitem__(0, True),
         cont=lambda: stopped.__setitem__(0, False),
@@ -170,23 +175,33 @@ def _paced_windows(gpu_key: str, late_us: int, cont_lead_max_us: int | None = No
         read_threads=lambda: (0, 0),
         **kw,  # type: ignore[arg-type]
     )
+    step = loop.step
+
+    def costly_step() -> int:
+        wait = step()
+        clock.t += step_us
+        return wait
+
+    def peer() -> None:  # alive, working, with work in flight
+        me.mark_active(clock.t)
+        me.heartbeat()
+        seg.write_slot_fields(
+            1, boot_us=1, weight=1.0, active=1, heartbeat_us=clock.t, busy_ppm=0, name_raw=abi.encode_name("peer"),
+            flags=abi.FLAG_EXT1 | abi.FLAG_DEMAND,
+        )  # fmt: skip
+
+    loop.step = costly_step  # type: ignore[method-assign]
+    clock.on_sleep.append(peer)
     try:
         assert seg.cas_pid(1, 0, 3_999_321)
-        for _ in range(5_000):  # ~6 a window
-            if len(ring) >= 100:
-                break
-            me.mark_active(clock.t)
-            me.heartbeat()
-            seg.write_slot_fields(
-                1, boot_us=1, weight=1.0, active=1, heartbeat_us=clock.t, busy_ppm=0, name_raw=abi.encode_name("peer"),
-                flags=abi.FLAG_EXT1 | abi.FLAG_DEMAND,
-            )  # fmt: skip
-            clock.sleep(max(loop.step(), 0) / 1e6)
+        peer()
+        loop.run()
     finally:
         seg.cas_pid(1, 3_999_321, 0)
         me.leave()
         seg.close()
-    return list(ring)
+    assert len(ring) == 100
+    return list(ring)[-30:]
 
 
 def test_a_late_wake_up_sends_the_sigcont_early_by_it(gpu_key: str) -> None:
@@ -194,14 +209,23 @@ def test_a_late_wake_up_sends_the_sigcont_early_by_it(gpu_key: str) -> None:
     ms into it: ~1% of a 40 ms window each time, measured 470 µs p50 on 2 loaded cores); the SIGSTOP keeps its
     lead (it goes out 450 µs late, 50 µs before the window's end), and the SIGCONT never goes before the peer's
     stop lead (CONT_LEAD_MAX_US). The code before sent every SIGCONT 450 µs late."""
-    ws = _paced_windows(gpu_key, 450)[-30:]
-    assert len(ws) == 30 and all(w.scheduled_us == 40_000 for w in ws)
+    ws = _paced_windows(gpu_key, 450)
+    assert all(w.scheduled_us == 40_000 for w in ws)
     assert all(-100 <= (w.cont_late_us or 0) <= 100 for w in ws), [w.cont_late_us for w in ws]
     assert all(w.stop_late_us == 450 for w in ws)
 
 
 def test_the_sigcont_lead_is_bounded_by_the_peers_stop_lead(gpu_key: str) -> None:
-    ws = _paced_windows(gpu_key, 2_000)[-30:]  # far later than any stop lead
+    ws = _paced_windows(gpu_key, 2_000)  # far later than any stop lead
     assert ws and all(abs((w.cont_late_us or 0) - (2_000 - 400)) <= 2 for w in ws), [w.cont_late_us for w in ws]
-    off = _paced_windows(gpu_key, 450, cont_lead_max_us=0)[-30:]  # no lead: as the code before
+    off = _paced_windows(gpu_key, 450, cont_lead_max_us=0)  # no lead: as the code before
     assert off and all(w.cont_late_us == 450 for w in off)
+
+
+def test_a_rounds_own_time_is_not_slept_again(gpu_key: str) -> None:
+    """Each round takes 200 µs after its clock reading: the wait it returns counts from that reading, so the next
+    wake-up is not 200 µs late (the code before slept the whole wait after the round: every edge ~200 µs late on
+    2 loaded cores, with the sleep's overshoot and the next round's work before its signal ~400 µs p50). No
+    SIGCONT lead here: each signal goes out as the round reads the clock."""
+    ws = _paced_windows(gpu_key, 0, step_us=200, cont_lead_max_us=0)
+    assert all(w.cont_late_us == 0 and w.stop_late_us == 0 for w in ws), [(w.cont_late_us, w.stop_late_us) for w in ws]

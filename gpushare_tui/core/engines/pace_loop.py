@@ -32,8 +32,8 @@ UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 # ran together for 13-18% of the time on 2 vCPUs (0% with a 500 µs lead).
 STOP_LEAD_US = 500
 # A SIGCONT goes out this much before its window's start: the mean of how late the last ones went out after the
-# time they were planned for (EWMA: the wake-up from the sleep to the edge, the interpreter lock, the step before
-# the signal; ~470 µs p50 on 2 loaded cores), so the engine runs from its window's start, not half a ms into it.
+# time they were planned for (EWMA: the sleep's overshoot, ~50 µs, and the step before the signal, ~130 µs of
+# Python on 2 loaded cores), so the engine runs from its window's start.
 # At most CONT_LEAD_MAX_US: never before the peer's stop (its stop lead) with a margin, whoever is late.
 CONT_LEAD_EWMA = 0.1
 CONT_LEAD_MAX_US = 400
@@ -110,10 +110,15 @@ class PaceLoop:
     def run(self) -> None:
         _raise_priority()
         while not self._quit.is_set() and self._alive():
-            self._sleep(max(self.step(), 0) / 1e6)
+            start = self._mono()
+            wait_us = self.step()
+            # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
+            # loaded cores) is not slept again, or every edge it aims at is missed by that much
+            self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6)
 
     def step(self) -> int:
-        """One round: account, read, decide, signal. Returns how long to wait before the next (µs)."""
+        """One round: account, read, decide, signal. Returns how long to wait before the next (µs), from the
+        round's start."""
         m = self._m
         if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
             self.window_end_us = None
