@@ -229,3 +229,44 @@ def test_a_rounds_own_time_is_not_slept_again(gpu_key: str) -> None:
     SIGCONT lead here: each signal goes out as the round reads the clock."""
     ws = _paced_windows(gpu_key, 0, step_us=200, cont_lead_max_us=0)
     assert all(w.cont_late_us == 0 and w.stop_late_us == 0 for w in ws), [(w.cont_late_us, w.stop_late_us) for w in ws]
+
+
+def test_the_monitor_does_not_tick_while_its_engine_is_stopped(gpu_key: str) -> None:
+    """While the pacing holds the engine stopped its peer runs, and each tick of the monitor takes a core from that
+    peer: it ticks again as the engine is continued (or after MONITOR_STOPPED_TICK_S). The code before ticked every
+    50 ms through every stop (~20 in this second)."""
+    from gpushare_tui.core.engines.declaration import ActivitySpec
+    from gpushare_tui.core.engines.monitor import EngineStatus, Monitor
+    from gpushare_tui.core.engines.process_group import EngineGroup
+    from gpushare_tui.core.registry.membership import Membership
+
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    group = EngineGroup(say=lambda _: None)
+    group.proc = proc
+    quit_event = threading.Event()
+    with Membership(gpu_key, 1.0, "mon", pid=proc.pid) as m:
+        monitor = Monitor(
+            m, proc, group, EngineStatus(), activity_spec=ActivitySpec("always"), base_url=None, gpu_busy=None,
+            proxied=True, may_probe=lambda: not group.stopped, quit_event=quit_event, say=lambda _: None,
+        )  # fmt: skip
+        ticks: list[float] = []
+        step = monitor._step
+        monitor._step = lambda st: (ticks.append(time.monotonic()), step(st))[1]  # type: ignore[method-assign]
+        thread = threading.Thread(target=monitor.run)
+        try:
+            group.suspend()
+            thread.start()
+            time.sleep(1.0)
+            stopped_ticks = len(ticks)
+            group.resume()
+            t_cont = time.monotonic()
+            wait_for(lambda: [t for t in ticks if t >= t_cont], 0.4, 0.005, "a tick as the engine is continued")
+            time.sleep(0.3)
+        finally:
+            quit_event.set()
+            group.resume(force=True)
+            thread.join(5)
+            proc.kill()
+            proc.wait()
+    assert stopped_ticks <= 3, stopped_ticks  # the first, and one each MONITOR_STOPPED_TICK_S
+    assert len([t for t in ticks if t >= t_cont]) >= 4  # every 50 ms again once continued
