@@ -31,12 +31,9 @@ UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 # to take it; sent at the edge, that thread competes for the cores with the engine just continued, and both
 # ran together for 13-18% of the time on 2 vCPUs (0% with a 500 µs lead).
 STOP_LEAD_US = 500
-# A SIGCONT goes out this much before its window's start: the mean of how late the last ones went out after the
-# time they were planned for (EWMA: the sleep's overshoot, ~50 µs, and the step before the signal, ~130 µs of
-# Python on 2 loaded cores), so the engine runs from its window's start.
-# At most CONT_LEAD_MAX_US: never before the peer's stop (its stop lead) with a margin, whoever is late.
-CONT_LEAD_EWMA = 0.1
-CONT_LEAD_MAX_US = 400
+# The hand-off needs that gap as it is: a SIGCONT sent ~400 µs early (by its own measured lateness, the peer's
+# stop as late as before) made the engines overlap: their threads waited for a core 54-64% of their windows
+# (23% before) and the 1:1 aggregate fell from 94% to 88% of solo (bench/edges.py, load 1.9-2.9).
 BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
 # The engine's threads are read this long after our SIGSTOP: each stops as it next runs (within ~100 µs on an
 # idle core; the peer continued 500 µs after us competes for the cores), and a thread read while still
@@ -60,9 +57,8 @@ class PaceLoop:
     """`run` until `quit` is set or `alive()` is False. `stop`/`cont`/`stopped`: the engine's process group
     (SIGSTOP, SIGCONT, whether it is stopped). `window_end_us`: the end of the run in progress (wall µs; None
     when not running by the schedule); `decision` and `action`: the schedule in force (and why) and what the
-    policy said, as of the last round. The clocks, the sleep, the slots' users (§8.1), the stop lead and the
-    largest SIGCONT lead (CONT_LEAD_MAX_US) may be given (tests). `edges`: where each window the engine ran in is
-    recorded (edges_.Window), its run read by
+    policy said, as of the last round. The clocks, the sleep, the slots' users (§8.1) and the stop lead may be
+    given (tests). `edges`: where each window the engine ran in is recorded (edges_.Window), its run read by
     `read_threads` (the engine's threads' counters, None when unreadable) over `cores` (the cores it may use)."""
 
     def __init__(
@@ -80,7 +76,6 @@ class PaceLoop:
         sleep_s: Callable[[float], None] = time.sleep,
         users: UserReader | None = None,
         stop_lead_us: int = STOP_LEAD_US,
-        cont_lead_max_us: int = CONT_LEAD_MAX_US,
         edges: deque[edges_.Window] | None = None,
         read_threads: ThreadsReader | None = None,
         cores: int = 1,
@@ -90,8 +85,6 @@ class PaceLoop:
         self._clock, self._mono, self._sleep = clock_us, mono_us, sleep_s
         self.lateness_us = lateness_us
         self._lead_us = stop_lead_us
-        self._cont_lead_max_us = min(cont_lead_max_us, stop_lead_us * 4 // 5)
-        self.cont_lead_us = 0.0  # how early the next SIGCONT is planned (EWMA of the last ones' lateness)
         self.policy = policy_.PacingPolicy()
         self._source = DecisionSource(membership, self.policy, users)
         self.window_end_us: int | None = None
@@ -141,10 +134,7 @@ class PaceLoop:
         except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
             self._source.repair(e)
             return 0
-        # stopped, we decide as of when our signal will have gone out: a window starting within the SIGCONT's lead
-        # is run now (a running engine's stop keeps its own lead)
-        early = int(self.cont_lead_us) if self._stopped() else 0
-        a = self.action = self.policy.act(d, slot, now + early, mono + early, lead_us=self._lead_us, demand=m.demand)
+        a = self.action = self.policy.act(d, slot, now, mono, lead_us=self._lead_us, demand=m.demand)
         at_edge = d.schedule is self._prev  # not a membership change, which acts at once, off any edge
         self._prev = d.schedule
         if not at_edge:  # a window under another schedule is no window of the new one
@@ -167,10 +157,6 @@ class PaceLoop:
                 if edge:
                     late = self._note_lateness(a.schedule, slot, edge=0)
                     self._open = _OpenWindow(self._window_us(a.schedule, slot), late, base)
-                    planned_late = late + early  # after the time it was planned for: the window's start less the lead
-                    self.cont_lead_us += CONT_LEAD_EWMA * (
-                        min(max(planned_late, 0), self._cont_lead_max_us) - self.cont_lead_us
-                    )
         elif not self._stopped():
             self._stop()
             opened, self._open = self._open, None
@@ -180,10 +166,9 @@ class PaceLoop:
                     self._closing = (opened, late, self._mono())
             if self._closing is not None:
                 assert a.until_us is not None
-                return min(a.until_us - now - int(self.cont_lead_us), EDGE_SETTLE_US)
+                return min(a.until_us - now, EDGE_SETTLE_US)
         assert a.until_us is not None  # wait, run and stop have an end
-        wait = a.until_us - now - (int(self.cont_lead_us) if a.kind == policy_.STOP else 0)
-        return min(wait, a.reread_us or RECHECK_US, RECHECK_US)
+        return min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
 
     def _continue(self) -> None:
         """SIGCONT: a window stopped but not yet read is not read (the engine runs again)."""
