@@ -15,6 +15,20 @@ reads at the end of each scenario (fresh engines each: only its windows).
 
 Prints a table per round (every engine) and the fit; writes bench/results/edges.json. The clients are asyncio
 coroutines on raw sockets in this process (bench.proxy's): cheap, but their CPU is on the same 2 cores.
+
+Measured here, 2026-12-06 09:00-09:12 (2 cores shared with other engineers' jobs, load 1.9-2.2 through the run;
+the code before the pace loop's sleep was counted from its round's clock reading), 2 rounds:
+
+    scenario  window  CONT/STOP late p50  ran %      loss/edge ms  waited %   CPU % of cores (solo 97.3/97.0)
+    1:1       40 ms   394-420/446-470 µs  89.6-94.9  1.0-2.1       21-27      94.6/94.5 together
+    2/1/1     80 ms   433-437/481-514     94.4       2.25          16-20      93.9/93.9 together
+    2/1/1     40 ms   421-440/471-483     93.1-93.3  1.3-1.4       20-28
+
+Aggregate tok/s 94% (1:1) and 92% (2/1/1) of solo; tokens per CPU-second 2.8% and 4.6% below solo's. A ggml
+thread of a paced engine waits for a core 6.6% of its run (solo 3.3%). Proxy load (1:1, -np 32, load 2.2-2.35):
+1 stream ran 93.6-94.1%, 1.2-1.3 ms per edge; 32 streams 94.6-95.1%, 1.0-1.1 ms: not the proxy. A SIGCONT sent
+~400 µs early (CONT 1-27 µs late, the peer's STOP as late as before) overlapped the peer taking its stop: waited
+44-82%, 1:1 aggregate 88% of solo (load 1.75-3.0).
 """
 
 from __future__ import annotations
