@@ -24,10 +24,6 @@ from .declaration import ActivitySpec
 from .process_group import EngineGroup
 
 MONITOR_TICK_S = 0.050
-# While the pacing holds the engine stopped, nothing of it moves and a peer runs: a tick then only takes a core
-# from that peer (a ggml engine's 2 threads on 2 cores stall together when one waits). The monitor ticks again
-# as the engine is continued, or after this long (a long wait for a priority member: its activity still lapses).
-MONITOR_STOPPED_TICK_S = 0.5
 GpuBusy = Callable[[Sequence[int], int], float | None]  # (the tree's pids, since wall µs) -> summed SM % or None
 
 
@@ -111,9 +107,7 @@ class Monitor:
                 # continued: ticking blindly, a short window (a 1:2 peer's 40 ms leaves 9.5 ms to start one)
                 # was probed about once a second, and a gauge read between requests then let its activity
                 # lapse (both ran unpaced)
-                if self._group.stopped:
-                    self._group.wait_running(MONITOR_STOPPED_TICK_S)
-                elif state is not None and state.probe_refused:
+                if state is not None and state.probe_refused:
                     self._group.wait_continued(MONITOR_TICK_S)
                 else:
                     time.sleep(MONITOR_TICK_S)

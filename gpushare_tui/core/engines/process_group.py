@@ -77,11 +77,6 @@ class EngineGroup:
             seen = self._continues
             self._continued.wait_for(lambda: self._continues != seen, timeout_s)
 
-    def wait_running(self, timeout_s: float) -> None:
-        """Until the engine is not stopped (at once when it is not), or `timeout_s`."""
-        with self._continued:
-            self._continued.wait_for(lambda: not self.stopped, timeout_s)
-
     def run_us(self) -> int:
         """The engine's total continued (not stopped) time so far, µs (monotonic)."""
         with self._lock:
