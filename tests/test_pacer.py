@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpushare_tui.core.host.clock import wall_us
+from gpushare_tui.core.pacing import edges
 from gpushare_tui.core.pacing.pacer import Pacer
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.membership import Membership
@@ -255,3 +256,24 @@ def test_busy_total_counts_step_time_in_our_window_never_sleeps(world: World) ->
     assert world.sleeps == [0.035] and world.m.busy_total_us == 3001 + 5000 + 5000
     world.m.heartbeat()
     assert world.ro.read_slot(0).busy_total_us == 3001 + 5000 + 5000  # written at the heartbeat
+
+
+def test_each_window_woken_into_is_recorded_with_its_steps(world: World) -> None:
+    """Truth at every edge (core/pacing/edges.py): each window we woke into at its start is recorded at the stop
+    after it, with its length, the wake-up's lateness, the last step's end after the window's and our steps."""
+    world.other_peer()
+    world.at(100_000)  # the other peer's window: we sleep until ours starts at 120000
+    steps = 0
+    while len(world.pacer.edges) < 3 and steps < 100:
+        world.t += 7_000  # each step takes 7 ms
+        world.other_peer()
+        world.pacer.step_done(step_us=7_000)
+        steps += 1
+    ws = list(world.pacer.edges)
+    assert len(ws) == 3 and steps == 1 + 3 * 12  # the first in its window; each recorded at the stop after its 12th
+    for w in ws:
+        assert w.scheduled_us == 80_000 and w.cont_late_us == 0
+        # 12 steps end at 84 ms: the 12th began at 77 ms, inside the window, and ran 4 ms past its end
+        assert w.ran_us == 12 * 7_000 and w.stop_late_us == 4_000
+    r = edges.report(ws, world.t)
+    assert r.windows == 3 and r.ran_pct == pytest.approx(105.0) and r.loss_per_edge_ms == pytest.approx(-2.0)

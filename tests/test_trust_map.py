@@ -162,7 +162,10 @@ SURFACES = (
         "an engine's process tree (/proc)",
         "An engine's descendants that leave its process group",
         ("core/engines/activity/tree.py", "core/engines/process_group.py", "core/engines/synthetic.py"),
-        ("test_hostile_engine.py::test_a_descendant_that_leaves_the_group_is_paced_and_ended_with_the_engine",),
+        (
+            "test_hostile_engine.py::test_a_descendant_that_leaves_the_group_is_paced_and_ended_with_the_engine",
+            "test_edges.py::test_threads_are_read_and_a_gone_or_crowded_process_is_unknown",
+        ),
     ),
     Surface(
         "a supervisor's death (the watchdog's /proc walk)",

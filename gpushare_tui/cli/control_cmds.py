@@ -21,6 +21,7 @@ from .options import EngineArg, EngineKeyOpt, EngineSlotOpt
 
 if TYPE_CHECKING:
     from ..core.pacing.control import StatusReply
+    from ..core.pacing.edges import EdgeReport
 
 # a negative weight ("weight PID -1") is a value to reject, not an unknown option
 VALUE_CONTEXT = {"ignore_unknown_options": True}
@@ -71,6 +72,8 @@ def _status_value(reply: StatusReply, key: str, value: object) -> str:
         from ..dashboard.columns import slo_text
 
         return printable(slo_text(reply.slo))
+    if key == "edges" and reply.edges is not None:
+        return edges_text(reply.edges)
     if isinstance(value, dict):  # signal_lateness
         return lateness_text(value)
     return f"{value:.2f}" if isinstance(value, float) else printable(str(value))
@@ -89,6 +92,25 @@ def lateness_text(lateness: dict) -> str:
     if not parts:
         return f"none measured yet (n={n if n is not None else '?'}: {LATENESS_NONE_WHY})"
     return f"{', '.join(parts)} (n={n if n is not None else '?'})"
+
+
+def edges_text(r: EdgeReport) -> str:
+    """`last 60 s: 750 windows of 40 ms mean, signals late p50 0.1 ms p99 0.9 ms, ran 93.1% of scheduled, loss
+    1.4 ms per edge, waited 2.0%` (the parts known); none yet: says when there will be some."""
+    if not r.windows:
+        return f"no window in the last {r.span_s or 60:g} s ({LATENESS_NONE_WHY})"
+    parts = [f"last {r.span_s or 60:g} s: {r.windows} windows"]
+    if r.scheduled_ms_mean is not None:
+        parts[0] += f" of {r.scheduled_ms_mean:.3g} ms mean"
+    if r.lateness_p50_us is not None and r.lateness_p99_us is not None:
+        parts.append(f"signals late p50 {_ms(r.lateness_p50_us)} ms p99 {_ms(r.lateness_p99_us)} ms")
+    if r.ran_pct is not None:
+        parts.append(f"ran {r.ran_pct:.1f}% of scheduled")
+    if r.loss_per_edge_ms is not None:
+        parts.append(f"loss {r.loss_per_edge_ms:.2f} ms per edge")
+    if r.waited_pct is not None:
+        parts.append(f"waited for a core {r.waited_pct:.1f}%")
+    return ", ".join(parts)
 
 
 def _ms(us: float) -> str:

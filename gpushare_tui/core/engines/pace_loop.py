@@ -2,7 +2,8 @@
 whose actions are signals to the engine's process group — SIGCONT at its window's start, SIGSTOP at its end,
 stopped while a priority member holds the device. It also measures the engine's device time (its continued
 time while working: busy_total_us, spec §7, and the PRIORITY budget's meter) and how late each signal went
-out after its window edge."""
+out after its window edge, and, per window it ran the engine in, what the engine ran of it (core/pacing/edges.py:
+its threads' CPU time between our SIGCONT and shortly after our SIGSTOP)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..host.clock import ClockUs, mono_us, wall_us
 from ..observe.accounting import BusyFromMarks
 from ..observe.users import UserReader
+from ..pacing import edges as edges_
 from ..pacing import policy as policy_
 from ..pacing.pacer import DecisionSource
 from ..registry.membership import Membership
@@ -28,7 +31,26 @@ UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 # to take it; sent at the edge, that thread competes for the cores with the engine just continued, and both
 # ran together for 13-18% of the time on 2 vCPUs (0% with a 500 µs lead).
 STOP_LEAD_US = 500
+# The hand-off needs that gap as it is: a SIGCONT sent ~400 µs early (by its own measured lateness, the peer's
+# stop as late as before) made the engines overlap: their threads waited for a core 54-64% of their windows
+# (23% before) and the 1:1 aggregate fell from 94% to 88% of solo (bench/edges.py, load 1.9-2.9).
 BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
+# The engine's threads are read this long after our SIGSTOP: each stops as it next runs (within ~100 µs on an
+# idle core; the peer continued 500 µs after us competes for the cores), and a thread read while still
+# running would count part of the stop lead as run.
+EDGE_SETTLE_US = 2_000
+
+ThreadsReader = Callable[[], "tuple[int, int] | None"]  # (CPU ns, runqueue wait ns) of the engine's threads
+
+
+@dataclass(frozen=True)
+class _OpenWindow:
+    """A window we continued the engine in at its start edge: its length, how late the SIGCONT, and the
+    engine's threads' counters as it was continued."""
+
+    scheduled_us: int
+    cont_late_us: int
+    base: tuple[int, int] | None
 
 
 class PaceLoop:
@@ -36,7 +58,8 @@ class PaceLoop:
     (SIGSTOP, SIGCONT, whether it is stopped). `window_end_us`: the end of the run in progress (wall µs; None
     when not running by the schedule); `decision` and `action`: the schedule in force (and why) and what the
     policy said, as of the last round. The clocks, the sleep, the slots' users (§8.1) and the stop lead may be
-    given (tests)."""
+    given (tests). `edges`: where each window the engine ran in is recorded (edges_.Window), its run read by
+    `read_threads` (the engine's threads' counters, None when unreadable) over `cores` (the cores it may use)."""
 
     def __init__(
         self,
@@ -53,6 +76,9 @@ class PaceLoop:
         sleep_s: Callable[[float], None] = time.sleep,
         users: UserReader | None = None,
         stop_lead_us: int = STOP_LEAD_US,
+        edges: deque[edges_.Window] | None = None,
+        read_threads: ThreadsReader | None = None,
+        cores: int = 1,
     ) -> None:
         self._m, self._alive, self._quit = membership, alive, quit_event
         self._stop, self._cont, self._stopped = stop, cont, stopped
@@ -68,20 +94,34 @@ class PaceLoop:
         self._had_demand = False  # DEMAND as of the previous round (a span counts as busy if it had work at either end)
         self._busy = BusyFromMarks(BUSY_MARK_GAP_US)
         self._last_mono, self._last_wall = self._mono(), self._clock()
+        self.edges = edges
+        self._read_threads = read_threads if edges is not None else None
+        self._cores = max(1, cores)
+        self._open: _OpenWindow | None = None  # the window the engine was continued in at its start edge
+        self._closing: tuple[_OpenWindow, int, int] | None = None  # ... stopped at its end: (it, stop lateness, mono)
+        self._at_stop: tuple[int, int] | None = None  # the threads' counters read since the last stop, if no CONT since
 
     def run(self) -> None:
         _raise_priority()
         while not self._quit.is_set() and self._alive():
-            self._sleep(max(self.step(), 0) / 1e6)
+            start = self._mono()
+            wait_us = self.step()
+            # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
+            # loaded cores) is not slept again, or every edge it aims at is missed by that much
+            self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6)
 
     def step(self) -> int:
-        """One round: account, read, decide, signal. Returns how long to wait before the next (µs)."""
+        """One round: account, read, decide, signal. Returns how long to wait before the next (µs), from the
+        round's start."""
         m = self._m
         if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
             self.window_end_us = None
-            self._cont()
+            self._open = None
+            self._continue()
             return int(UNTHROTTLED_POLL_S * 1e6)
         now, mono = self._clock(), self._mono()
+        if self._closing is not None and mono - self._closing[2] >= EDGE_SETTLE_US:
+            self._close_window(mono)
         if not self._stopped():
             self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
             if m.demand or self._had_demand:  # device time: continued with work in flight (idle between requests,
@@ -100,29 +140,77 @@ class PaceLoop:
         a = self.action = self.policy.act(d, slot, now, mono, lead_us=self._lead_us, demand=m.demand)
         at_edge = d.schedule is self._prev  # not a membership change, which acts at once, off any edge
         self._prev = d.schedule
+        if not at_edge:  # a window under another schedule is no window of the new one
+            self._open = None
         self.window_end_us = a.until_us if a.kind == policy_.RUN else None
         if a.kind == policy_.UNPACED:
-            self._cont()
+            self._continue()
+            self._open = None
             poll_us = int(UNTHROTTLED_POLL_S * 1e6)
             return min(poll_us, a.reread_us or poll_us)
         if a.run:
             if self._stopped():
-                self._cont()
-                if at_edge and a.scheduled:
-                    self._note_lateness(a.schedule, slot, edge=0)
+                edge = at_edge and a.scheduled
+                # stopped since the last reading: the counters have not moved (else read before the signal)
+                base = self._at_stop
+                if edge and base is None:
+                    base = self._threads()
+                self._continue()
+                self._open = None
+                if edge:
+                    late = self._note_lateness(a.schedule, slot, edge=0)
+                    self._open = _OpenWindow(self._window_us(a.schedule, slot), late, base)
         elif not self._stopped():
             self._stop()
+            opened, self._open = self._open, None
             if at_edge and a.kind == policy_.STOP:
-                self._note_lateness(a.schedule, slot, edge=1)
+                late = self._note_lateness(a.schedule, slot, edge=1)
+                if opened is not None and self.edges is not None:  # read once its threads have all stopped
+                    self._closing = (opened, late, self._mono())
+            if self._closing is not None:
+                assert a.until_us is not None
+                return min(a.until_us - now, EDGE_SETTLE_US)
         assert a.until_us is not None  # wait, run and stop have an end
         return min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
 
-    def _note_lateness(self, sched: schedule.Schedule | None, slot: int | None, edge: int) -> None:
-        """How late after its edge (0: window start, 1: window end less the stop lead) a signal went out."""
+    def _continue(self) -> None:
+        """SIGCONT: a window stopped but not yet read is not read (the engine runs again)."""
+        self._cont()
+        self._closing = self._at_stop = None
+
+    def _threads(self) -> tuple[int, int] | None:
+        return self._read_threads() if self._read_threads is not None else None
+
+    def _close_window(self, mono: int) -> None:
+        """Record the window stopped EDGE_SETTLE_US ago: what the engine's threads ran from our SIGCONT to now."""
+        assert self._closing is not None and self.edges is not None
+        opened, stop_late, _ = self._closing
+        self._closing = None
+        now = self._at_stop = self._threads()
+        base = opened.base
+        ran = waited = None
+        if now is not None and base is not None:
+            # a thread that exited meanwhile takes its time with it: never below 0
+            ran = max(0, now[0] - base[0]) // 1000 // self._cores
+            waited = max(0, now[1] - base[1]) // 1000 // self._cores
+        self.edges.append(edges_.Window(mono, opened.scheduled_us, opened.cont_late_us, stop_late, ran, waited))
+
+    @staticmethod
+    def _window_us(sched: schedule.Schedule | None, slot: int | None) -> int:
+        window = sched.window_of(slot) if sched is not None and slot is not None else None
+        assert window is not None  # at a window edge: a member
+        return window[1] - window[0]
+
+    def _note_lateness(self, sched: schedule.Schedule | None, slot: int | None, edge: int) -> int:
+        """How late after its edge (0: window start, 1: window end less the stop lead) a signal went out (µs,
+        negative: early; also kept in `lateness_us`)."""
         window = sched.window_of(slot) if sched is not None and slot is not None else None
         assert sched is not None and window is not None  # at a window edge: a member
         boundary = window[edge] - (self._lead_us if edge else 0)
-        self.lateness_us.append((self._clock() - boundary) % sched.period_us)
+        half = sched.period_us // 2
+        late = (self._clock() - boundary + half) % sched.period_us - half
+        self.lateness_us.append(late)
+        return late
 
 
 def lateness_summary(lateness_us: deque[int]) -> dict:

@@ -40,6 +40,7 @@ from ..host.clock import mono_us, wall_us
 from ..host.errors import EngineError, Interrupted
 from ..host.text import counted
 from ..observe.snapshot import own_peer
+from ..pacing import edges
 from ..pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
 from ..pacing.governor import GovernorBounds, SloTarget
 from ..registry import abi
@@ -143,6 +144,7 @@ class Supervisor:
         self.klass = check_class(klass)  # the latency class (spec §7): published at the join, then by set_class
         self._started_mono_us = mono_us()
         self.lateness_us: deque[int] = deque(maxlen=4096)
+        self.edges = edges.ring()  # each window the engine ran in (pace_loop.PaceLoop records them)
         # proxied (llama-server, any HTTP engine: fronted.py): the engine listens on `upstream`; probes go there
         self.upstream: tuple[str, int] | None = args.upstream  # set by the kind's prepare (llama-server's)
         host, port = self.upstream or (args.host, args.port)
@@ -357,6 +359,7 @@ class Supervisor:
             gpu_key=self.gpu_key,
             log=self.log_path,
             signal_lateness=SignalLateness(**self.lateness_summary()),
+            edges=edges.report(list(self.edges), mono_us()),
             latency=self.proxy.latency.report if self.proxy is not None and self.proxy.latency is not None else None,
             slo=self.slo.report() if self.slo is not None else None,
             held_off_trips=self.pacing.policy.hold_off.tripped if self.pacing is not None else None,
@@ -444,6 +447,9 @@ class Supervisor:
             cont=self._resume,
             stopped=lambda: self._stopped,
             lateness_us=self.lateness_us,
+            edges=self.edges,
+            read_threads=lambda: activity.threads_sched_ns(proc.pid),
+            cores=_cores_of(proc.pid),
         )
         self.pacing.run()
 
@@ -457,3 +463,11 @@ class Supervisor:
             return False
         end = self.pacing.window_end_us if self.pacing is not None else None
         return end is None or end - wall_us() >= PROBE_MARGIN_US
+
+
+def _cores_of(pid: int) -> int:
+    """The cores `pid` may run on (its CPU time over them is how long it ran)."""
+    try:
+        return len(os.sched_getaffinity(pid))
+    except OSError:
+        return os.cpu_count() or 1

@@ -198,6 +198,10 @@ LISTENER_RECHECK_S = 1.0
 # each (signals never reach a reused pid): more than this are not tracked (those still in the group are
 # paced with it whatever their number). vLLM and SGLang start a handful of workers, all in the group.
 ESCAPED_DESCENDANTS_MAX = 64
+# The engine's threads' CPU time is read at each window edge (/proc/PID/task/TID/schedstat, ~5 µs a thread) to
+# say how much of the window it ran: an engine with more threads than this is not read (its windows' run is
+# unknown), so a thousand threads cannot delay the pace loop's signals. llama-server runs ~10, vLLM ~100.
+EDGE_THREADS_READ_MAX = 256
 
 # -- other users' processes (Extension 2, spec registry-abi.md §8.1: core/observe/users.py) ----------------
 

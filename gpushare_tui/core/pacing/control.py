@@ -42,6 +42,7 @@ from ..observe.latency import LatencyReport
 from ..registry import abi
 from ..registry.abi import parse_weight
 from ..registry.ownership import Owner
+from .edges import EdgeReport
 from .governor import SloReport
 from .sockets import socket_index, socket_path, socket_paths
 
@@ -87,6 +88,7 @@ class StatusReply:
     gpu_key: str | None = None
     log: str | None = None
     signal_lateness: SignalLateness | None = None
+    edges: EdgeReport | None = None  # the windows of the last minute: what the engine ran of each (pacing/edges.py)
     # set when `gpushare-tui up` owns the engine (core/registry/ownership.py)
     owner: str | None = None  # "up"
     owner_pid: int | None = None

@@ -15,6 +15,8 @@ from ..registry.membership import Membership
 from ..registry.segment import Segment, SegmentError
 from ..schedule import ext1 as schedule_ext1
 from ..schedule import ext2 as schedule_ext2
+from ..schedule import v1 as schedule
+from . import edges as edges_
 from . import policy as policy_
 from .policy import BUSY_WINDOW_US
 
@@ -85,6 +87,23 @@ class DecisionSource:
             self._m.say_lost_once()
 
 
+class _OpenWindow:
+    """A window we woke into at its start (`start_us`, wall): its length, how late the wake-up, the steps since."""
+
+    def __init__(self, sched: schedule.Schedule, start_us: int, scheduled_us: int, cont_late_us: int) -> None:
+        self.schedule, self.start_us, self.scheduled_us = sched, start_us, scheduled_us
+        self.cont_late_us = cont_late_us
+        self.ran_us = 0
+
+    @classmethod
+    def at(cls, sched: schedule.Schedule | None, slot: int | None, start_us: int, now_us: int) -> _OpenWindow | None:
+        """The window that starts at `start_us` (a stop's planned end), when it is ours (not the floor's limit)."""
+        window = sched.window_of(slot) if sched is not None and slot is not None else None
+        if sched is None or window is None or (start_us - window[0]) % sched.period_us:
+            return None
+        return cls(sched, start_us, window[1] - window[0], now_us - start_us)
+
+
 class Pacer:
     """Call `step_done()` after each decode step.
 
@@ -140,6 +159,8 @@ class Pacer:
         self._step_est_us = 0.0  # mean step (EWMA) of steps no longer than TRIM_STEP_MAX_US
         self._lead_us = 0.0  # mean wake-up lateness (EWMA): how much early each sleep ends
         self.wake_late_us: deque[int] = deque(maxlen=256)  # trim_edges: recent wake-up lateness (µs)
+        self.edges = edges_.ring()  # each window we woke into at its start: what our steps ran of it
+        self._window: _OpenWindow | None = None
 
     @property
     def decision(self) -> schedule_ext2.Decision | None:
@@ -195,6 +216,8 @@ class Pacer:
             self._window_start_us, self._busy_us, self._early = mono - step, 0, True
             self.policy.idle()
         self._busy_us += step
+        if self._window is not None:
+            self._window.ran_us += step
         # busy_total_us (spec §7): the step's time in our window (all of it in an owed run, or unthrottled)
         self._m.add_busy_us(self.policy.ran(self._m.slot, mono - step, mono, now - step, now))
         self.policy.busy(mono, step)
@@ -205,6 +228,12 @@ class Pacer:
         if self._trim and 0 < step <= TRIM_STEP_MAX_US:  # before the action: its lead is half a step
             self._step_est_us += TRIM_EWMA * (step - self._step_est_us)
         a = self._act(self._reread(now, mono), slot, now, mono)
+        opened = self._window
+        if opened is not None and (a.kind != policy_.RUN or a.schedule is not opened.schedule):
+            self._window = None  # ended (recorded at a stop of §5), or not our window's run any more
+            if a.kind == policy_.STOP and a.schedule is opened.schedule:
+                late = now - opened.start_us - opened.scheduled_us  # the last step's end after the window's
+                self.edges.append(edges_.Window(mono, opened.scheduled_us, opened.cont_late_us, late, opened.ran_us))
         slept = 0
         while a.kind == policy_.WAIT and self._m.slot == slot:  # a priority member holds the device: wait
             self._sleep(max(0, (a.until_us or now) - now) / 1e6)
@@ -226,6 +255,7 @@ class Pacer:
             # meters the stop under the schedule in force during it, not under the next step's
             self._reread(self._clock(), mono, force=True)
             self.policy.resumed(mono)  # what the stop owes (the floor over time); we step now (§5.7)
+            self._window = _OpenWindow.at(a.schedule, slot, a.until_us, self._clock())
         self.total_slept_us += slept
         self._last_return_us = mono
         elapsed = mono - self._window_start_us

@@ -31,6 +31,7 @@ from ..host.lifecycle import termination_deferred
 from ..registry import abi
 from ..registry.membership import Membership
 from ..registry.ownership import Owner
+from . import edges
 from .control import ControlServer, StatusReply, control_handlers
 from .pacer import Pacer
 from .sockets import socket_path
@@ -317,4 +318,5 @@ class GpuShare:
             uptime_s=(mono_us() - self._started_mono_us) / 1e6,
             slot=m.slot,
             gpu_key=m.key,
+            edges=edges.report(list(self._pacer.edges), mono_us()),
         )

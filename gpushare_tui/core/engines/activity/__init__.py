@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from ..declaration import ActivitySpec
 from .base import ActivitySource, Tick
 from .llama import EngineActivity
-from .tree import CpuMeter, ProcessTree
+from .tree import CpuMeter, ProcessTree, threads_sched_ns
 
-__all__ = ["ActivitySource", "CpuMeter", "EngineActivity", "ProcessTree", "Tick", "make_source"]
+__all__ = ["ActivitySource", "CpuMeter", "EngineActivity", "ProcessTree", "Tick", "make_source", "threads_sched_ns"]
 
 GpuUtil = Callable[[Sequence[int], int], float | None]  # (pids, since wall µs) -> summed SM % or None
 

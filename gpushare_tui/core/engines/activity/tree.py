@@ -7,6 +7,8 @@ import time
 
 import psutil
 
+from ...host.budgets import EDGE_THREADS_READ_MAX
+
 TREE_REFRESH_S = 1.0  # children(recursive=True) scans every process on the host: at most once a second
 TREE_MAX_PROCESSES = 4096  # a fork bomb under the engine is not walked for ever
 CPU_MIN_SPAN_US = 40_000  # CPU time comes in 10 ms ticks: a shorter span reads as a burst
@@ -97,6 +99,28 @@ class ProcessTree:
 
     def cores(self) -> int:
         return psutil.cpu_count() or 1
+
+
+def threads_sched_ns(pid: int, max_threads: int = EDGE_THREADS_READ_MAX) -> tuple[int, int] | None:
+    """(CPU time, runqueue wait) of `pid`'s threads summed, ns (/proc/PID/task/TID/schedstat, fields 1 and 2):
+    counters, read cheaply (one small file a thread) at each window edge. A thread that exits between the
+    listing and its read is skipped. None when the process is gone, or has more than `max_threads` threads
+    (a hostile engine's thousands must not delay the pacing: its windows' run is then unknown)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    if len(tids) > max_threads:
+        return None
+    ran = waited = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                fields = f.read(128).split()
+            ran, waited = ran + int(fields[0]), waited + int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ran, waited
 
 
 def _descendants(root_pid: int) -> list[int] | None:
