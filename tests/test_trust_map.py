@@ -173,7 +173,7 @@ SURFACES = (
     Surface(
         "the front proxy's port (HTTP clients)",
         "The front proxy on a supervised engine's port",
-        ("core/engines/front_proxy.py", "core/engines/proxy_process.py", "core/engines/sock_transport.py"),
+        ("core/engines/front_proxy.py", "core/engines/proxy_process.py"),
         (
             "test_front_proxy.py::test_a_head_that_drips_gets_408_and_a_silent_connection_is_closed",
             "test_front_proxy.py::test_at_the_cap_the_oldest_idle_connection_makes_room",
