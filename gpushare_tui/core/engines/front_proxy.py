@@ -26,9 +26,8 @@ callback (`_Relay.feed`: no task wakes per chunk, one write per read): a chunked
 (every stream) passes unchanged, its chunk-size lines scanned (never re-encoded) to find its end; the last
 chunk and trailers (hop-by-hop ones dropped) are written by h11. Other bodies (Content-Length, delimited by
 the engine closing, any to an HTTP/1.0 client) go through the client's h11 a read at a time (re-framed where
-the client needs it). The loop is uvloop's (libuv, C); each connection is a non-blocking socket on its
-add_reader/add_writer (sock_transport.SocketTransport: a token is one recv and one send). Per-request and
-per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already are (a clock read there costs ~0.1 µs).
+the client needs it). The loop is uvloop's (libuv, C). Per-request and per-chunk accounting belongs where
+`_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
