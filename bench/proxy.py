@@ -377,7 +377,7 @@ def lateness(a: argparse.Namespace, server: str, model: str) -> list[dict]:
     peer = Supervised.start([server, "-m", model, "-t", "1", "-np", "1", "-c", "512"], key, "late-b")
     try:
         for n in (int(x) for x in a.lateness_streams.split(",")):
-            level = max(n, 1)  # -np 0 is no engine: 0 streams still starts one slot
+            level = n
             argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
             sup = Supervised.start(argv, key, f"late-a-{n}")
             try:
