@@ -84,7 +84,6 @@ from ..host.budgets import (
 from ..host.errors import GpushareError
 from ..host.listen_fds import ListenFdError, bind_listening
 from ..observe.latency import LatencyRecorder, Request, is_stream_content_type
-from .sock_transport import SocketTransport, connect, nodelay
 
 MAX_HEAD_BYTES = PROXY_MAX_HEAD_BYTES
 TIMINGS_KEPT = 4096
@@ -654,7 +653,6 @@ class FrontProxy:
         self.demand_changes: deque[tuple[float, bool]] = deque(maxlen=TIMINGS_KEPT)  # (monotonic s, demand)
         self._clients: set[_Client] = set()
         self._pool: list[_Upstream] = []  # idle engine connections, the most recently used last
-        self._transports: set[SocketTransport] = set()  # open connections (client and engine) on the loop
         self._open = 0  # accepted and not ended (a connection counts from its accept, before it is a _Client)
         self._room: asyncio.Event | None = None
         self._seed_cache: tuple[float, dict] | None = None
@@ -749,8 +747,6 @@ class FrontProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         for up in self._pool:
             up.close()
-        for transport in list(self._transports):  # any still flushing as the loop ends: no fd outlives it
-            transport.abort()
 
     async def _accept_loop(self) -> None:
         """Accept while below the cap; at it, make room by closing the oldest connection with no request in
@@ -825,11 +821,13 @@ class FrontProxy:
                 self._room.set()
 
     async def _serve_client(self, sock: socket.socket) -> None:
-        conn = _Conn()
         try:
-            nodelay(sock)
-            SocketTransport(asyncio.get_running_loop(), sock, conn, self._transports)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
+            pass
+        try:
+            _transport, conn = await asyncio.get_running_loop().connect_accepted_socket(_Conn, sock)
+        except (OSError, asyncio.CancelledError):
             sock.close()
             return
         cl = _Client(conn, self._clock())
@@ -933,13 +931,12 @@ class FrontProxy:
         if up is not None:
             up.close()
             cl.up = None
-        loop = asyncio.get_running_loop()
         try:
-            sock = await asyncio.wait_for(connect(loop, *self.upstream), PROXY_UPSTREAM_CONNECT_S)
+            _transport, conn = await asyncio.wait_for(
+                asyncio.get_running_loop().create_connection(_Conn, *self.upstream), PROXY_UPSTREAM_CONNECT_S
+            )
         except (OSError, TimeoutError) as e:
             raise _Cut(f"engine unreachable: {e}", 502) from None
-        conn = _Conn()
-        SocketTransport(loop, sock, conn, self._transports)
         cl.up = _Upstream(conn, self._clock())
         return cl.up
 
