@@ -377,11 +377,11 @@ def lateness(a: argparse.Namespace, server: str, model: str) -> list[dict]:
     peer = Supervised.start([server, "-m", model, "-t", "1", "-np", "1", "-c", "512"], key, "late-b")
     try:
         for n in (int(x) for x in a.lateness_streams.split(",")):
-            level = n
-            argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+            slots = max(n, 1)  # 0 streams: the engine idle beside its busy peer
+            argv = [server, "-m", model, "-t", "1", "-np", str(slots), "-c", str(slots * CTX_PER_SLOT)]
             sup = Supervised.start(argv, key, f"late-a-{n}")
             try:
-                _b, mine = asyncio.run(_both(a, request, peer.port, sup.port, level))
+                _b, mine = asyncio.run(_both(a, request, peer.port, sup.port, n))
                 late = sup.lateness()
             finally:
                 sup.stop()
