@@ -33,6 +33,20 @@ every chunk, asyncio, a thread of the supervisor), load 2.1-5.1: ours 190 / 82 /
 the proxy), the proxy's per-request h11 work (~350 µs a request) and its per-wake cost (uvloop and Python around
 one read and one write: ~25-35 µs over nginx's, cache-cold).
 
+2026-12-06 08:11, load 0.7-2.7 (medians of 2 rounds; proxy alone / nginx): 1 stream 37.8 / 12.3 µs (3.1×), 8:
+19.6 / 11.6 (1.7×), 32: 22.7 / 14.2 (1.6×), 64: 39.6 / 32.3 (1.2×); the supervisor beside it 4-14 µs a token
+more (its own loops: fixed per second, not per token). A proxy whose sockets were driven by add_reader/add_writer
+(recv and send from Python) instead of uvloop's transports measured no cheaper (09:13, load 1.0-3.0, 3 rounds:
+44 / 11.6, 22.5 / 12.4, 25.6 / 18.2, 28.8 / 18.6) and was not kept. Syscalls per token are nginx's (perf trace,
+1 and 8 streams: one epoll_wait, one read, one write per token; ~40 more per request: accept, connect, close -
+llama-server closes its connection after each streamed reply, for nginx too). What differs: the CPU around them
+(perf, 1 stream: Python ~19 µs a token cache-cold; 1.6 context switches a token against nginx's 1.1: the client
+woken by our write preempts us before we sleep) and the per-request work (cProfile: ~1,100 Python calls a
+request, a third in h11's head parsing; ~0.3 ms a request warm: 3 µs a token at 96 tokens, more cache-cold).
+--lateness the same day (load 1.7-2.3, 8 s windows; p50/p99/max µs at 1 and 32 streams): main's code 540/821/859
+and 526/849/966, the add_reader proxy 532/795/815 and 508/782/848: in its own process, the proxy's streams leave
+the pace loop's edges alone.
+
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
 stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's
@@ -377,11 +391,11 @@ def lateness(a: argparse.Namespace, server: str, model: str) -> list[dict]:
     peer = Supervised.start([server, "-m", model, "-t", "1", "-np", "1", "-c", "512"], key, "late-b")
     try:
         for n in (int(x) for x in a.lateness_streams.split(",")):
-            level = n
-            argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+            slots = max(n, 1)  # 0 streams: the engine idle beside its busy peer
+            argv = [server, "-m", model, "-t", "1", "-np", str(slots), "-c", str(slots * CTX_PER_SLOT)]
             sup = Supervised.start(argv, key, f"late-a-{n}")
             try:
-                _b, mine = asyncio.run(_both(a, request, peer.port, sup.port, level))
+                _b, mine = asyncio.run(_both(a, request, peer.port, sup.port, n))
                 late = sup.lateness()
             finally:
                 sup.stop()
