@@ -146,7 +146,7 @@ def test_the_keeper_gives_the_governor_the_engines_busy_fraction_and_the_others_
 def test_the_supervisors_in_flight_clock_counts_the_time_with_work_in_flight() -> None:
     """The governor's measure of use (the proxy's DEMAND changes): repeated flags change nothing, an open span
     counts up to now."""
-    from gpushare_tui.core.engines.supervisor import InFlightClock
+    from gpushare_tui.core.observe.accounting import InFlightClock
 
     c = InFlightClock()
     assert c.total_us(100) == 0

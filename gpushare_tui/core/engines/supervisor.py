@@ -39,6 +39,7 @@ from ..host import paths, sockets
 from ..host.clock import mono_us, wall_us
 from ..host.errors import EngineError, Interrupted
 from ..host.text import counted
+from ..observe.accounting import InFlightClock
 from ..observe.snapshot import own_peer
 from ..pacing import edges
 from ..pacing.control import ControlServer, SignalLateness, StatusReply, control_handlers
@@ -62,27 +63,6 @@ __all__ = ["STOP_GRACE_S", "STOP_LEAD_US", "EngineStatus", "GpuBusy", "Superviso
 
 PROBE_MARGIN_US = 30_000  # don't start a probe this close to our window's end
 MONITOR_JOIN_S = 5.0  # its longest step: building the HTTP client, or one probe (budgets.ENGINE_PROBE_DEADLINE_S)
-
-
-class InFlightClock:
-    """The time (µs, monotonic) with work in flight, from the changes of a flag (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._since_us: int | None = None  # in flight since (None: not now)
-        self._total_us = 0
-
-    def set(self, in_flight: bool, now_us: int) -> None:
-        with self._lock:
-            if in_flight and self._since_us is None:
-                self._since_us = now_us
-            elif not in_flight and self._since_us is not None:
-                self._total_us += max(0, now_us - self._since_us)
-                self._since_us = None
-
-    def total_us(self, now_us: int) -> int:
-        with self._lock:
-            return self._total_us + (max(0, now_us - self._since_us) if self._since_us is not None else 0)
 
 
 class Supervisor:
@@ -449,7 +429,7 @@ class Supervisor:
             lateness_us=self.lateness_us,
             edges=self.edges,
             read_threads=lambda: activity.threads_sched_ns(proc.pid),
-            cores=_cores_of(proc.pid),
+            cores=activity.cores_of(proc.pid),
         )
         self.pacing.run()
 
@@ -463,11 +443,3 @@ class Supervisor:
             return False
         end = self.pacing.window_end_us if self.pacing is not None else None
         return end is None or end - wall_us() >= PROBE_MARGIN_US
-
-
-def _cores_of(pid: int) -> int:
-    """The cores `pid` may run on (its CPU time over them is how long it ran)."""
-    try:
-        return len(os.sched_getaffinity(pid))
-    except OSError:
-        return os.cpu_count() or 1

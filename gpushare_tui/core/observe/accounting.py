@@ -26,6 +26,7 @@ Pure: the monotonic clock is passed in and the energy readings are given (core.e
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -260,3 +261,24 @@ class BusyFromMarks:
         if floor is None:
             return
         self._spans = [[max(s, floor), e] for s, e in self._spans if e > floor][-MAX_SPANS:]
+
+
+class InFlightClock:
+    """The time (µs, monotonic) with work in flight, from the changes of a flag (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since_us: int | None = None  # in flight since (None: not now)
+        self._total_us = 0
+
+    def set(self, in_flight: bool, now_us: int) -> None:
+        with self._lock:
+            if in_flight and self._since_us is None:
+                self._since_us = now_us
+            elif not in_flight and self._since_us is not None:
+                self._total_us += max(0, now_us - self._since_us)
+                self._since_us = None
+
+    def total_us(self, now_us: int) -> int:
+        with self._lock:
+            return self._total_us + (max(0, now_us - self._since_us) if self._since_us is not None else 0)

@@ -21,9 +21,18 @@ from collections.abc import Callable, Sequence
 from ..declaration import ActivitySpec
 from .base import ActivitySource, Tick
 from .llama import EngineActivity
-from .tree import CpuMeter, ProcessTree, threads_sched_ns
+from .tree import CpuMeter, ProcessTree, cores_of, threads_sched_ns
 
-__all__ = ["ActivitySource", "CpuMeter", "EngineActivity", "ProcessTree", "Tick", "make_source", "threads_sched_ns"]
+__all__ = [
+    "ActivitySource",
+    "CpuMeter",
+    "EngineActivity",
+    "ProcessTree",
+    "Tick",
+    "cores_of",
+    "make_source",
+    "threads_sched_ns",
+]
 
 GpuUtil = Callable[[Sequence[int], int], float | None]  # (pids, since wall µs) -> summed SM % or None
 

@@ -158,3 +158,11 @@ class CpuMeter:
             return None
         self._base = (clock_us, cpu)
         return max(0.0, (cpu - c0) / ((clock_us - t0) / 1e6))
+
+
+def cores_of(pid: int) -> int:
+    """The cores `pid` may run on (its CPU time over them is how long it ran)."""
+    try:
+        return len(os.sched_getaffinity(pid))
+    except OSError:
+        return os.cpu_count() or 1
