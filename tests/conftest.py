@@ -25,6 +25,18 @@ from testkit.shm import SHM_DIR, remove, shm_file, unique_key
 pytest_plugins = ("testkit.suite",)  # the run's sandbox, quiet-CPU lock and leftover check (docs/testing.md)
 
 
+@pytest.fixture(autouse=True)
+def _normal_scheduling_after() -> Iterator[None]:
+    """A test that leaves the test process's thread at another scheduling policy (a pace loop's SCHED_FIFO) errs,
+    and the policy is put back: every process later tests start from it would inherit it, and two busy ones at
+    SCHED_FIFO take both cores from every normal task and every pacing thread."""
+    yield
+    policy = os.sched_getscheduler(0)
+    if policy != os.SCHED_OTHER:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        pytest.fail(f"the test left this thread at scheduling policy {policy:#x}, not SCHED_OTHER")
+
+
 @pytest.fixture
 def gpu_key() -> Iterator[str]:
     """A registry key no other test uses; its segment is removed afterwards."""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -142,7 +143,9 @@ class _LateClock:
             f()
 
 
-def _paced_windows(gpu_key: str, late_us: int, step_us: int = 0) -> list[Window]:
+def _paced_windows(
+    gpu_key: str, late_us: int, step_us: int = 0, on_sleep: Callable[[], None] | None = None
+) -> list[Window]:
     """A pace loop running (1:1 with a busy peer, 40 ms windows) whose every wake-up is `late_us` late and whose
     every round takes `step_us` after its clock reading (the Python of a step: its signal goes out at once); its
     last 30 windows of 100."""
@@ -190,6 +193,8 @@ def _paced_windows(gpu_key: str, late_us: int, step_us: int = 0) -> list[Window]
 
     loop.step = costly_step  # type: ignore[method-assign]
     clock.on_sleep.append(peer)
+    if on_sleep is not None:
+        clock.on_sleep.append(on_sleep)
     try:
         assert seg.cas_pid(1, 0, 3_999_321)
         peer()
@@ -211,3 +216,23 @@ def test_a_rounds_own_time_is_not_slept_again(gpu_key: str) -> None:
     assert {(w.cont_late_us, w.stop_late_us) for w in ws} == {(0, 0)}
     ws = _paced_windows(gpu_key, 100, step_us=200)
     assert {(w.cont_late_us, w.stop_late_us) for w in ws} == {(100, 100)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="real-time priority needs root (or RLIMIT_RTPRIO)")
+def test_the_pace_loops_real_time_priority_is_neither_inherited_nor_left_behind(gpu_key: str) -> None:
+    """The pacing thread runs at SCHED_FIFO; a process started from it runs at the normal policy, and the thread
+    has its own policy back when the loop returns. (Before, an in-process pace loop left a test worker's thread at
+    SCHED_FIFO; the CPU hogs and engines later tests started inherited it, and two busy ones took both cores from
+    every supervisor's FIFO pacing thread: the whole suite stalled.)"""
+    seen: list[tuple[int, int]] = []
+
+    def start_a_child() -> None:
+        if not seen:
+            child = "import os; print(os.sched_getscheduler(0))"
+            r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=30, check=True)
+            seen.append((os.sched_getscheduler(0), int(r.stdout)))
+
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    _paced_windows(gpu_key, 0, on_sleep=start_a_child)
+    assert seen == [(os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.SCHED_OTHER)]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER

@@ -102,13 +102,17 @@ class PaceLoop:
         self._at_stop: tuple[int, int] | None = None  # the threads' counters read since the last stop, if no CONT since
 
     def run(self) -> None:
-        _raise_priority()
-        while not self._quit.is_set() and self._alive():
-            start = self._mono()
-            wait_us = self.step()
-            # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
-            # loaded cores) is not slept again, or every edge it aims at is missed by that much
-            self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6)
+        """Pace until told to stop, at real-time priority; the calling thread's own policy is back on return."""
+        before = _raise_priority()
+        try:
+            while not self._quit.is_set() and self._alive():
+                start = self._mono()
+                wait_us = self.step()
+                # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
+                # loaded cores) is not slept again, or every edge it aims at is missed by that much
+                self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6)
+        finally:
+            _restore_priority(before)
 
     def step(self) -> int:
         """One round: account, read, decide, signal. Returns how long to wait before the next (µs), from the
@@ -226,10 +230,23 @@ def lateness_summary(lateness_us: deque[int]) -> dict:
     }
 
 
-def _raise_priority() -> None:
-    """Real-time priority for the calling (pacing) thread where permitted (root or
-    RLIMIT_RTPRIO): window edges then stay sharp even when every core is busy."""
+def _raise_priority() -> tuple[int, os.sched_param] | None:
+    """Real-time priority for the calling (pacing) thread where permitted (root or RLIMIT_RTPRIO): window edges
+    then stay sharp even when every core is busy. Returns the thread's policy before (None: unchanged).
+    SCHED_RESET_ON_FORK: a process forked from this thread starts at the normal policy. Without it a child (an
+    engine, a CPU hog) would inherit SCHED_FIFO, and a busy one would take a core from every normal task and
+    from each FIFO thread of its priority (FIFO threads of one priority never share a core by time)."""
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        before = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(1))
     except (OSError, AttributeError):
-        pass
+        return None
+    return before
+
+
+def _restore_priority(before: tuple[int, os.sched_param] | None) -> None:
+    if before is not None:
+        try:
+            os.sched_setscheduler(0, before[0], before[1])
+        except OSError:
+            pass
