@@ -35,8 +35,10 @@ class PaceLoop:
     """`run` until `quit` is set or `alive()` is False. `stop`/`cont`/`stopped`: the engine's process group
     (SIGSTOP, SIGCONT, whether it is stopped). `window_end_us`: the end of the run in progress (wall µs; None
     when not running by the schedule); `decision` and `action`: the schedule in force (and why) and what the
-    policy said, as of the last round. The clocks, the sleep, the slots' users (§8.1) and the stop lead may be
-    given (tests)."""
+    policy said, as of the last round. `demand_exact`: DEMAND is the engine's work in flight exactly (a front
+    proxy's requests), so its continued time with DEMAND is its device time as of each round; else (DEMAND
+    sampled, kept 2 s past the last activity) that time counts only up to the engine's latest activity mark.
+    The clocks, the sleep, the slots' users (§8.1) and the stop lead may be given (tests)."""
 
     def __init__(
         self,
@@ -53,6 +55,7 @@ class PaceLoop:
         sleep_s: Callable[[float], None] = time.sleep,
         users: UserReader | None = None,
         stop_lead_us: int = STOP_LEAD_US,
+        demand_exact: bool = False,
     ) -> None:
         self._m, self._alive, self._quit = membership, alive, quit_event
         self._stop, self._cont, self._stopped = stop, cont, stopped
@@ -66,7 +69,7 @@ class PaceLoop:
         self.action: policy_.Action | None = None
         self._prev: schedule.Schedule | None = None
         self._had_demand = False  # DEMAND as of the previous round (a span counts as busy if it had work at either end)
-        self._busy = BusyFromMarks(BUSY_MARK_GAP_US)
+        self._busy = BusyFromMarks(BUSY_MARK_GAP_US) if not demand_exact else None
         self._last_mono, self._last_wall = self._mono(), self._clock()
 
     def run(self) -> None:
@@ -82,12 +85,17 @@ class PaceLoop:
             self._cont()
             return int(UNTHROTTLED_POLL_S * 1e6)
         now, mono = self._clock(), self._mono()
-        if not self._stopped():
+        working_us = 0  # device time: continued with work in flight (idle between requests, marks < 1.2 s apart,
+        if not self._stopped():  # counted as busy: PRIORITY lost)
             self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
-            if m.demand or self._had_demand:  # device time: continued with work in flight (idle between requests,
-                self._busy.continued(self._last_mono, mono)  # marks < 1.2 s apart counted as busy: PRIORITY lost)
+            if m.demand or self._had_demand:
+                working_us = mono - self._last_mono
         self._had_demand = m.demand
-        device_us = self._busy.mark(m.last_active_us)  # device time: continued while working
+        if self._busy is None:  # current at every round: a meter a mark (~50-100 ms) late let a flood overstay
+            device_us = working_us
+        else:
+            self._busy.continued(mono - working_us, mono)
+            device_us = self._busy.mark(m.last_active_us)
         m.add_busy_us(device_us)  # busy_total_us (spec §7)
         self.policy.busy(mono, device_us)  # the PRIORITY budget's meter
         self._last_mono, self._last_wall = mono, now

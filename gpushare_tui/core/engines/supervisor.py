@@ -407,6 +407,7 @@ class Supervisor:
             cont=self._resume,
             stopped=lambda: self._stopped,
             lateness_us=self.lateness_us,
+            demand_exact=self.upstream is not None,  # the front proxy publishes DEMAND at each request's start and end
         )
         self.pacing.run()
 
