@@ -15,6 +15,7 @@ and the last test here the pace loop's side of it)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -346,3 +347,39 @@ def test_an_exact_demand_keeps_the_priority_meter_current() -> None:
         assert w.seg.read_slot(0).busy_ppm > 400_000  # published with the bit: what it was judged on
     finally:
         w.close()
+
+
+def test_a_wake_ends_the_pace_loops_wait_at_once() -> None:
+    """The front proxy's new request wakes the pace loop (`wake`): it decides again at once rather than at its
+    next round (up to 25 ms later for an idle, unpaced engine, which meanwhile ran outside its window: a flood of
+    short requests took ~5 points over its share so). Here a round asks for a 10 s wait; a wake ends it."""
+    w = World(unique_key(), Clock(T0_US), 1.0, Users())
+    quit_event = threading.Event()
+    try:
+        loop = PaceLoop(
+            w.me,
+            alive=lambda: True,
+            quit_event=quit_event,
+            stop=lambda: None,
+            cont=lambda: None,
+            stopped=lambda: False,
+            lateness_us=deque(),
+        )
+        rounds: list[float] = []
+        loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
+        t = threading.Thread(target=loop.run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not rounds and time.monotonic() < deadline:
+            time.sleep(0.01)
+        woken = time.monotonic()
+        loop.wake()
+        while len(rounds) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(rounds) == 2 and rounds[1] - woken < 2.0, rounds
+    finally:
+        quit_event.set()
+        loop.wake()
+        t.join(5)
+        w.close()
+    assert not t.is_alive()

@@ -284,6 +284,8 @@ class Supervisor:
         """The proxy's DEMAND (its thread): the first request in flight arrived, or the last one ended."""
         if self.membership is not None:
             self.membership.set_demand(demand)
+        if demand and self.pacing is not None:
+            self.pacing.wake()  # re-read before the engine's first step outside its window (spec §7)
 
     def set_weight(self, weight: float) -> float:
         """Publish a new weight (joined only); the stored (f32) value."""
