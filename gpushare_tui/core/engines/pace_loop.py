@@ -95,10 +95,10 @@ class PaceLoop:
             self._cont()
             return int(UNTHROTTLED_POLL_S * 1e6)
         now, mono = self._clock(), self._mono()
-        working_us = 0  # device time: continued with work in flight (idle between requests, marks < 1.2 s apart,
-        if not self._stopped():  # counted as busy: PRIORITY lost)
+        working_us = 0  # device time: continued with work in flight (idle between two requests counted as busy,
+        if not self._stopped():  # an honest engine lost PRIORITY)
             self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
-            if m.demand or self._had_demand:
+            if m.demand or self._had_demand:  # a span with work at either end
                 working_us = mono - self._last_mono
         self._had_demand = m.demand
         if self._busy is None:  # current at every round: a meter a mark (~50-100 ms) late let a flood overstay
