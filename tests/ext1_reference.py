@@ -100,10 +100,10 @@ def may_run(d: dict, slot: int, now: int) -> bool:
 
 
 def hysteresis(had: bool, busy_ppm: int, share: float) -> bool:
-    """§7 rule 2: clear once busy > 1e6·S; set again only once busy < 0.9e6·S."""
-    if had and busy_ppm > 1e6 * share:
+    """§7 rule 2: clear once busy > 0.8e6·S; set again only once busy < 0.7e6·S."""
+    if had and busy_ppm > 0.8e6 * share:
         return False
-    if not had and busy_ppm < 0.9e6 * share:
+    if not had and busy_ppm < 0.7e6 * share:
         return True
     return had
 
@@ -173,22 +173,23 @@ CASES: list[tuple[str, list[dict], int]] = [
 
 HYSTERESIS = [  # (had, busy_ppm, share) -> the bit after
     (True, 0, 0.5),
+    (True, 400_000, 0.5),
+    (True, 400_001, 0.5),
     (True, 500_000, 0.5),
-    (True, 500_001, 0.5),
-    (False, 500_000, 0.5),
-    (False, 450_000, 0.5),
-    (False, 449_999, 0.5),
-    (True, 450_000, 0.5),
+    (False, 400_000, 0.5),
+    (False, 350_000, 0.5),
+    (False, 349_999, 0.5),
+    (True, 350_000, 0.5),
     (False, 0, 0.25),
     (True, 1_000_000, 1.0),
-    (False, 899_999, 1.0),
-    (False, 900_000, 1.0),
-    (True, 250_001, 0.25),
-    (False, 224_999, 0.25),
-    (False, 225_000, 0.25),
+    (True, 800_001, 1.0),
+    (False, 699_999, 1.0),
+    (False, 700_000, 1.0),
+    (True, 200_001, 0.25),
+    (False, 174_999, 0.25),
+    (False, 175_000, 0.25),
 ]
-# a trace: the owner's busy rising over its budget (0.5) and falling back; the bit at each step
-TRACE_BUSY = [0, 200_000, 480_000, 500_000, 520_000, 600_000, 490_000, 460_000, 450_000, 440_000, 480_000, 510_000]
+TRACE_BUSY = [0, 200_000, 380_000, 400_000, 420_000, 600_000, 390_000, 360_000, 350_000, 340_000, 380_000, 410_000]
 
 
 def _padded(slots: list[dict]) -> list[dict]:

@@ -136,13 +136,13 @@ def test_an_interactive_owner_loses_priority_over_budget_and_regains_it(
         _write_other(other, clock, abi.FLAG_EXT1 | abi.FLAG_DEMAND)
         pacer.step_done(10_000)
         seen.append(me.priority)
-    assert seen[0] and not seen[-1]  # had it, lost it once busy passed 1/2
+    assert seen[0] and not seen[-1]  # had it, lost it once busy passed 0.8 * 1/2
     lost_at = seen.index(False)
-    assert 45 <= lost_at <= 60, lost_at  # ~0.5 s of full busy
+    assert 36 <= lost_at <= 50, lost_at  # ~0.4 s of full busy
     assert _flags(gpu_key, 0) & abi.FLAG_PRIORITY == 0
-    clock.t += 600_000  # idle: busy over the last second drops below 0.9 * 1/2
+    clock.t += 600_000  # idle: busy over the last second drops below 0.7 * 1/2
     _write_other(other, clock, abi.FLAG_EXT1 | abi.FLAG_DEMAND)
     pacer.step_done(1_000)
     assert me.priority and _flags(gpu_key, 0) & abi.FLAG_PRIORITY
     with Segment.attach_readonly(shm_file(gpu_key)) as ro:
-        assert ro.read_slot(0).busy_ppm < 450_000  # published with the bit
+        assert ro.read_slot(0).busy_ppm < 350_000  # published with the bit

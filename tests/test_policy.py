@@ -145,13 +145,13 @@ def test_priority_follows_the_hysteresis_on_the_busy_against_the_plain_share() -
         return p.publish(d, slots, {}, 0, 1.0, flags, T0, mono)
 
     assert publish(0, flags).priority is True
-    p.busy(100_000, 500_000)
-    assert publish(100_000, flags) == policy.Publish(False, True, 500_000)  # at the budget: kept (users unknown)
+    p.busy(100_000, 400_000)
+    assert publish(100_000, flags) == policy.Publish(False, True, 400_000)  # at 0.8 S: kept (users unknown)
     p.busy(200_000, 1_000)
     assert publish(200_000, flags).priority is False  # over it: cleared, with the busy judged on
-    assert publish(200_000, flags & ~abi.FLAG_PRIORITY).priority is False  # 50.1 %: not yet back
+    assert publish(200_000, flags & ~abi.FLAG_PRIORITY).priority is False  # 40.1 %: not yet back
     p.busy(1_150_000, 0)  # the first 100 ms fell out of the last second: 1 ms busy
-    assert publish(1_150_000, flags & ~abi.FLAG_PRIORITY).priority is True  # under 0.9 S: set again
+    assert publish(1_150_000, flags & ~abi.FLAG_PRIORITY).priority is True  # under 0.7 S: set again
     assert p.publish(d, slots, {}, 1, 1.0, DEMAND, T0, 0).priority is None  # a batch owner has none
 
 

@@ -15,6 +15,7 @@ and the last test here the pace loop's side of it)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -304,3 +305,81 @@ def test_an_engine_continued_idle_between_two_requests_is_not_busy() -> None:
         assert max(ppms) <= 450_000, max(ppms)  # 2 x 200 ms of work, a round's edge each, over any second
     finally:
         w.close()
+
+
+def test_an_exact_demand_keeps_the_priority_meter_current() -> None:
+    """A proxied engine's DEMAND is its work in flight exactly, so the pace loop counts its continued time with
+    DEMAND at every round, not at its next activity mark: a flood alone with priority (S = 1/2) drops the bit
+    within a round of running 0.8 S of the last second (400 ms), though its marks come every 100 ms and 100 ms
+    old. Counted at the marks, it ran ~100-200 ms past that, and a 1:1 flood took 57-59 % of its first 5 s."""
+    clock = Clock(T0_US)
+    users = Users()
+    w = World(unique_key(), clock, 1.0, users)
+    try:
+        w.write_peer(1, Peer(1.0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, 0, None))
+        w.me.set_interactive(True)
+        w.me.set_demand(True)
+        stopped = [False]
+        loop = PaceLoop(
+            w.me,
+            alive=lambda: True,
+            quit_event=threading.Event(),
+            stop=lambda: stopped.__setitem__(0, True),
+            cont=lambda: stopped.__setitem__(0, False),
+            stopped=lambda: stopped[0],
+            lateness_us=deque(),
+            clock_us=clock,
+            mono_us=clock,
+            sleep_s=clock.sleep,
+            users=users,  # type: ignore[arg-type]
+            demand_exact=True,
+        )
+        dropped_ms = None
+        for k in range(60):  # 10 ms rounds
+            w.write_peer(1, w.present[1])
+            if k % 10 == 0 and k:
+                w.me.mark_active(clock.t - 100_000)  # a sampled mark: late and sparse
+            loop.step()
+            if dropped_ms is None and not w.seg.read_slot(0).flags & abi.FLAG_PRIORITY:
+                dropped_ms = 10 * k
+            clock.t += 10_000
+        assert dropped_ms is not None and 400 <= dropped_ms <= 420, dropped_ms
+        assert w.seg.read_slot(0).busy_ppm > 400_000  # published with the bit: what it was judged on
+    finally:
+        w.close()
+
+
+def test_a_wake_ends_the_pace_loops_wait_at_once() -> None:
+    """The front proxy's new request wakes the pace loop (`wake`): it decides again at once rather than at its
+    next round (up to 25 ms later for an idle, unpaced engine, which meanwhile ran outside its window: a flood of
+    short requests took ~5 points over its share so). Here a round asks for a 10 s wait; a wake ends it."""
+    w = World(unique_key(), Clock(T0_US), 1.0, Users())
+    quit_event = threading.Event()
+    try:
+        loop = PaceLoop(
+            w.me,
+            alive=lambda: True,
+            quit_event=quit_event,
+            stop=lambda: None,
+            cont=lambda: None,
+            stopped=lambda: False,
+            lateness_us=deque(),
+        )
+        rounds: list[float] = []
+        loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
+        t = threading.Thread(target=loop.run, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not rounds and time.monotonic() < deadline:
+            time.sleep(0.01)
+        woken = time.monotonic()
+        loop.wake()
+        while len(rounds) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(rounds) == 2 and rounds[1] - woken < 2.0, rounds
+    finally:
+        quit_event.set()
+        loop.wake()
+        t.join(5)
+        w.close()
+    assert not t.is_alive()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,9 +56,14 @@ class PaceLoop:
     """`run` until `quit` is set or `alive()` is False. `stop`/`cont`/`stopped`: the engine's process group
     (SIGSTOP, SIGCONT, whether it is stopped). `window_end_us`: the end of the run in progress (wall µs; None
     when not running by the schedule); `decision` and `action`: the schedule in force (and why) and what the
-    policy said, as of the last round. The clocks, the sleep, the slots' users (§8.1) and the stop lead may be
-    given (tests). `edges`: where each window the engine ran in is recorded (edges_.Window), its run read by
-    `read_threads` (the engine's threads' counters, None when unreadable) over `cores` (the cores it may use)."""
+    policy said, as of the last round. `demand_exact`: DEMAND is the engine's work in flight exactly (a front
+    proxy's requests), so its continued time with DEMAND is its device time as of each round; else (DEMAND
+    sampled, kept 2 s past the last activity) that time counts only up to the engine's latest activity mark.
+    `wake()` ends the wait between two rounds at once (the front proxy raised DEMAND: §7 has an owner re-read
+    before its first step). `edges`: where each window the engine ran in is recorded (edges_.Window), its run
+    read by `read_threads` (the engine's threads' counters, None when unreadable) over `cores` (the cores it may
+    use). The clocks, the sleep, the slots' users (§8.1) and the stop lead may be given (tests; a given sleep is
+    not cut short by `wake`)."""
 
     def __init__(
         self,
@@ -73,16 +77,19 @@ class PaceLoop:
         lateness_us: deque[int],
         clock_us: ClockUs = wall_us,
         mono_us: ClockUs = mono_us,
-        sleep_s: Callable[[float], None] = time.sleep,
+        sleep_s: Callable[[float], object] | None = None,
         users: UserReader | None = None,
         stop_lead_us: int = STOP_LEAD_US,
         edges: deque[edges_.Window] | None = None,
         read_threads: ThreadsReader | None = None,
         cores: int = 1,
+        demand_exact: bool = False,
     ) -> None:
         self._m, self._alive, self._quit = membership, alive, quit_event
         self._stop, self._cont, self._stopped = stop, cont, stopped
-        self._clock, self._mono, self._sleep = clock_us, mono_us, sleep_s
+        self._woken = threading.Event()
+        self._clock, self._mono = clock_us, mono_us
+        self._sleep: Callable[[float], object] = sleep_s if sleep_s is not None else self._woken.wait
         self.lateness_us = lateness_us
         self._lead_us = stop_lead_us
         self.policy = policy_.PacingPolicy()
@@ -92,7 +99,7 @@ class PaceLoop:
         self.action: policy_.Action | None = None
         self._prev: schedule.Schedule | None = None
         self._had_demand = False  # DEMAND as of the previous round (a span counts as busy if it had work at either end)
-        self._busy = BusyFromMarks(BUSY_MARK_GAP_US)
+        self._busy = BusyFromMarks(BUSY_MARK_GAP_US) if not demand_exact else None
         self._last_mono, self._last_wall = self._mono(), self._clock()
         self.edges = edges
         self._read_threads = read_threads if edges is not None else None
@@ -106,6 +113,7 @@ class PaceLoop:
         before = _raise_priority()
         try:
             while not self._quit.is_set() and self._alive():
+                self._woken.clear()  # a wake-up during the round that follows is not lost: it ends the next wait
                 start = self._mono()
                 wait_us = self.step()
                 # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
@@ -113,6 +121,12 @@ class PaceLoop:
                 self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6)
         finally:
             _restore_priority(before)
+
+    def wake(self) -> None:
+        """Decide again now (thread-safe): work arrived for an engine left running idle and unpaced, which
+        would otherwise run outside its window until the next round (up to 25 ms a request: a flood of short
+        requests took ~5 points over its share so)."""
+        self._woken.set()
 
     def step(self) -> int:
         """One round: account, read, decide, signal. Returns how long to wait before the next (µs), from the
@@ -126,12 +140,17 @@ class PaceLoop:
         now, mono = self._clock(), self._mono()
         if self._closing is not None and mono - self._closing[2] >= EDGE_SETTLE_US:
             self._close_window(mono)
-        if not self._stopped():
+        working_us = 0  # device time: continued with work in flight (idle between two requests counted as busy,
+        if not self._stopped():  # an honest engine lost PRIORITY)
             self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
-            if m.demand or self._had_demand:  # device time: continued with work in flight (idle between requests,
-                self._busy.continued(self._last_mono, mono)  # marks < 1.2 s apart counted as busy: PRIORITY lost)
+            if m.demand or self._had_demand:  # a span with work at either end
+                working_us = mono - self._last_mono
         self._had_demand = m.demand
-        device_us = self._busy.mark(m.last_active_us)  # device time: continued while working
+        if self._busy is None:  # current at every round: a meter a mark (~50-100 ms) late let a flood overstay
+            device_us = working_us
+        else:
+            self._busy.continued(mono - working_us, mono)
+            device_us = self._busy.mark(m.last_active_us)
         m.add_busy_us(device_us)  # busy_total_us (spec §7)
         self.policy.busy(mono, device_us)  # the PRIORITY budget's meter
         self._last_mono, self._last_wall = mono, now

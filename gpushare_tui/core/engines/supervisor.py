@@ -303,6 +303,8 @@ class Supervisor:
         self._in_flight.set(demand, mono_us())
         if self.membership is not None:
             self.membership.set_demand(demand)
+        if demand and self.pacing is not None:
+            self.pacing.wake()  # re-read before the engine's first step outside its window (spec §7)
 
     def set_weight(self, weight: float) -> float:
         """Publish a new weight (joined only); the stored (f32) value."""
@@ -430,6 +432,7 @@ class Supervisor:
             edges=self.edges,
             read_threads=lambda: activity.threads_sched_ns(proc.pid),
             cores=activity.cores_of(proc.pid),
+            demand_exact=self.upstream is not None,  # the front proxy publishes DEMAND at each request's start and end
         )
         self.pacing.run()
 

@@ -115,7 +115,7 @@ class PacingPolicy:
 
     def __init__(self) -> None:
         self.hold_off = schedule_ext1.HoldOffCheck()  # how long priority held us off: over budget, not believed
-        self.meter = schedule_ext1.BusyMeter(BUSY_WINDOW_US)  # our busy over the last second, idle included
+        self.meter = schedule_ext1.BusyMeter(BUSY_WINDOW_US, prorated=True)  # our busy over the last second
         self._owed_us = 0  # run time still owed since the last stop (the floor over time)
         self._owed_until_us = 0  # mono µs the owed run ends: when it was planned to (lateness is owed by no one)
         self._stop_mono_us: int | None = None  # the current stop's start (None: not stopped by §5)

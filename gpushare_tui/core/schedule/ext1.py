@@ -24,8 +24,13 @@ MODE_V1 = "v1"  # §5 unchanged (a v1 member forces it: `v1_peer`)
 MODE_EXT1 = "ext1"  # Extension 1, no member holds priority: §5 over every DEMAND member
 MODE_PRIORITY = "priority"  # Extension 1: §5 over the priority members; the others wait
 
-BUDGET_PPM = 1_000_000  # busy_ppm of a full budget: priority while busy_ppm <= BUDGET_PPM * S_i
-RESET_FRACTION = 0.9  # ... and, once lost, again only below RESET_FRACTION * BUDGET_PPM * S_i
+BUDGET_PPM = 1_000_000  # busy_ppm of a full budget: a reader believes priority while busy_ppm <= BUDGET_PPM * S_i
+# The owner keeps PRIORITY only while busy_ppm <= KEEP_FRACTION * BUDGET_PPM * S_i: a holder flooding the device
+# runs at 100 % until it drops the bit and then gets S_i by §5, so over the 5 s that hold its first burst it takes
+# S_i + (1 - S_i) * burst / 5 s; a burst of the whole budget (S_i of a second) made that exactly S_i + 5 points at
+# 1:1, and any lag in the meter went over it (measured: 57-59 % of a 1:1 flood's first 5 s)
+KEEP_FRACTION = 0.8
+RESET_FRACTION = 0.7  # ... and, once lost, again only below RESET_FRACTION * BUDGET_PPM * S_i
 REREAD_US = 4_000  # a member that may run re-reads this often while an INTERACTIVE peer is alive (§7: 5 ms)
 WAIT_REREAD_US = 20_000  # a member waiting for a priority member re-reads this often: only to resume (§7)
 WAIT_FIRST_REREAD_US = 4_000  # ... after a first wait this short, doubling up to WAIT_REREAD_US (wait_slice_us)
@@ -133,22 +138,26 @@ def decide(slots: Iterable[SlotRecord], now_us: int, *, ignore_priority: bool = 
 
 def next_priority(had: bool, busy_ppm: int, share: float) -> bool:
     """An INTERACTIVE owner's PRIORITY bit after measuring `busy_ppm` against plain share `share`:
-    kept while busy_ppm <= 1e6·S, cleared once above; set again only once busy_ppm < 0.9e6·S."""
+    kept while busy_ppm <= 0.8e6·S, cleared once above; set again only once busy_ppm < 0.7e6·S."""
     if had:
-        return busy_ppm <= BUDGET_PPM * share
+        return busy_ppm <= KEEP_FRACTION * BUDGET_PPM * share
     return busy_ppm < RESET_FRACTION * BUDGET_PPM * share
 
 
 class BusyMeter:
     """Busy µs over the last `window_us` of (monotonic) time, idle time included: the fraction an
     interactive owner's budget is judged on. Buckets of `window_us / buckets`; a step counts in the
-    bucket it ended in. Pure: the caller gives the times."""
+    bucket it ended in. `prorated`: the bucket the window's start falls in counts too, for the part of it
+    inside (busy taken as spread evenly over it), so a steady fraction reads as itself at every phase; else
+    only the `buckets` newest count, which read up to one bucket short (47.5 % for 50 % at 20 buckets).
+    Pure: the caller gives the times."""
 
-    def __init__(self, window_us: int = 1_000_000, buckets: int = 20) -> None:
+    def __init__(self, window_us: int = 1_000_000, buckets: int = 20, *, prorated: bool = False) -> None:
         self.window_us = window_us
         self._bucket_us = window_us // buckets
-        self._n = buckets
-        self._busy = [0] * buckets
+        self._prorated = prorated
+        self._n = buckets + 1 if prorated else buckets  # the window's buckets (and the one its start falls in)
+        self._busy = [0] * self._n
         self._last: int | None = None  # index (absolute bucket number) of the newest bucket written
 
     def _advance(self, now_us: int) -> int:
@@ -168,8 +177,12 @@ class BusyMeter:
 
     def ppm(self, now_us: int) -> int:
         """Busy fraction over the last window, parts per million (0..1 000 000)."""
-        self._advance(now_us)
-        return max(0, min(BUDGET_PPM, sum(self._busy) * BUDGET_PPM // self.window_us))
+        b = self._advance(now_us)
+        busy: float = sum(self._busy)
+        if self._prorated:  # the oldest bucket (b - n + 1) lies partly before the window's start: that part is out
+            oldest = self._busy[(b + 1) % self._n]
+            busy -= oldest * (now_us - b * self._bucket_us) / self._bucket_us
+        return max(0, min(BUDGET_PPM, int(busy * BUDGET_PPM // self.window_us)))
 
 
 def held_off_allowance_us(priority_share: float, window_open_us: int) -> int:
