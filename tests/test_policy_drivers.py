@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpushare_tui.core.engines.pace_loop import PaceLoop
+from gpushare_tui.core.host import budgets
 from gpushare_tui.core.pacing import policy
 from gpushare_tui.core.pacing.pacer import Pacer
 from gpushare_tui.core.registry import abi
@@ -383,3 +384,36 @@ def test_a_wake_ends_the_pace_loops_wait_at_once() -> None:
         t.join(5)
         w.close()
     assert not t.is_alive()
+
+
+def test_wakes_as_fast_as_a_client_can_send_them_buy_a_round_per_wake_gap_at_most() -> None:
+    """Every request a client starts through the front proxy may wake the pacing thread (real-time priority): a
+    thread waking it without pause for 1 s gets at most one round per PACE_WAKE_GAP_US (the code before ran a
+    round per wake: tens of thousands here)."""
+    w = World(unique_key(), Clock(T0_US), 1.0, Users())
+    quit_event = threading.Event()
+    rounds: list[float] = []
+    try:
+        loop = PaceLoop(
+            w.me,
+            alive=lambda: True,
+            quit_event=quit_event,
+            stop=lambda: None,
+            cont=lambda: None,
+            stopped=lambda: False,
+            lateness_us=deque(),
+        )
+        loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
+        t = threading.Thread(target=loop.run, daemon=True)
+        t.start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:
+            loop.wake()
+            time.sleep(0)  # the loop's thread takes the interpreter between wakes, as with the proxy's own thread
+        elapsed_us = (time.monotonic() - t0) * 1e6
+    finally:
+        quit_event.set()
+        loop.wake()
+        t.join(5)
+        w.close()
+    assert 10 <= len(rounds) <= elapsed_us / budgets.PACE_WAKE_GAP_US + 5, len(rounds)

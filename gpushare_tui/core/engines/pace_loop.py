@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..host.budgets import PACE_WAKE_GAP_US
 from ..host.clock import ClockUs, mono_us, wall_us
 from ..observe.accounting import BusyFromMarks
 from ..observe.users import UserReader
@@ -118,14 +120,17 @@ class PaceLoop:
                 wait_us = self.step()
                 # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
                 # loaded cores) is not slept again, or every edge it aims at is missed by that much
-                self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6)
+                if self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6) is True:  # woken (HTTP clients)
+                    gap_us = PACE_WAKE_GAP_US - (self._mono() - start)
+                    if gap_us > 0:
+                        time.sleep(gap_us / 1e6)
         finally:
             _restore_priority(before)
 
     def wake(self) -> None:
-        """Decide again now (thread-safe): work arrived for an engine left running idle and unpaced, which
-        would otherwise run outside its window until the next round (up to 25 ms a request: a flood of short
-        requests took ~5 points over its share so)."""
+        """Decide again now, or PACE_WAKE_GAP_US after the last round's start (thread-safe): work arrived for an
+        engine left running idle and unpaced, which would otherwise run outside its window until the next round
+        (up to 25 ms a request: a flood of short requests took ~5 points over its share so)."""
         self._woken.set()
 
     def step(self) -> int:

@@ -203,6 +203,11 @@ ESCAPED_DESCENDANTS_MAX = 64
 # unknown), so a thousand threads cannot delay the pace loop's signals. llama-server runs ~10, vLLM ~100.
 EDGE_THREADS_READ_MAX = 256
 
+# A new request through the front proxy wakes the pace loop (a real-time thread) to decide at once; a client
+# opening and ending requests as fast as it can would otherwise buy a round (~150-200 µs of Python at SCHED_FIFO)
+# per request. Woken rounds stay this far apart (a request then waits at most this long for its decision).
+PACE_WAKE_GAP_US = 2_000
+
 # -- other users' processes (Extension 2, spec registry-abi.md §8.1: core/observe/users.py) ----------------
 
 # A slot's user is the real uid of its pid from /proc/<pid>/status. Its Uid: and NSpid: lines come after
