@@ -39,17 +39,31 @@ T0_US = 1_800_000_000_000_000
 FLAG_BITS = (abi.FLAG_EXT1, abi.FLAG_INTERACTIVE, abi.FLAG_DEMAND, abi.FLAG_PRIORITY, abi.FLAG_USERS)
 EXT1_DEMAND = abi.FLAG_EXT1 | abi.FLAG_DEMAND
 PRIO = EXT1_DEMAND | abi.FLAG_INTERACTIVE | abi.FLAG_PRIORITY
+HEARTBEAT_US = 500_000  # Membership's heartbeat thread's period
 
 
 class Clock:
+    """A clock that moves when told. It also stands in for our member's heartbeat thread (every
+    HEARTBEAT_US, at the same instants in both worlds): without it our own slot would age out during a
+    long wait, at an instant that depends on which actuator last wrote it."""
+
     def __init__(self, t: int) -> None:
         self.t = t
+        self.next_beat_us = t + HEARTBEAT_US
+        self.beating: Membership | None = None
 
     def __call__(self) -> int:
         return self.t
 
+    def advance_to(self, t: int) -> None:
+        while self.beating is not None and self.next_beat_us <= t:
+            self.t = self.next_beat_us
+            self.beating.heartbeat()
+            self.next_beat_us += HEARTBEAT_US
+        self.t = t
+
     def sleep(self, s: float) -> None:
-        self.t += round(s * 1e6)
+        self.advance_to(self.t + round(s * 1e6))
 
 
 class Users:
@@ -98,6 +112,7 @@ class World:
         self.key, self.clock = key, clock
         self.me = Membership(key, weight, "me", clock_us=clock, mono_us=clock, heartbeat_s=3600, ext1=True)
         assert self.me.join() == 0
+        clock.beating = self.me
         self.seg = Segment.create_or_attach(key)
         self.users = users
         self.present: dict[int, Peer] = {}
@@ -183,8 +198,8 @@ def test_the_pacer_and_the_pace_loop_decide_alike(history: tuple[float, int | No
                 users.of[slot] = peer.uid if peer is not None else None
                 pw.write_peer(slot, peer)
                 sw.write_peer(slot, peer)
-            clock_p.t += dt
-            clock_s.t += dt
+            clock_p.advance_to(clock_p.t + dt)
+            clock_s.advance_to(clock_s.t + dt)
             by_pacer.clear()
             by_loop.clear()
             pacer.step_done(dt)
@@ -195,7 +210,7 @@ def test_the_pacer_and_the_pace_loop_decide_alike(history: tuple[float, int | No
             by_loop.append((a.kind, a.until_us))
             while a.kind in (policy.WAIT, policy.STOP):  # the Pacer slept until then (and re-read when waiting)
                 assert a.until_us is not None
-                clock_s.t = a.until_us
+                clock_s.advance_to(a.until_us)
                 loop.step()
                 a = loop.action
                 assert a is not None
