@@ -174,14 +174,16 @@ def _f(x: object, spec: str) -> str:
 def print_rows(rows: list[dict]) -> None:
     print(
         f"{'scenario':<12} {'w':>3} {'streams':>7} {'window ms':>9} {'windows':>7} {'late µs CONT/STOP p50, p99':>26} "
-        f"{'ran %':>6} {'loss/edge ms':>12} {'waited %':>8} {'tok/s':>7} {'cpu %':>6}  load"
+        f"{'ran %':>6} {'loss/edge ms':>12} {'waited %':>8} {'lead µs':>7} {'by edge %':>9} {'tok/s':>7} {'cpu %':>6}"
+        "  load"
     )
     for r in rows:
         late = "/".join(_f(r.get(k), "d") for k in ("cont_late_p50_us", "stop_late_p50_us", "lateness_p99_us"))
         print(
             f"{r['scenario']:<12} {r['weight']:>3g} {r['streams']:>7} {_f(r.get('scheduled_ms_mean'), '.0f'):>9} "
             f"{_f(r.get('windows'), 'd'):>7} {late:>26} {_f(r.get('ran_pct'), '.1f'):>6} "
-            f"{_f(r.get('loss_per_edge_ms'), '.2f'):>12} {_f(r.get('waited_pct'), '.1f'):>8} {r['tok_s']:>7.1f} "
+            f"{_f(r.get('loss_per_edge_ms'), '.2f'):>12} {_f(r.get('waited_pct'), '.1f'):>8} "
+            f"{_f(r.get('lead_p50_us'), 'd'):>7} {_f(r.get('stopped_by_edge_pct'), '.0f'):>9} {r['tok_s']:>7.1f} "
             f"{_f(r.get('cpu_pct'), '.1f'):>6} {_f(r.get('supervisor_cpu_pct'), '.1f'):>5}  "
             f"{r['load_avg_1m'][0]:.2f}-{r['load_avg_1m'][1]:.2f}",
             flush=True,
