@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -286,30 +287,36 @@ def test_the_stop_lead_adapts_to_how_long_the_engine_takes_its_stop(gpu_key: str
     assert None not in by_edge and 0.6 <= sum(by_edge) / len(by_edge) <= 1.0, by_edge
 
 
-def test_a_supervisor_learns_when_its_engine_took_its_stop() -> None:
-    """`stop_taken` (the engine's parent: waitid WSTOPPED, the report left in place): False while it runs, True
-    once all its threads stopped (every time it is asked), False once continued; None for a process that is not
-    our child."""
-    from gpushare_tui.core.engines.process_group import EngineGroup
+def test_an_engines_busiest_threads_are_asked_whether_they_took_their_stop() -> None:
+    """BusyThreadsStopped: False while the engine's busiest threads run, True once they stopped, False once
+    continued, None once it is gone. Its busiest (two of its five threads burn CPU) are the ones asked: an
+    idle thread that has not yet taken its stop does not hold the answer back."""
+    from gpushare_tui.core.engines.activity import BusyThreadsStopped
 
-    child = "import threading, time\nfor _ in range(2): threading.Thread(target=time.sleep, args=(60,)).start()"
-    group = EngineGroup(say=lambda _: None)
-    group.proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
+    child = (
+        "import threading, time\n"
+        "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "def spin():\n    t = time.monotonic() + 60\n    while time.monotonic() < t: time.sleep(0.0002)\n"
+        "threading.Thread(target=spin, daemon=True).start()\nspin()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
     try:
-        assert group.stop_taken() is False
-        group.suspend()
-        assert wait_for(group.stop_taken, 10, what="stop taken") is True
-        assert group.stop_taken() is True
-        group.resume()
-        assert wait_for(lambda: group.stop_taken() is False, 10, what="continued")
-        other = EngineGroup(say=lambda _: None)
-        other.proc = subprocess.Popen.__new__(subprocess.Popen)
-        other.proc.pid = 1  # not our child
-        assert other.stop_taken() is None
+        wait_for(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 5, 10, what="5 threads")
+        check = BusyThreadsStopped(proc.pid, cores=2, refresh=2)
+        assert check() is False  # its leader alone, at first
+        time.sleep(0.3)
+        assert check() is False
+        assert check() is False  # chosen: the two spinning threads
+        assert len(check._hot) == 2 and proc.pid in check._hot
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert wait_for(check, 10, what="stopped") is True
+        os.kill(proc.pid, signal.SIGCONT)
+        assert wait_for(lambda: check() is False, 10, what="continued")
     finally:
-        group.resume(force=True)
-        group.proc.kill()
-        group.proc.wait()
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+    assert check() is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="real-time priority needs root (or RLIMIT_RTPRIO)")

@@ -71,18 +71,6 @@ class EngineGroup:
                 self._continues += 1
                 self._continued.notify_all()
 
-    def stop_taken(self) -> bool | None:
-        """Whether the engine has taken its SIGSTOP, all its threads: the kernel reports its stop to us, its
-        parent (waitid WSTOPPED, the report left in place). None: unknown (not started, or not our child)."""
-        proc = self.proc
-        if proc is None:
-            return None
-        try:
-            info = os.waitid(os.P_PID, proc.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return None
-        return info is not None and info.si_code == os.CLD_STOPPED
-
     def wait_continued(self, timeout_s: float) -> None:
         """Until the engine is next continued (a SIGCONT, or shutdown's), or `timeout_s`."""
         with self._continued:
