@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -145,18 +144,11 @@ class _LateClock:
 
 
 def _paced_windows(
-    gpu_key: str,
-    late_us: int,
-    step_us: int = 0,
-    on_sleep: Callable[[], None] | None = None,
-    read_us: int = 0,
-    stop_takes_us: int | None = None,
-    loops: list | None = None,
+    gpu_key: str, late_us: int, step_us: int = 0, on_sleep: Callable[[], None] | None = None
 ) -> list[Window]:
-    """A pace loop running (1:1 with a busy peer, 40 ms windows) whose every wake-up is `late_us` late, whose
-    every round takes `step_us` after its clock reading and `read_us` reading the registry, and (`stop_takes_us`)
-    whose engine takes each SIGSTOP that long after it (None: not known); its last 30 windows of 100. The loop is
-    appended to `loops`."""
+    """A pace loop running (1:1 with a busy peer, 40 ms windows) whose every wake-up is `late_us` late and whose
+    every round takes `step_us` after its clock reading (the Python of a step: its signal goes out at once); its
+    last 30 windows of 100."""
     from collections import deque
 
     from gpushare_tui.core.engines.pace_loop import PaceLoop
@@ -169,21 +161,12 @@ def _paced_windows(
     me.set_demand(True)
     seg = Segment.create_or_attach(gpu_key)
     stopped = [False]
-    stop_sent = [0]
-
-    def stop() -> None:
-        stopped[0], stop_sent[0] = True, clock.t
-
-    def stop_taken() -> bool:
-        assert stop_takes_us is not None
-        return stopped[0] and clock.t - stop_sent[0] >= stop_takes_us
-
     ring = edges.ring()
     loop = PaceLoop(
         me,
         alive=lambda: len(ring) < 100,
         quit_event=threading.Event(),
-        stop=stop,
+        stop=lambda: stopped.__setitem__(0, True),
         cont=lambda: stopped.__setitem__(0, False),
         stopped=lambda: stopped[0],
         lateness_us=deque(),
@@ -192,18 +175,8 @@ def _paced_windows(
         sleep_s=clock.sleep,
         edges=ring,
         read_threads=lambda: (0, 0),
-        stop_taken=stop_taken if stop_takes_us is not None else None,
     )
-    step, read = loop.step, loop._source.read
-
-    def costly_read(now: int, mono: int):  # noqa: ANN202
-        d = read(now, mono)
-        clock.t += read_us
-        return d
-
-    loop._source.read = costly_read  # type: ignore[method-assign]
-    if loops is not None:
-        loops.append(loop)
+    step = loop.step
 
     def costly_step() -> int:
         wait = step()
@@ -257,66 +230,6 @@ def test_a_rounds_own_time_is_not_slept_again(gpu_key: str) -> None:
     assert {(w.cont_late_us, w.stop_late_us) for w in ws} == {(0, 0)}
     ws = _paced_windows(gpu_key, 100, step_us=200)
     assert {(w.cont_late_us, w.stop_late_us) for w in ws} == {(100, 100)}
-
-
-def test_a_planned_edges_signal_goes_out_before_the_registry_is_read(gpu_key: str) -> None:
-    """Each round takes 200 µs reading the registry (the Python of a read on 2 loaded cores): at a window edge
-    the round planned, its signal goes out first and the read follows (the code before read first: every
-    SIGCONT and SIGSTOP ~200 µs late, the device idle between the peer's stop and our continue)."""
-    ws = _paced_windows(gpu_key, 0, read_us=200)
-    assert {(w.cont_late_us, w.stop_late_us) for w in ws} == {(0, 0)}
-    assert {w.stopped_by_edge for w in ws} == {None}  # not asked: no way to know
-    ws = _paced_windows(gpu_key, 30, read_us=200)
-    assert {(w.cont_late_us, w.stop_late_us) for w in ws} == {(30, 30)}
-
-
-@pytest.mark.parametrize("takes_us", [100, 900, 1500])
-def test_the_stop_lead_adapts_to_how_long_the_engine_takes_its_stop(gpu_key: str, takes_us: int) -> None:
-    """An engine that takes each SIGSTOP `takes_us` after it (its threads waiting for a core to take it): the
-    lead settles where it has taken its stop just before the window's end in ~90% of the windows — longer than
-    the first 500 µs where it takes longer (else the peer continued at the edge runs beside it), shorter where it
-    takes less (else the device idles at every edge); the check asks at the edge less 50 µs."""
-    from gpushare_tui.core.engines.pace_loop import STOP_CHECK_MARGIN_US, STOP_LEAD_MIN_US
-
-    loops: list = []
-    ws = _paced_windows(gpu_key, 0, stop_takes_us=takes_us, loops=loops)
-    need_us = max(takes_us + STOP_CHECK_MARGIN_US, STOP_LEAD_MIN_US)
-    assert {w.lead_us for w in ws} <= set(range(need_us - 100, need_us + 100)), ws
-    assert loops[0].lead.lead_us == pytest.approx(need_us, abs=100)
-    by_edge = [w.stopped_by_edge for w in ws]
-    assert None not in by_edge and 0.6 <= sum(by_edge) / len(by_edge) <= 1.0, by_edge
-
-
-def test_an_engines_busiest_threads_are_asked_whether_they_took_their_stop() -> None:
-    """BusyThreadsStopped: False while the engine's busiest threads run, True once they stopped, False once
-    continued, None once it is gone. Its busiest (two of its five threads burn CPU) are the ones asked: an
-    idle thread that has not yet taken its stop does not hold the answer back."""
-    from gpushare_tui.core.engines.activity import BusyThreadsStopped
-
-    child = (
-        "import threading, time\n"
-        "for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-        "def spin():\n    t = time.monotonic() + 60\n    while time.monotonic() < t: time.sleep(0.0002)\n"
-        "threading.Thread(target=spin, daemon=True).start()\nspin()"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", child], start_new_session=True)
-    try:
-        wait_for(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 5, 10, what="5 threads")
-        check = BusyThreadsStopped(proc.pid, cores=2, refresh=2)
-        assert check() is False  # its leader alone, at first
-        time.sleep(0.3)
-        assert check() is False
-        assert check() is False  # chosen: the two spinning threads
-        assert len(check._hot) == 2 and proc.pid in check._hot
-        os.kill(proc.pid, signal.SIGSTOP)
-        assert wait_for(check, 10, what="stopped") is True
-        os.kill(proc.pid, signal.SIGCONT)
-        assert wait_for(lambda: check() is False, 10, what="continued")
-    finally:
-        os.kill(proc.pid, signal.SIGCONT)
-        proc.kill()
-        proc.wait()
-    assert check() is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="real-time priority needs root (or RLIMIT_RTPRIO)")

@@ -204,24 +204,3 @@ def test_an_interactive_peer_calls_for_the_fast_reread_while_we_may_run() -> Non
     alone = decide(slot(0, 1.0, DEMAND | abi.FLAG_INTERACTIVE))
     assert p.act(alone, 0, T0, 0, demand=True).reread_us == schedule_ext1.REREAD_US
     assert p.act(alone, 0, T0, 0, demand=False).reread_us is None  # no work: no need to notice it fast
-
-
-# -- the stop lead ---------------------------------------------------------------------------------------------
-
-
-def test_the_stop_lead_settles_where_one_stop_in_ten_is_late_and_stays_within_its_bounds() -> None:
-    delays_us = [100 * k for k in range(1, 11)]  # the engine takes its stop 100..1000 µs after the signal
-    lead = policy.StopLead(500, 100, 3000)
-    leads = []
-    for i in range(4000):
-        lead.observe(delays_us[(i * 7) % 10] <= lead.lead_us)  # stopped by the edge the lead aimed at
-        leads.append(lead.lead_us)
-    assert 900 <= min(leads[-500:]) and max(leads[-500:]) <= 1100  # the 90% quantile: 900 µs
-    late = policy.StopLead(500, 100, 3000)
-    for _ in range(1000):
-        late.observe(False)
-    assert late.lead_us == 3000
-    for _ in range(10000):
-        late.observe(True)
-    assert late.lead_us == 100
-    assert policy.StopLead(50, 100, 3000).lead_us == 100

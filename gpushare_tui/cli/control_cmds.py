@@ -110,10 +110,6 @@ def edges_text(r: EdgeReport) -> str:
         parts.append(f"loss {r.loss_per_edge_ms:.2f} ms per edge")
     if r.waited_pct is not None:
         parts.append(f"waited for a core {r.waited_pct:.1f}%")
-    if r.lead_p50_us is not None:
-        parts.append(f"stop lead {_ms(r.lead_p50_us)} ms")
-    if r.stopped_by_edge_pct is not None:
-        parts.append(f"stopped by the edge {r.stopped_by_edge_pct:.0f}%")
     return ", ".join(parts)
 
 

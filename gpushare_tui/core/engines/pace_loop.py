@@ -28,17 +28,15 @@ from ..schedule import v1 as schedule
 
 RECHECK_US = 20_000  # decide again at least this often
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
-# A run ends this long before its window does (at first: the lead adapts, policy_.StopLead). A SIGSTOP takes
-# effect only once the engine's own threads run to take it; sent at the edge, they compete for the cores with the
-# engine just continued, and both ran together for 13-18% of the time on 2 vCPUs (0% with a 500 µs lead).
+# A run ends this long before its window does. A SIGSTOP takes effect only once the engine's own thread runs
+# to take it; sent at the edge, that thread competes for the cores with the engine just continued, and both
+# ran together for 13-18% of the time on 2 vCPUs (0% with a 500 µs lead).
 STOP_LEAD_US = 500
-STOP_LEAD_MIN_US, STOP_LEAD_MAX_US = 100, 3_000
-# Whether the engine has taken its stop is asked this long before its window's end (the peer's SIGCONT goes out
-# at the edge, a wake-up's lateness after it).
-STOP_CHECK_MARGIN_US = 50
 # The hand-off needs that gap as it is: a SIGCONT sent ~400 µs early (by its own measured lateness, the peer's
 # stop as late as before) made the engines overlap: their threads waited for a core 54-64% of their windows
-# (23% before) and the 1:1 aggregate fell from 94% to 88% of solo (bench/edges.py, load 1.9-2.9).
+# (23% before) and the 1:1 aggregate fell from 94% to 88% of solo (bench/edges.py, load 1.9-2.9). Signals sent
+# before the round's registry read with a lead adapted to the engine's busiest threads taking their stop (it
+# settled at 0.6-0.85 ms) lost 1-2 points of aggregate and doubled the 2:1 ratio error (bench/edges.py's notes).
 BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
 # The engine's threads are read this long after our SIGSTOP: each stops as it next runs (within ~100 µs on an
 # idle core; the peer continued 500 µs after us competes for the cores), and a thread read while still
@@ -46,21 +44,6 @@ BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued ti
 EDGE_SETTLE_US = 2_000
 
 ThreadsReader = Callable[[], "tuple[int, int] | None"]  # (CPU ns, runqueue wait ns) of the engine's threads
-
-
-@dataclass(frozen=True)
-class _EdgePlan:
-    """The signal a round planned for the next edge of our window under an unchanged schedule: SIGCONT at its
-    start (`cont`) or SIGSTOP at its end less `lead_us`, due at `at_us` (wall µs) and stale from `stale_us`. The
-    round that reaches it sends it first, then reads the registry (~150-200 µs of Python on 2 loaded cores, which
-    every signal trailed its edge by) and undoes it if the fresh decision differs."""
-
-    cont: bool
-    at_us: int
-    stale_us: int
-    lead_us: int
-    schedule: schedule.Schedule
-    slot: int
 
 
 @dataclass(frozen=True)
@@ -83,10 +66,8 @@ class PaceLoop:
     `wake()` ends the wait between two rounds at once (the front proxy raised DEMAND: §7 has an owner re-read
     before its first step). `edges`: where each window the engine ran in is recorded (edges_.Window), its run
     read by `read_threads` (the engine's threads' counters, None when unreadable) over `cores` (the cores it may
-    use). `stop_taken`: whether the engine has taken its SIGSTOP (None: unknown), asked just before each window's
-    end: the stop lead adapts so that it has (policy_.StopLead; a fixed lead without it). The clocks, the sleep,
-    the slots' users (§8.1) and the first stop lead may be given (tests; a given sleep is not cut short by
-    `wake`)."""
+    use). The clocks, the sleep, the slots' users (§8.1) and the stop lead may be given (tests; a given sleep is
+    not cut short by `wake`)."""
 
     def __init__(
         self,
@@ -107,7 +88,6 @@ class PaceLoop:
         read_threads: ThreadsReader | None = None,
         cores: int = 1,
         demand_exact: bool = False,
-        stop_taken: Callable[[], bool | None] | None = None,
     ) -> None:
         self._m, self._alive, self._quit = membership, alive, quit_event
         self._stop, self._cont, self._stopped = stop, cont, stopped
@@ -115,14 +95,7 @@ class PaceLoop:
         self._clock, self._mono = clock_us, mono_us
         self._sleep: Callable[[float], object] = sleep_s if sleep_s is not None else self._woken.wait
         self.lateness_us = lateness_us
-        self.lead = policy_.StopLead(stop_lead_us, min(stop_lead_us, STOP_LEAD_MIN_US), STOP_LEAD_MAX_US)
-        self._stop_taken = stop_taken
-        self._plan: _EdgePlan | None = None  # the signal planned for the next edge
-        self._check_at_us: int | None = None  # wall µs to ask whether the engine took the stop sent at an edge
-        self._stopped_by_edge: bool | None = None  # ... its answer, for the window's record
-        self._round_due_mono = 0  # when the next round is due ...
-        self._early = False  # ... and the wait asked for ends before it: that wake-up only checks or records
-        self._woken_round = False  # woken (`wake`): a round at once
+        self._lead_us = stop_lead_us
         self.policy = policy_.PacingPolicy()
         self._source = DecisionSource(membership, self.policy, users)
         self.window_end_us: int | None = None
@@ -136,8 +109,7 @@ class PaceLoop:
         self._read_threads = read_threads if edges is not None else None
         self._cores = max(1, cores)
         self._open: _OpenWindow | None = None  # the window the engine was continued in at its start edge
-        # ... stopped at its end: (it, the stop's lateness, mono µs, the stop lead)
-        self._closing: tuple[_OpenWindow, int, int, int] | None = None
+        self._closing: tuple[_OpenWindow, int, int] | None = None  # ... stopped at its end: (it, stop lateness, mono)
         self._at_stop: tuple[int, int] | None = None  # the threads' counters read since the last stop, if no CONT since
 
     def run(self) -> None:
@@ -151,7 +123,6 @@ class PaceLoop:
                 # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
                 # loaded cores) is not slept again, or every edge it aims at is missed by that much
                 if self._sleep(max(wait_us - (self._mono() - start), 0) / 1e6) is True:  # woken (HTTP clients)
-                    self._woken_round = True
                     gap_us = PACE_WAKE_GAP_US - (self._mono() - start)
                     if gap_us > 0:
                         time.sleep(gap_us / 1e6)
@@ -174,21 +145,10 @@ class PaceLoop:
             self._continue()
             return int(UNTHROTTLED_POLL_S * 1e6)
         now, mono = self._clock(), self._mono()
-        was_stopped = self._stopped()
-        plan = self._plan
-        if plan is not None and plan.at_us <= now:
-            self._plan = None
-            if now < plan.stale_us and was_stopped == plan.cont:
-                self._signal_at_edge(plan, mono)  # first: this round's reading confirms it, or undoes it below
-        if self._check_at_us is not None and now >= self._check_at_us:
-            self._check_stop()
-        if self._closing is not None and self._check_at_us is None and mono - self._closing[2] >= EDGE_SETTLE_US:
+        if self._closing is not None and mono - self._closing[2] >= EDGE_SETTLE_US:
             self._close_window(mono)
-        if self._early and mono < self._round_due_mono and not self._woken_round:  # woken for the stop's check or
-            return self._wait_us(self._round_due_mono - mono, now, mono)  # its record only: no round (a core's time)
-        self._woken_round = self._early = False
         working_us = 0  # device time: continued with work in flight (idle between two requests counted as busy,
-        if not was_stopped:  # an honest engine lost PRIORITY)
+        if not self._stopped():  # an honest engine lost PRIORITY)
             self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
             if m.demand or self._had_demand:  # a span with work at either end
                 working_us = mono - self._last_mono
@@ -207,8 +167,7 @@ class PaceLoop:
         except SegmentError as e:  # shrunk under us by a group member: re-extended and re-claimed, or lost
             self._source.repair(e)
             return 0
-        lead_us = self.lead.lead_us
-        a = self.action = self.policy.act(d, slot, now, mono, lead_us=lead_us, demand=m.demand)
+        a = self.action = self.policy.act(d, slot, now, mono, lead_us=self._lead_us, demand=m.demand)
         at_edge = d.schedule is self._prev  # not a membership change, which acts at once, off any edge
         self._prev = d.schedule
         if not at_edge:  # a window under another schedule is no window of the new one
@@ -235,89 +194,19 @@ class PaceLoop:
             self._stop()
             opened, self._open = self._open, None
             if at_edge and a.kind == policy_.STOP:
-                late = self._note_lateness(a.schedule, slot, edge=1, lead_us=lead_us)
-                self._after_edge_stop(opened, late, a.schedule, slot, mono, lead_us)
+                late = self._note_lateness(a.schedule, slot, edge=1)
+                if opened is not None and self.edges is not None:  # read once its threads have all stopped
+                    self._closing = (opened, late, self._mono())
+            if self._closing is not None:
+                assert a.until_us is not None
+                return min(a.until_us - now, EDGE_SETTLE_US)
         assert a.until_us is not None  # wait, run and stop have an end
-        wait_us = min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
-        self._round_due_mono = mono + wait_us
-        self._plan = None
-        if at_edge:
-            self._plan_edge(a, slot, lead_us)
-        return self._wait_us(wait_us, now, mono)
-
-    def _wait_us(self, round_us: int, now: int, mono: int) -> int:
-        """Until the next round (`round_us`), or before it (`_early`) the stop's check or the window's record."""
-        wait = round_us
-        if self._check_at_us is not None:
-            wait = min(round_us, self._check_at_us - now)
-        elif self._closing is not None:
-            wait = min(round_us, self._closing[2] + EDGE_SETTLE_US - mono)
-        self._early = wait < round_us
-        return wait
-
-    def _plan_edge(self, a: policy_.Action, slot: int | None, lead_us: int) -> None:
-        """The signal for the next edge of our window, for the round that reaches it to send before it reads the
-        registry: a run inside our window stops at its end less the lead; a stop that ends where our window
-        starts continues there (one that ends at the floor's limit, for an owed run, is decided by its round)."""
-        sched = a.schedule
-        if sched is None or slot is None or a.until_us is None:
-            return
-        if a.kind == policy_.RUN and a.scheduled:
-            stale = a.until_us + lead_us + STOP_LEAD_MAX_US  # well past the edge: the round decides afresh
-            self._plan = _EdgePlan(False, a.until_us, stale, lead_us, sched, slot)
-        elif a.kind == policy_.STOP:
-            run, end = policy_.run_until(sched, slot, a.until_us, lead_us)
-            if run:
-                self._plan = _EdgePlan(True, a.until_us, end, lead_us, sched, slot)
-
-    def _signal_at_edge(self, plan: _EdgePlan, mono: int) -> None:
-        """The planned signal, recorded as one sent at its edge by a round's decision is."""
-        if plan.cont:
-            base = self._at_stop if self._at_stop is not None else self._threads()
-            self._continue()
-            late = self._note_lateness(plan.schedule, plan.slot, edge=0)
-            self._open = _OpenWindow(self._window_us(plan.schedule, plan.slot), late, base)
-        else:
-            self._stop()
-            opened, self._open = self._open, None
-            late = self._note_lateness(plan.schedule, plan.slot, edge=1, lead_us=plan.lead_us)
-            self._after_edge_stop(opened, late, plan.schedule, plan.slot, mono, plan.lead_us)
-
-    def _after_edge_stop(
-        self,
-        opened: _OpenWindow | None,
-        late: int,
-        sched: schedule.Schedule | None,
-        slot: int | None,
-        mono: int,
-        lead_us: int,
-    ) -> None:
-        """A stop at our window's end less the lead: ask whether the engine took it just before that end (the lead
-        adapts), and read its threads once they all have (the window's record)."""
-        if opened is not None and self.edges is not None:
-            self._closing = (opened, late, mono, lead_us)
-        if self._stop_taken is not None and sched is not None and slot is not None:
-            window = sched.window_of(slot)
-            assert window is not None  # at a window edge: a member
-            self._check_at_us = self._nearest_edge_us(sched, window[1]) - STOP_CHECK_MARGIN_US
-
-    def _check_stop(self) -> None:
-        assert self._stop_taken is not None
-        self._check_at_us = None
-        taken = self._stopped_by_edge = self._stop_taken()
-        if taken is not None:
-            self.lead.observe(taken)
-
-    def _nearest_edge_us(self, sched: schedule.Schedule, offset_us: int) -> int:
-        """The wall µs, nearest now, at `offset_us` into a period."""
-        now, half = self._clock(), sched.period_us // 2
-        return now + (offset_us - now % sched.period_us + half) % sched.period_us - half
+        return min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
 
     def _continue(self) -> None:
-        """SIGCONT: a window stopped but not yet read is not read (the engine runs again), nor asked about."""
+        """SIGCONT: a window stopped but not yet read is not read (the engine runs again)."""
         self._cont()
         self._closing = self._at_stop = None
-        self._check_at_us = self._stopped_by_edge = None
 
     def _threads(self) -> tuple[int, int] | None:
         return self._read_threads() if self._read_threads is not None else None
@@ -325,7 +214,7 @@ class PaceLoop:
     def _close_window(self, mono: int) -> None:
         """Record the window stopped EDGE_SETTLE_US ago: what the engine's threads ran from our SIGCONT to now."""
         assert self._closing is not None and self.edges is not None
-        opened, stop_late, _, lead = self._closing
+        opened, stop_late, _ = self._closing
         self._closing = None
         now = self._at_stop = self._threads()
         base = opened.base
@@ -334,11 +223,7 @@ class PaceLoop:
             # a thread that exited meanwhile takes its time with it: never below 0
             ran = max(0, now[0] - base[0]) // 1000 // self._cores
             waited = max(0, now[1] - base[1]) // 1000 // self._cores
-        self.edges.append(
-            edges_.Window(
-                mono, opened.scheduled_us, opened.cont_late_us, stop_late, ran, waited, lead, self._stopped_by_edge
-            )
-        )
+        self.edges.append(edges_.Window(mono, opened.scheduled_us, opened.cont_late_us, stop_late, ran, waited))
 
     @staticmethod
     def _window_us(sched: schedule.Schedule | None, slot: int | None) -> int:
@@ -346,12 +231,12 @@ class PaceLoop:
         assert window is not None  # at a window edge: a member
         return window[1] - window[0]
 
-    def _note_lateness(self, sched: schedule.Schedule | None, slot: int | None, edge: int, lead_us: int = 0) -> int:
-        """How late after its edge (0: window start, 1: window end less the stop lead `lead_us`) a signal went out
-        (µs, negative: early; also kept in `lateness_us`)."""
+    def _note_lateness(self, sched: schedule.Schedule | None, slot: int | None, edge: int) -> int:
+        """How late after its edge (0: window start, 1: window end less the stop lead) a signal went out (µs,
+        negative: early; also kept in `lateness_us`)."""
         window = sched.window_of(slot) if sched is not None and slot is not None else None
         assert sched is not None and window is not None  # at a window edge: a member
-        boundary = window[edge] - (lead_us if edge else 0)
+        boundary = window[edge] - (self._lead_us if edge else 0)
         half = sched.period_us // 2
         late = (self._clock() - boundary + half) % sched.period_us - half
         self.lateness_us.append(late)

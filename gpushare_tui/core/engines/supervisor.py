@@ -432,7 +432,6 @@ class Supervisor:
             edges=self.edges,
             read_threads=lambda: activity.threads_sched_ns(proc.pid),
             cores=activity.cores_of(proc.pid),
-            stop_taken=activity.BusyThreadsStopped(proc.pid, activity.cores_of(proc.pid)),
             demand_exact=self.upstream is not None,  # the front proxy publishes DEMAND at each request's start and end
         )
         self.pacing.run()

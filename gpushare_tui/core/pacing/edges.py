@@ -25,9 +25,7 @@ class Window:
     `scheduled_us`: its length by the schedule. `cont_late_us`/`stop_late_us`: how late the run's start and
     stop went out after their edges (the stop's edge: the window's end less the actuator's stop lead); None:
     not measured. `ran_us`: how long the engine ran inside it (None: unknown, e.g. its threads could not be
-    read). `waited_us`: how long its runnable threads waited for a core meanwhile, over its cores (CPU engines).
-    `lead_us`: the stop lead its run ended by; `stopped_by_edge`: whether the engine had taken its stop (all its
-    threads) just before the window's end (None: not asked)."""
+    read). `waited_us`: how long its runnable threads waited for a core meanwhile, over its cores (CPU engines)."""
 
     end_mono_us: int
     scheduled_us: int
@@ -35,8 +33,6 @@ class Window:
     stop_late_us: int | None
     ran_us: int | None
     waited_us: int | None = None
-    lead_us: int | None = None
-    stopped_by_edge: bool | None = None
 
     @property
     def loss_us(self) -> int | None:
@@ -60,8 +56,6 @@ class EdgeReport:
     ran_pct: float | None = None
     loss_per_edge_ms: float | None = None
     waited_pct: float | None = None
-    lead_p50_us: int | None = None  # the stop lead (it adapts: policy.StopLead) ...
-    stopped_by_edge_pct: float | None = None  # ... and how often the engine had taken its stop by the edge
 
 
 def ring() -> deque[Window]:
@@ -90,7 +84,6 @@ def report(windows: Iterable[Window], now_mono_us: int, span_us: int = REPORT_SP
     ran_total = sum(w.ran_us or 0 for w in measured)
     waited = [w for w in measured if w.waited_us is not None]
     waited_sched = sum(w.scheduled_us for w in waited)
-    asked = [w for w in ws if w.stopped_by_edge is not None]
     return EdgeReport(
         span_s=span_us / 1e6,
         windows=len(ws),
@@ -102,8 +95,6 @@ def report(windows: Iterable[Window], now_mono_us: int, span_us: int = REPORT_SP
         ran_pct=100 * ran_total / sched_total if sched_total else None,
         loss_per_edge_ms=(sched_total - ran_total) / len(measured) / 2 / 1000 if measured else None,
         waited_pct=100 * sum(w.waited_us or 0 for w in waited) / waited_sched if waited_sched else None,
-        lead_p50_us=percentile([w.lead_us for w in ws if w.lead_us is not None], 0.5),
-        stopped_by_edge_pct=100 * sum(1 for w in asked if w.stopped_by_edge) / len(asked) if asked else None,
     )
 
 

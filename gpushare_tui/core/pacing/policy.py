@@ -81,29 +81,6 @@ def run_until(sched: schedule.Schedule, slot: int, now_us: int, stop_lead_us: in
     return False, schedule.next_window_start_us(sched, slot, now_us)
 
 
-class StopLead:
-    """An actuator's stop lead, adapted to how long its engine takes to stop: a run ends `lead_us` before its
-    window does, so that the engine has taken its stop (all its threads) by the window's end in all but `miss_q`
-    of the windows. After each stop the actuator says whether the engine was stopped by the edge (`observe`); the
-    lead moves up by `step_us` · (1 - miss_q) after a miss and down by `step_us` · miss_q after a hit, which
-    settles where misses are `miss_q` of the windows (the lead tracks that quantile of the stop's delay), within
-    [min_us, max_us]. A lead too short lets the next engine start before this one stopped (the two thread pools
-    share the cores); one too long leaves the device idle at every edge."""
-
-    def __init__(self, initial_us: int, min_us: int, max_us: int, miss_q: float = 0.1, step_us: float = 100.0) -> None:
-        self._lead, self._min, self._max, self._q, self._step = float(initial_us), min_us, max_us, miss_q, step_us
-        self._lead = min(max(self._lead, min_us), max_us)
-
-    @property
-    def lead_us(self) -> int:
-        return round(self._lead)
-
-    def observe(self, stopped_by_edge: bool) -> None:
-        """The engine had (True) or had not (False) taken its stop by the edge its lead aimed at."""
-        self._lead += self._step * ((0.0 if stopped_by_edge else 1.0) - self._q)
-        self._lead = min(max(self._lead, self._min), self._max)
-
-
 def users_bit(
     slots: Iterable[SlotRecord], slot: int | None, uids: schedule_ext2.Uids, flags: int, now_us: int
 ) -> bool | None:

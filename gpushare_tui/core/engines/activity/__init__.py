@@ -21,11 +21,10 @@ from collections.abc import Callable, Sequence
 from ..declaration import ActivitySpec
 from .base import ActivitySource, Tick
 from .llama import EngineActivity
-from .tree import BusyThreadsStopped, CpuMeter, ProcessTree, cores_of, threads_sched_ns
+from .tree import CpuMeter, ProcessTree, cores_of, threads_sched_ns
 
 __all__ = [
     "ActivitySource",
-    "BusyThreadsStopped",
     "CpuMeter",
     "EngineActivity",
     "ProcessTree",

@@ -106,66 +106,21 @@ def threads_sched_ns(pid: int, max_threads: int = EDGE_THREADS_READ_MAX) -> tupl
     counters, read cheaply (one small file a thread) at each window edge. A thread that exits between the
     listing and its read is skipped. None when the process is gone, or has more than `max_threads` threads
     (a hostile engine's thousands must not delay the pacing: its windows' run is then unknown)."""
-    each = thread_sched_ns(pid, max_threads)
-    if each is None:
-        return None
-    return sum(r for r, _ in each.values()), sum(w for _, w in each.values())
-
-
-def thread_sched_ns(pid: int, max_threads: int = EDGE_THREADS_READ_MAX) -> dict[int, tuple[int, int]] | None:
-    """threads_sched_ns's reading, by thread id."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
     if len(tids) > max_threads:
         return None
-    found = {}
+    ran = waited = 0
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
                 fields = f.read(128).split()
-            found[int(tid)] = int(fields[0]), int(fields[1])
+            ran, waited = ran + int(fields[0]), waited + int(fields[1])
         except (OSError, ValueError, IndexError):
             continue
-    return found
-
-
-class BusyThreadsStopped:
-    """Whether the engine `pid`'s busiest threads have taken their SIGSTOP (state T in /proc/PID/task/TID/stat):
-    the `cores` threads that ran most between two readings of all its threads, made every `refresh` calls (the
-    first: its leader alone). Those take the cores a peer continued at the edge needs; an idle thread (an HTTP
-    pool's) takes its stop whenever it next runs, a few µs, and holds the whole process's stop report back long
-    after its busy threads stopped. None: unknown (gone, or too many threads)."""
-
-    def __init__(self, pid: int, cores: int, refresh: int = 32) -> None:
-        self._pid, self._cores, self._refresh = pid, max(1, cores), refresh
-        self._calls = 0
-        self._hot = [pid]
-        self._seen: dict[int, tuple[int, int]] | None = None
-
-    def __call__(self) -> bool | None:
-        if self._calls % self._refresh == 0:
-            self._choose()
-        self._calls += 1
-        for tid in self._hot:
-            try:
-                with open(f"/proc/{self._pid}/task/{tid}/stat", "rb") as f:
-                    state = f.read(512).rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                self._calls = 0  # gone: choose again at the next call
-                return None
-            if state not in (b"T", b"t"):
-                return False
-        return True
-
-    def _choose(self) -> None:
-        now = thread_sched_ns(self._pid)
-        if now is not None and self._seen is not None:
-            ran = {tid: c[0] - self._seen[tid][0] for tid, c in now.items() if tid in self._seen}
-            busiest = sorted(ran, key=ran.__getitem__, reverse=True)[: self._cores]
-            self._hot = busiest or [self._pid]
-        self._seen = now
+    return ran, waited
 
 
 def _descendants(root_pid: int) -> list[int] | None:
