@@ -29,6 +29,18 @@ thread of a paced engine waits for a core 6.6% of its run (solo 3.3%). Proxy loa
 1 stream ran 93.6-94.1%, 1.2-1.3 ms per edge; 32 streams 94.6-95.1%, 1.0-1.1 ms: not the proxy. A SIGCONT sent
 ~400 µs early (CONT 1-27 µs late, the peer's STOP as late as before) overlapped the peer taking its stop: waited
 44-82%, 1:1 aggregate 88% of solo (load 1.75-3.0).
+
+Tried 2026-12-06 and taken out (commits fc62cfb, 1d75574 on branch handoff): each planned edge's signal sent
+before the round's registry read (CONT/STOP late p50 80-195/190-210 µs, before 305-320/315-355), and the stop
+lead adapted so the engine's busiest threads (state T) had taken their stop 50 µs before the edge in 9 windows
+of 10 (it settled at 630-850 µs). This bench, back to back with the code before, 1 round each (load 1.3-3.1, not
+quiet): ran 91.5-92.7% of 40 ms windows (94.0-94.4% before), loss per edge 1.5-1.7 ms (1.1-1.2), tok/s total
+1:1 61.6/64.3 (63.1/63.4), 2/1/1 61.7/65.5 (61.7/60.2). bench.pacing --rounds 3 back to back (load 2.5-5.3):
+aggregate 1:1 90.7-92.3% of solo (92.8-94.6% before), 2/1/1 89.2-90.5% (90.3-91.4%); 2:1 ratio error 4.0-4.7%
+(1.2-3.0%): worse. The same signals first with the lead fixed at 500 µs: the engine had stopped by the edge in
+48-71% of windows only, the pools overlapped (waited 54-68%) and the 1:1 pair made 23 tok/s. So an engine's
+busiest threads take their SIGSTOP ~0.25 ms (p50) to ~0.5 ms (p90) after it goes out (each must get a core to
+take it), and the 500 µs lead with a ~300 µs late SIGCONT is as good a hand-off as those two tunings found.
 """
 
 from __future__ import annotations

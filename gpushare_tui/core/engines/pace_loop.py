@@ -34,7 +34,9 @@ UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 STOP_LEAD_US = 500
 # The hand-off needs that gap as it is: a SIGCONT sent ~400 µs early (by its own measured lateness, the peer's
 # stop as late as before) made the engines overlap: their threads waited for a core 54-64% of their windows
-# (23% before) and the 1:1 aggregate fell from 94% to 88% of solo (bench/edges.py, load 1.9-2.9).
+# (23% before) and the 1:1 aggregate fell from 94% to 88% of solo (bench/edges.py, load 1.9-2.9). Signals sent
+# before the round's registry read with a lead adapted to the engine's busiest threads taking their stop (it
+# settled at 0.6-0.85 ms) lost 1-2 points of aggregate and doubled the 2:1 ratio error (bench/edges.py's notes).
 BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
 # The engine's threads are read this long after our SIGSTOP: each stops as it next runs (within ~100 µs on an
 # idle core; the peer continued 500 µs after us competes for the cores), and a thread read while still
