@@ -25,10 +25,10 @@ The response's head is parsed by h11; its body is relayed as the engine's reads 
 callback (`_Relay.feed`: no task wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client
 (every stream) passes unchanged, its chunk-size lines scanned (never re-encoded) to find its end (a read that is
 one whole chunk, a token's usual read, is checked and written in one step: the per-token Python is most of what
-the proxy costs a stream); the last chunk and trailers (hop-by-hop ones dropped) are written by h11. Other bodies (Content-Length, delimited by
-the engine closing, any to an HTTP/1.0 client) go through the client's h11 a read at a time (re-framed where
-the client needs it). The loop is uvloop's (libuv, C). Per-request and per-chunk accounting belongs where
-`_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
+the proxy costs a stream); the last chunk and trailers (hop-by-hop ones dropped) are written by h11. Other
+bodies (Content-Length, delimited by the engine closing, any to an HTTP/1.0 client) go through the client's h11
+a read at a time (re-framed where the client needs it). The loop is uvloop's (libuv, C). Per-request and
+per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
@@ -952,10 +952,9 @@ class FrontProxy:
         if up is not None:
             up.close()
             cl.up = None
-        try:
-            _transport, conn = await asyncio.wait_for(
-                asyncio.get_running_loop().create_connection(_Conn, *self.upstream), PROXY_UPSTREAM_CONNECT_S
-            )
+        try:  # asyncio.timeout, not wait_for: no task of its own for each connection (one per streamed request)
+            async with asyncio.timeout(PROXY_UPSTREAM_CONNECT_S):
+                _transport, conn = await asyncio.get_running_loop().create_connection(_Conn, *self.upstream)
         except (OSError, TimeoutError) as e:
             raise _Cut(f"engine unreachable: {e}", 502) from None
         cl.up = _Upstream(conn, self._clock())
