@@ -458,10 +458,13 @@ class _Relay:
             if 0 < nl < n - 4 and data[n - 2 :] == b"\r\n" and data[:nl] == b"%x" % (n - nl - 4):
                 t = self.transport
                 if t is not None and not t.is_closing():
-                    r = self.rec_req
-                    if r is not None:  # one clock read per read relayed: the per-token cost
-                        self.rec.chunk(r, self.clock(), data, nl + 2)  # type: ignore[union-attr]
-                    t.write(data)
+                    try:
+                        r = self.rec_req
+                        if r is not None:  # one clock read per read relayed: the per-token cost
+                            self.rec.chunk(r, self.clock(), data, nl + 2)  # type: ignore[union-attr]
+                        t.write(data)
+                    except Exception as e:  # as in `_feed`: the exchange ends with it, never the loop's callback
+                        self.fail(e)
                     return
             self.quick = False  # anything else (a size with zeros or upper case, a part, several): scanned
         self._feed(data)
