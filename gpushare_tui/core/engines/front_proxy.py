@@ -23,11 +23,12 @@ so the engine sees what it would see direct (llama-server cancels a non-streamed
 
 The response's head is parsed by h11; its body is relayed as the engine's reads come, on the event loop's
 callback (`_Relay.feed`: no task wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client
-(every stream) passes unchanged, its chunk-size lines scanned (never re-encoded) to find its end; the last
-chunk and trailers (hop-by-hop ones dropped) are written by h11. Other bodies (Content-Length, delimited by
-the engine closing, any to an HTTP/1.0 client) go through the client's h11 a read at a time (re-framed where
-the client needs it). The loop is uvloop's (libuv, C). Per-request and per-chunk accounting belongs where
-`_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
+(every stream) passes unchanged, its chunk-size lines scanned (never re-encoded) to find its end (a read that is
+one whole chunk, a token's usual read, is checked and written in one step: the per-token Python is most of what
+the proxy costs a stream); the last chunk and trailers (hop-by-hop ones dropped) are written by h11. Other
+bodies (Content-Length, delimited by the engine closing, any to an HTTP/1.0 client) go through the client's h11
+a read at a time (re-framed where the client needs it). The loop is uvloop's (libuv, C). Per-request and
+per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
@@ -423,7 +424,7 @@ class _Relay:
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
                  "raw", "held", "held_bytes", "trailers", "done", "extra", "ended",
-                 "rec", "rec_req", "clock")  # fmt: skip
+                 "rec", "rec_req", "clock", "quick")  # fmt: skip
 
     def __init__(
         self, cl: _Client, head: h11.Response, framing: str, length: int, raw: bool, held: list[bytes] | None
@@ -447,8 +448,29 @@ class _Relay:
         self.rec: LatencyRecorder | None = None  # set with `rec_req` when the request is timed
         self.rec_req: Request | None = None
         self.clock: Callable[[], float] = time.monotonic
+        # a chunked stream relayed raw, at a chunk boundary: the next read is tried as one whole chunk (`feed`)
+        self.quick = raw and framing == "chunked"
 
     def feed(self, data: bytes) -> None:
+        if self.quick:  # a stream's usual read, one token's chunk `SIZE CRLF DATA CRLF`, in as few steps as it takes
+            n = len(data)
+            nl = data.find(b"\r\n", 0, 22)
+            if 0 < nl < n - 4 and data[n - 2 :] == b"\r\n" and data[:nl] == b"%x" % (n - nl - 4):
+                t = self.transport
+                if t is not None and not t.is_closing():
+                    try:
+                        r = self.rec_req
+                        if r is not None:  # one clock read per read relayed: the per-token cost
+                            self.rec.chunk(r, self.clock(), data, nl + 2)  # type: ignore[union-attr]
+                        t.write(data)
+                    except Exception as e:  # as in `_feed`: the exchange ends with it, never the loop's callback
+                        self.fail(e)
+                    return
+            self.quick = False  # anything else (a size with zeros or upper case, a part, several): scanned
+        self._feed(data)
+        self.quick = self.raw and not (self.ended or self.left or self.crlf or self.line or self.in_trailers)
+
+    def _feed(self, data: bytes) -> None:
         if self.ended:
             self.extra = self.extra or bool(data)
             return
@@ -490,12 +512,14 @@ class _Relay:
     def fail(self, e: BaseException) -> None:
         if not self.ended:
             self.ended = True
+            self.quick = False
             if not self.done.done():
                 self.done.set_exception(e)
 
     def end(self) -> None:
         if not self.ended:
             self.ended = True
+            self.quick = False
             if not self.done.done():
                 self.done.set_result(None)
 
@@ -931,10 +955,9 @@ class FrontProxy:
         if up is not None:
             up.close()
             cl.up = None
-        try:
-            _transport, conn = await asyncio.wait_for(
-                asyncio.get_running_loop().create_connection(_Conn, *self.upstream), PROXY_UPSTREAM_CONNECT_S
-            )
+        try:  # asyncio.timeout, not wait_for: no task of its own for each connection (one per streamed request)
+            async with asyncio.timeout(PROXY_UPSTREAM_CONNECT_S):
+                _transport, conn = await asyncio.get_running_loop().create_connection(_Conn, *self.upstream)
         except (OSError, TimeoutError) as e:
             raise _Cut(f"engine unreachable: {e}", 502) from None
         cl.up = _Upstream(conn, self._clock())
