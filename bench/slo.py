@@ -42,6 +42,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Self
 
 import psutil
 
@@ -176,23 +177,33 @@ def run_policy(policy: str, s: Setup, a: argparse.Namespace, solo_tok_s: float, 
     return row
 
 
-class FlagWatch:
-    """The chat's slot flags every 10 ms: per phase, the % of the samples with work in flight (DEMAND) in which it
-    held PRIORITY (an interactive engine within its budget runs first; without it, it waits for its window)."""
+class _Watch:
+    """A daemon thread running `_run` from `start()` until `stop()` (which sets `_stop` and joins it)."""
 
-    def __init__(self, key: str, pid: int, t0: float) -> None:
-        self.path, self.pid, self.t0 = shm_path(key), pid, t0
-        self.samples: list[tuple[float, bool, bool]] = []  # (s since t0, demand, priority)
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> FlagWatch:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class FlagWatch(_Watch):
+    """The chat's slot flags every 10 ms: per phase, the % of the samples with work in flight (DEMAND) in which it
+    held PRIORITY (an interactive engine within its budget runs first; without it, it waits for its window)."""
+
+    def __init__(self, key: str, pid: int, t0: float) -> None:
+        self.path, self.pid, self.t0 = shm_path(key), pid, t0
+        self.samples: list[tuple[float, bool, bool]] = []  # (s since t0, demand, priority)
+        super().__init__()
 
     def _run(self) -> None:
         with Segment.attach_readonly(self.path) as seg:
@@ -210,23 +221,14 @@ class FlagWatch:
         return out
 
 
-class SettingWatch:
+class SettingWatch(_Watch):
     """The chat's class and weight (and its governor's verdict) over the run, from its `status` twice a second:
     each change as (s since t0, class, weight, slo state)."""
 
     def __init__(self, pid: int, t0: float) -> None:
         self.pid, self.t0 = pid, t0
         self.changes: list[tuple[float, str | None, float | None, str | None]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> SettingWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):

@@ -777,6 +777,18 @@ def test_help_defines_every_column_and_the_strobe():
 # -- the launch form's engine kinds; the hints -------------------------------------------------------------
 
 
+def _end_launched(started: list[int]) -> None:
+    """End what the form launched: the supervisor (started[0]) first, which ends its engine in order; then the
+    engine itself, if left."""
+    if started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(started[0], signal.SIGTERM)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+            psutil.Process(started[0]).wait(15)
+    for pid in started:
+        _end(pid)
+
+
 def _end(pid: int) -> None:
     for sig in (signal.SIGCONT, signal.SIGKILL):
         try:
@@ -981,13 +993,7 @@ def test_launch_form_starts_a_real_command_engine_with_its_class(gpu_key, tmp_pa
     try:
         asyncio.run(main())
     finally:
-        if started:  # the supervisor ends its engine in order; then the engine itself, if left
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(started[0], signal.SIGTERM)
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
-                psutil.Process(started[0]).wait(15)
-        for pid in started:
-            _end(pid)
+        _end_launched(started)
 
 
 def test_the_form_launches_an_engine_with_a_latency_target_that_its_status_shows(
@@ -1041,13 +1047,7 @@ def test_the_form_launches_an_engine_with_a_latency_target_that_its_status_shows
     try:
         asyncio.run(main())
     finally:
-        if started:  # the supervisor ends its engine in order; then the engine itself, if left
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(started[0], signal.SIGTERM)
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
-                psutil.Process(started[0]).wait(15)
-        for pid in started:
-            _end(pid)
+        _end_launched(started)
 
 
 def test_the_demos_form_starts_a_synthetic_engine_that_ends_with_the_demo(runtime_dir, tmp_path, monkeypatch):
