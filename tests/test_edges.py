@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gpushare_tui.core.engines.activity import threads_sched_ns
+from gpushare_tui.core.engines.activity import engine_cpu_ns, process_cpu_ns, threads_sched_ns
 from gpushare_tui.core.pacing import edges
 from gpushare_tui.core.pacing.edges import EdgeReport, Window
 from gpushare_tui.core.registry.segment import Segment, shm_path
@@ -87,6 +87,28 @@ def test_threads_are_read_and_a_gone_or_crowded_process_is_unknown() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     assert threads_sched_ns(p.pid) is None  # gone (reaped): unknown, never an error
+
+
+def test_a_process_cpu_time_is_one_clock_read_and_a_gone_process_is_unknown() -> None:
+    """The CPU time a window's edges read of the engine: its process CPU clock, every thread's (one that exited
+    too), as its threads' schedstat sums them; the runqueue wait only when asked."""
+    def burn() -> None:  # 50 ms of this thread's CPU time, then it exits: its time stays in the process's
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.05:
+            pass
+
+    first = process_cpu_ns(os.getpid())
+    burner = threading.Thread(target=burn)
+    burner.start()
+    burner.join()
+    second = process_cpu_ns(os.getpid())
+    assert first is not None and second is not None and second - first >= 50_000_000
+    both, ran_only = engine_cpu_ns(os.getpid(), True), engine_cpu_ns(os.getpid(), False)
+    assert both is not None and both[1] is not None and both[0] >= second
+    assert ran_only is not None and ran_only[1] is None and ran_only[0] >= both[0]
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert process_cpu_ns(p.pid) is None and engine_cpu_ns(p.pid, True) is None  # gone (reaped): unknown
 
 
 def _engine(procs, gpu_key: str, name: str, weight: float) -> int:
@@ -174,7 +196,7 @@ def _paced_windows(
         mono_us=clock,
         sleep_s=clock.sleep,
         edges=ring,
-        read_threads=lambda: (0, 0),
+        read_threads=lambda with_wait: (0, 0 if with_wait else None),
     )
     step = loop.step
 

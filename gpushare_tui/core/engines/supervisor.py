@@ -430,7 +430,7 @@ class Supervisor:
             stopped=lambda: self._stopped,
             lateness_us=self.lateness_us,
             edges=self.edges,
-            read_threads=lambda: activity.threads_sched_ns(proc.pid),
+            read_threads=lambda with_wait: activity.engine_cpu_ns(proc.pid, with_wait),
             cores=activity.cores_of(proc.pid),
             demand_exact=self.upstream is not None,  # the front proxy publishes DEMAND at each request's start and end
         )
