@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 

@@ -26,7 +26,9 @@ from ..registry.segment import SegmentError
 from ..schedule import ext2 as schedule_ext2
 from ..schedule import v1 as schedule
 
-RECHECK_US = 20_000  # decide again at least this often
+# Decide again at least this often: the wait to the next edge is split evenly (a 40.5 ms stopped spell: two waits of
+# 20.25 ms; cut at the bound instead, it left a round 0.5 ms before the edge, with nothing to decide there).
+RECHECK_US = 25_000
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 # A run ends this long before its window does. A SIGSTOP takes effect only once the engine's own thread runs
 # to take it; sent at the edge, that thread competes for the cores with the engine just continued, and both
@@ -72,9 +74,9 @@ class PaceLoop:
     sampled, kept 2 s past the last activity) that time counts only up to the engine's latest activity mark.
     `wake()` ends the wait between two rounds at once (the front proxy raised DEMAND: §7 has an owner re-read
     before its first step). `edges`: where each window the engine ran in is recorded (edges_.Window), its run
-    read by `read_threads` (the engine's CPU time, and its threads' runqueue wait when asked; None when unreadable) over `cores` (the cores it may
-    use). The clocks, the sleep, the slots' users (§8.1) and the stop lead may be given (tests; a given sleep is
-    not cut short by `wake`)."""
+    read by `read_threads` (the engine's CPU time, and its threads' runqueue wait when asked; None when
+    unreadable) over `cores` (the cores it may use). The clocks, the sleep, the slots' users (§8.1) and the stop
+    lead may be given (tests; a given sleep is not cut short by `wake`)."""
 
     def __init__(
         self,
@@ -208,7 +210,9 @@ class PaceLoop:
                 if opened is not None and self.edges is not None:  # read once its threads have all stopped
                     self._closing = (opened, late, self._mono())
         assert a.until_us is not None  # wait, run and stop have an end
-        return min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
+        if a.reread_us is not None and a.reread_us < RECHECK_US:  # the policy's own re-read (spec §7: 5 ms)
+            return min(a.until_us - now, a.reread_us)
+        return even_wait_us(a.until_us - now, RECHECK_US)
 
     def _continue(self) -> None:
         """SIGCONT: a window stopped but not yet read is not read (the engine runs again)."""
@@ -250,6 +254,14 @@ class PaceLoop:
         late = (self._clock() - boundary + half) % sched.period_us - half
         self.lateness_us.append(late)
         return late
+
+
+def even_wait_us(gap_us: int, bound_us: int) -> int:
+    """The first of the fewest equal waits, none over `bound_us`, that reach `gap_us` from now."""
+    if gap_us <= bound_us:
+        return gap_us
+    waits = -(-gap_us // bound_us)
+    return -(-gap_us // waits)
 
 
 def lateness_summary(lateness_us: deque[int]) -> dict:
