@@ -61,11 +61,11 @@ engines; the bench.pacing model, 12 s windows, tok/s by the engines' decode coun
 - The supervisors' own CPU, on the cores the engines share: two supervisors with their proxies used 6.0-7.2% of
   a core beside a 2-thread 1:1 pair. Per supervisor (its threads' schedstat, 10 s): the pace loop 18-22 ms/s in
   65 wake-ups/s, the monitor 7.5 ms/s in 21-23, the proxy ~5. A pace round is 11 µs of Python warm and ~200 µs
-  with the caches evicted first (as busy engines evict them: bench-free, /tmp harness): the wake-up, not the
+  with the caches evicted first (as busy engines evict them; a one-off harness): the wake-up, not the
   work, is the cost. Since (same measure, back to back, 2 runs each): the pace loop 51 wake-ups/s (its window's
   run read at a round it needs anyway, from one clock read; the wait to an edge split evenly), 18-19 ms/s; the
   monitor of a proxied engine, active, 6/s and 3.3-3.5 ms/s (was 21-23 and 7.5-7.7).
-So on this 2-core CPU stand-in, issue 32's bench targets (ratio error <= 1%, aggregate >= 97% in every round)
+So on this 2-core CPU stand-in, the pacing targets (bench.pacing: ratio error <= 1%, aggregate >= 97% every round)
 sit at the floor of a zero-gap alternation with no pacer at all; a GPU run (scripts/device-check.sh, stage d)
 is what can show what the hand-off costs where the engines' device is not the pacer's CPU.
 """
