@@ -41,6 +41,33 @@ aggregate 1:1 90.7-92.3% of solo (92.8-94.6% before), 2/1/1 89.2-90.5% (90.3-91.
 48-71% of windows only, the pools overlapped (waited 54-68%) and the 1:1 pair made 23 tok/s. So an engine's
 busiest threads take their SIGSTOP ~0.25 ms (p50) to ~0.5 ms (p90) after it goes out (each must get a core to
 take it), and the 500 µs lead with a ~300 µs late SIGCONT is as good a hand-off as those two tunings found.
+
+Where the loss comes from, 2026-12-06 14:00-14:45 (nothing else running; the load, 0.4-2.9, is the runs' own
+engines; the bench.pacing model, 12 s windows, tok/s by the engines' decode counters or the clients'):
+- Plain llama-servers alternated by one SCHED_FIFO process (no supervisor, no proxy; each edge's SIGSTOP and
+  SIGCONT at once): 2 threads each, 1:1: 92.5-99.6% of solo (5 rounds); 1 thread each, 2:1: ratio 2.005-2.029
+  (error 0.3-1.4%), 96.0-97.8% (4 rounds). One engine alternated with two CPU spinners, or two 300 MB memory
+  streamers, in its off-windows instead of a peer ran 98.1-99.9% of its solo rate in its windows: no cache or
+  memory-bandwidth cost of sharing the cores.
+- The same alternation with a hand-off gap (the outgoing engine stopped LEAD early, the incoming continued LATE
+  late), 1 thread, 2:1, 2 rounds: 500+250 µs: ratio 2.055-2.064 (2.7-3.2%), 94.8-97.0%; 1,500+500 µs:
+  2.092-2.097 (4.6-4.8%), 93.5-94.0%. A gap costs every window about the same (1-2 ms of run per ms of gap), so
+  the ratio leans to the longer windows by it.
+- Ours, the same pair supervised (2:1, 1 thread): 2.054-2.088 (2.7-4.4%), 94.5-94.6% (3 runs): where the 0.75 ms
+  alternation sits. Our gap is the 500 µs stop lead + SIGCONT late 230-262 µs − SIGSTOP late 182-190 µs (p50);
+  `status` had the 80 ms windows run 98.7% and the 40 ms ones 96.0% (ran 2.056:1, the tokens 2.054:1).
+- The same code run four times in one job (1 thread, 2:1) varied 0.7-4.9% in ratio error and 93.7-97.0% in
+  aggregate; 2 threads, 0.9-3.5% and 77-96.6%: one round of bench.pacing is no measurement of a 1-point change.
+- The supervisors' own CPU, on the cores the engines share: two supervisors with their proxies used 6.0-7.2% of
+  a core beside a 2-thread 1:1 pair. Per supervisor (its threads' schedstat, 10 s): the pace loop 18-22 ms/s in
+  65 wake-ups/s, the monitor 7.5 ms/s in 21-23, the proxy ~5. A pace round is 11 µs of Python warm and ~200 µs
+  with the caches evicted first (as busy engines evict them; a one-off harness): the wake-up, not the
+  work, is the cost. Since (same measure, back to back, 2 runs each): the pace loop 51 wake-ups/s (its window's
+  run read at a round it needs anyway, from one clock read; the wait to an edge split evenly), 18-19 ms/s; the
+  monitor of a proxied engine, active, 6/s and 3.3-3.5 ms/s (was 21-23 and 7.5-7.7).
+So on this 2-core CPU stand-in, the pacing targets (bench.pacing: ratio error <= 1%, aggregate >= 97% every round)
+sit at the floor of a zero-gap alternation with no pacer at all; a GPU run (scripts/device-check.sh, stage d)
+is what can show what the hand-off costs where the engines' device is not the pacer's CPU.
 """
 
 from __future__ import annotations

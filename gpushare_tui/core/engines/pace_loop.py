@@ -3,7 +3,7 @@ whose actions are signals to the engine's process group — SIGCONT at its windo
 stopped while a priority member holds the device. It also measures the engine's device time (its continued
 time while working: busy_total_us, spec §7, and the PRIORITY budget's meter) and how late each signal went
 out after its window edge, and, per window it ran the engine in, what the engine ran of it (core/pacing/edges.py:
-its threads' CPU time between our SIGCONT and shortly after our SIGSTOP)."""
+its CPU time between our SIGCONT and the next round after our SIGSTOP)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from ..registry.segment import SegmentError
 from ..schedule import ext2 as schedule_ext2
 from ..schedule import v1 as schedule
 
-RECHECK_US = 20_000  # decide again at least this often
+# Decide again at least this often: the wait to the next edge is split evenly (a 40.5 ms stopped spell: two waits of
+# 20.25 ms; cut at the bound instead, it left a round 0.5 ms before the edge, with nothing to decide there).
+RECHECK_US = 25_000
 UNTHROTTLED_POLL_S = 0.025  # each wake-up disturbs the engine's threads
 # A run ends this long before its window does. A SIGSTOP takes effect only once the engine's own thread runs
 # to take it; sent at the edge, that thread competes for the cores with the engine just continued, and both
@@ -38,12 +40,19 @@ STOP_LEAD_US = 500
 # before the round's registry read with a lead adapted to the engine's busiest threads taking their stop (it
 # settled at 0.6-0.85 ms) lost 1-2 points of aggregate and doubled the 2:1 ratio error (bench/edges.py's notes).
 BUSY_MARK_GAP_US = 1_200_000  # activity marks this close count the continued time between (probes: 1 Hz)
-# The engine's threads are read this long after our SIGSTOP: each stops as it next runs (within ~100 µs on an
-# idle core; the peer continued 500 µs after us competes for the cores), and a thread read while still
-# running would count part of the stop lead as run.
+# A window's run is read at the first round at least this long after our SIGSTOP: each engine thread stops as it
+# next runs (within ~100 µs on an idle core; the peer continued 500 µs after us competes for the cores), and a
+# thread read while still running would count part of the stop lead as run. No round is woken for it: every
+# wake-up of this real-time thread preempts a running engine's thread (a ggml pool then waits for it at its next
+# barrier) and costs ~300 µs of CPU with the caches cold (measured on 2 vCPUs beside two 2-thread engines:
+# 66 wake-ups a second, 19-22 ms of CPU a second), so the read waits for a round the schedule needs anyway.
 EDGE_SETTLE_US = 2_000
+# The runqueue wait is read from a file per engine thread (~50 µs warm for llama-server's 11 threads, several
+# times that cold): for one window in this many; the CPU time, one system call, for every window.
+WAITED_EVERY = 8
 
-ThreadsReader = Callable[[], "tuple[int, int] | None"]  # (CPU ns, runqueue wait ns) of the engine's threads
+# (CPU ns, runqueue wait ns or None when not asked: its argument) of the engine; None when unreadable
+ThreadsReader = Callable[[bool], "tuple[int, int | None] | None"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class _OpenWindow:
 
     scheduled_us: int
     cont_late_us: int
-    base: tuple[int, int] | None
+    base: tuple[int, int | None] | None
 
 
 class PaceLoop:
@@ -65,9 +74,9 @@ class PaceLoop:
     sampled, kept 2 s past the last activity) that time counts only up to the engine's latest activity mark.
     `wake()` ends the wait between two rounds at once (the front proxy raised DEMAND: §7 has an owner re-read
     before its first step). `edges`: where each window the engine ran in is recorded (edges_.Window), its run
-    read by `read_threads` (the engine's threads' counters, None when unreadable) over `cores` (the cores it may
-    use). The clocks, the sleep, the slots' users (§8.1) and the stop lead may be given (tests; a given sleep is
-    not cut short by `wake`)."""
+    read by `read_threads` (the engine's CPU time, and its threads' runqueue wait when asked; None when
+    unreadable) over `cores` (the cores it may use). The clocks, the sleep, the slots' users (§8.1) and the stop
+    lead may be given (tests; a given sleep is not cut short by `wake`)."""
 
     def __init__(
         self,
@@ -110,7 +119,8 @@ class PaceLoop:
         self._cores = max(1, cores)
         self._open: _OpenWindow | None = None  # the window the engine was continued in at its start edge
         self._closing: tuple[_OpenWindow, int, int] | None = None  # ... stopped at its end: (it, stop lateness, mono)
-        self._at_stop: tuple[int, int] | None = None  # the threads' counters read since the last stop, if no CONT since
+        self._at_stop: tuple[int, int | None] | None = None  # the counters read since the last stop, if no CONT since
+        self._opened = 0  # windows opened: every WAITED_EVERY-th has its runqueue wait read
 
     def run(self) -> None:
         """Pace until told to stop, at real-time priority; the calling thread's own policy is back on return."""
@@ -183,13 +193,15 @@ class PaceLoop:
                 edge = at_edge and a.scheduled
                 # stopped since the last reading: the counters have not moved (else read before the signal)
                 base = self._at_stop
-                if edge and base is None:
-                    base = self._threads()
+                with_wait = self._opened % WAITED_EVERY == 0
+                if edge and (base is None or (with_wait and base[1] is None)):
+                    base = self._threads(with_wait)
                 self._continue()
                 self._open = None
                 if edge:
                     late = self._note_lateness(a.schedule, slot, edge=0)
                     self._open = _OpenWindow(self._window_us(a.schedule, slot), late, base)
+                    self._opened += 1
         elif not self._stopped():
             self._stop()
             opened, self._open = self._open, None
@@ -197,32 +209,33 @@ class PaceLoop:
                 late = self._note_lateness(a.schedule, slot, edge=1)
                 if opened is not None and self.edges is not None:  # read once its threads have all stopped
                     self._closing = (opened, late, self._mono())
-            if self._closing is not None:
-                assert a.until_us is not None
-                return min(a.until_us - now, EDGE_SETTLE_US)
         assert a.until_us is not None  # wait, run and stop have an end
-        return min(a.until_us - now, a.reread_us or RECHECK_US, RECHECK_US)
+        if a.reread_us is not None and a.reread_us < RECHECK_US:  # the policy's own re-read (spec §7: 5 ms)
+            return min(a.until_us - now, a.reread_us)
+        return even_wait_us(a.until_us - now, RECHECK_US)
 
     def _continue(self) -> None:
         """SIGCONT: a window stopped but not yet read is not read (the engine runs again)."""
         self._cont()
         self._closing = self._at_stop = None
 
-    def _threads(self) -> tuple[int, int] | None:
-        return self._read_threads() if self._read_threads is not None else None
+    def _threads(self, with_wait: bool) -> tuple[int, int | None] | None:
+        return self._read_threads(with_wait) if self._read_threads is not None else None
 
     def _close_window(self, mono: int) -> None:
-        """Record the window stopped EDGE_SETTLE_US ago: what the engine's threads ran from our SIGCONT to now."""
+        """Record the window stopped at least EDGE_SETTLE_US ago: what the engine ran from our SIGCONT to now (its
+        runqueue wait too where it was read as the window opened)."""
         assert self._closing is not None and self.edges is not None
         opened, stop_late, _ = self._closing
         self._closing = None
-        now = self._at_stop = self._threads()
         base = opened.base
+        now = self._at_stop = self._threads(base is not None and base[1] is not None)
         ran = waited = None
         if now is not None and base is not None:
-            # a thread that exited meanwhile takes its time with it: never below 0
+            # a thread that exited meanwhile may take its time with it: never below 0
             ran = max(0, now[0] - base[0]) // 1000 // self._cores
-            waited = max(0, now[1] - base[1]) // 1000 // self._cores
+            if now[1] is not None and base[1] is not None:
+                waited = max(0, now[1] - base[1]) // 1000 // self._cores
         self.edges.append(edges_.Window(mono, opened.scheduled_us, opened.cont_late_us, stop_late, ran, waited))
 
     @staticmethod
@@ -241,6 +254,14 @@ class PaceLoop:
         late = (self._clock() - boundary + half) % sched.period_us - half
         self.lateness_us.append(late)
         return late
+
+
+def even_wait_us(gap_us: int, bound_us: int) -> int:
+    """The first of the fewest equal waits, none over `bound_us`, that reach `gap_us` from now."""
+    if gap_us <= bound_us:
+        return gap_us
+    waits = -(-gap_us // bound_us)
+    return -(-gap_us // waits)
 
 
 def lateness_summary(lateness_us: deque[int]) -> dict:

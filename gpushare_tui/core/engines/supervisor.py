@@ -197,11 +197,12 @@ class Supervisor:
             if self._slo_spec is not None:
                 keeper = self.slo = self._slo_keeper(*self._slo_spec)
                 handlers = keeper.wrap(handlers)  # a person's edit pauses it, up's restarts it
+            # running before the control socket exists: a status asked as soon as it appears says so
+            self.engine_status.state = "running"
             self._control = ControlServer(self.proc.pid, handlers)
         except BaseException:
             self.shutdown()
             raise
-        self.engine_status.state = "running"
         self._say(
             f"gpushare-tui: joined /{abi.SEGMENT_PREFIX}{self.gpu_key} slot {slot} "
             f"(weight {self.weight:g}, {counted(self.membership.peers_alive(), 'peer')} alive)"
@@ -430,7 +431,7 @@ class Supervisor:
             stopped=lambda: self._stopped,
             lateness_us=self.lateness_us,
             edges=self.edges,
-            read_threads=lambda: activity.threads_sched_ns(proc.pid),
+            read_threads=lambda with_wait: activity.engine_cpu_ns(proc.pid, with_wait),
             cores=activity.cores_of(proc.pid),
             demand_exact=self.upstream is not None,  # the front proxy publishes DEMAND at each request's start and end
         )

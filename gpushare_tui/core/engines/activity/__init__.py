@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from ..declaration import ActivitySpec
 from .base import ActivitySource, Tick
 from .llama import EngineActivity
-from .tree import CpuMeter, ProcessTree, cores_of, threads_sched_ns
+from .tree import CpuMeter, ProcessTree, cores_of, engine_cpu_ns, process_cpu_ns, threads_sched_ns
 
 __all__ = [
     "ActivitySource",
@@ -31,6 +31,8 @@ __all__ = [
     "Tick",
     "cores_of",
     "make_source",
+    "engine_cpu_ns",
+    "process_cpu_ns",
     "threads_sched_ns",
 ]
 
