@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import h11
+import httptools
 import uvloop
 
 from ..host.budgets import (
@@ -136,25 +137,30 @@ class _Unanswered(_Cut):
 
 
 class _Sent:
-    """A request's events as sent to the engine, kept for a resend; `events` is None once they pass
+    """A request as framed for the engine (`head`: its head's bytes; `chunked`: its body in the chunked coding,
+    else as long as its Content-Length says), the parts kept for a resend; `parts` is None once they pass
     PROXY_RESEND_MAX_BYTES (a body that large is not resent: the error stands)."""
 
-    def __init__(self, events: list[Any]) -> None:
-        self.events: list[Any] | None = events
+    def __init__(self, head: bytes, chunked: bool) -> None:
+        self.parts: list[bytes] | None = [head]
+        self.chunked = chunked
         self.bytes = 0
         self.complete = False
 
-    def add(self, ev: Any) -> None:
+    def add(self, ev: Any) -> bytes:
+        """A body event (the client's h11: Data, EndOfMessage) framed for the engine, kept."""
         if isinstance(ev, h11.EndOfMessage):
             self.complete = True
-        if self.events is None:
-            return
-        if isinstance(ev, h11.Data):
+            out = b"0\r\n" + _header_lines(ev.headers.raw_items()) + b"\r\n" if self.chunked else b""
+        else:
+            out = b"%x\r\n%s\r\n" % (len(ev.data), ev.data) if self.chunked and ev.data else ev.data
             self.bytes += len(ev.data)
+        if self.parts is not None:
             if self.bytes > PROXY_RESEND_MAX_BYTES:
-                self.events = None
-                return
-        self.events.append(ev)
+                self.parts = None
+            else:
+                self.parts.append(out)
+        return out
 
 
 def _engine_failed(up: _Upstream, ex: _Exchange, e: BaseException) -> _Cut:
@@ -206,19 +212,86 @@ def with_gpu_share(body: bytes, block: dict) -> bytes | None:
     return body[:end] + (b", " if doc else b"") + added + body[end:]
 
 
-def body_framing(method: bytes, response: h11.Response) -> tuple[str, int]:
-    """How a response's body ends (RFC 9112 §6.3, as h11 reads it): ("length", n), ("chunked", 0) or
-    ("close", 0) (at the engine's EOF)."""
+def _header_lines(headers: Any) -> bytes:
+    """`NAME: VALUE CRLF` for each (name, value) pair."""
+    return b"".join([b"%s: %s\r\n" % (n, v) for n, v in headers])
+
+
+def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """An HTTP/1.1 request head from parts already checked (the client's h11 parsed them; Host: ours), Host
+    first (RFC 9110 §7.2), as h11 writes one."""
+    host = [(n, v) for n, v in headers if n.lower() == b"host"]
+    rest = [(n, v) for n, v in headers if n.lower() != b"host"]
+    return b"%s %s HTTP/1.1\r\n%s%s\r\n" % (method, target, _header_lines(host), _header_lines(rest))
+
+
+class ResponseHead:
+    """An engine's response head as llhttp (httptools) parsed it: `headers` (raw name, value) as sent, `lowered`
+    the same with lower-case names; Transfer-Encoding (only `chunked`, once) and Content-Length (digits, once)
+    checked here, as h11 checks them."""
+
+    __slots__ = ("status_code", "reason", "http_version", "headers", "lowered")
+
+    def __init__(self) -> None:
+        self.status_code = 0
+        self.reason = b""
+        self.http_version = b"1.1"
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.lowered: list[tuple[bytes, bytes]] = []
+
+    # httptools' callbacks
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        value = value.rstrip(b" \t")  # llhttp keeps a value's trailing whitespace; h11 drops it
+        self.headers.append((name, value))
+        self.lowered.append((name.lower(), value))
+
+
+# the end of a head: its empty line (llhttp wants CRLF line ends; a bare LF is its error, said as one)
+HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+def parse_response_head(data: bytes | bytearray) -> tuple[ResponseHead, int] | None:
+    """The response head at the start of `data` and where it ends; None while it is not whole. _Cut (502) when
+    it is malformed (llhttp's verdict, or a transfer coding other than chunked, a Content-Length that is not
+    one number), or not whole within MAX_HEAD_BYTES."""
+    m = HEAD_END.search(data)
+    if m is None:
+        if len(data) > MAX_HEAD_BYTES:
+            raise _Cut("engine: a response head over the budget", 502)
+        return None
+    head = ResponseHead()
+    parser = httptools.HttpResponseParser(head)
+    try:
+        parser.feed_data(bytes(data[: m.end()]))
+    except httptools.HttpParserError as e:
+        raise _Cut(f"engine: a malformed response head: {e}", 502) from None
+    head.status_code = parser.get_status_code()
+    head.http_version = parser.get_http_version().encode()
+    codings = [v for n, v in head.lowered if n == b"transfer-encoding"]
+    if codings and (len(codings) > 1 or codings[0].lower() != b"chunked"):
+        raise _Cut("engine: a transfer coding other than chunked", 502)
+    lengths = {v for n, v in head.lowered if n == b"content-length"}
+    if len(lengths) > 1 or any(not v.isdigit() or len(v) > 20 for v in lengths):
+        raise _Cut("engine: a bad Content-Length", 502)
+    return head, m.end()
+
+
+def body_framing(method: bytes, response: ResponseHead) -> tuple[str, int]:
+    """How a response's body ends (RFC 9112 §6.3): ("length", n), ("chunked", 0) or ("close", 0) (at the
+    engine's EOF)."""
     if response.status_code in (204, 304) or method == b"HEAD":
         return "length", 0
     lengths = None
-    for name, value in response.headers:  # h11 has checked them: one transfer coding (chunked), one length
+    for name, value in response.lowered:  # checked: one transfer coding (chunked), one length
         if name == b"transfer-encoding":
             return "chunked", 0
         if name == b"content-length":
             lengths = value
     if lengths is not None:
-        return "length", int(lengths.split(b",")[0])
+        return "length", int(lengths)
     return "close", 0
 
 
@@ -379,12 +452,11 @@ class _Client:
 
 
 class _Upstream:
-    """A connection to the engine, reused while both sides keep it alive. Each request is sent by an h11 client
-    of its own (`h`), which parses the response's head; the body is relayed by `_Relay`."""
+    """A connection to the engine, reused while both sides keep it alive. Each request is written as `_Sent`
+    frames it, its response's head parsed by llhttp (`parse_response_head`), its body relayed by `_Relay`."""
 
     def __init__(self, conn: _Conn, now_s: float) -> None:
         self.conn = conn
-        self.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.idle_since_s = now_s
         self.half_closed = False
         self.reused = False  # it carried an exchange before this one: the engine may be closing it (_Unanswered)
@@ -399,17 +471,6 @@ class _Upstream:
             and not c.buf
             and now_s - self.idle_since_s < UPSTREAM_REUSE_IDLE_S
         )
-
-    def poll(self) -> Any:
-        """The engine's next event already received, or h11.NEED_DATA."""
-        try:
-            return self.h.next_event()
-        except h11.RemoteProtocolError as e:
-            raise _Cut(f"engine: {e}", 502) from None
-
-    async def fill(self) -> None:
-        """Receive what the engine sends next; no deadline (see the module's docstring)."""
-        self.h.receive_data(await self.conn.read())
 
     def close(self) -> None:
         self.conn.close()
@@ -949,7 +1010,6 @@ class FrontProxy:
                 pooled.close()
         up = cl.up
         if up is not None and up.reusable(now):
-            up.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
             up.reused = True
             return up
         if up is not None:
@@ -1050,7 +1110,8 @@ class FrontProxy:
         if not any(n.lower() == b"host" for n, _v in headers):
             headers.append((b"Host", f"{self.upstream[0]}:{self.upstream[1]}".encode()))
         # the request as sent so far, kept for a resend (see _Unanswered) while within PROXY_RESEND_MAX_BYTES
-        sent: _Sent = _Sent([h11.Request(method=req.method, target=req.target, headers=headers, _parsed=True)])
+        chunked = any(n == b"transfer-encoding" for n, _v in req.headers)  # h11 checked: chunked, once
+        sent = _Sent(request_head(req.method, req.target, headers), chunked)
         complete = False
         while not complete and (ev := _client_poll(cl)) is not h11.NEED_DATA:
             sent.add(_body_event(ev))
@@ -1086,7 +1147,7 @@ class FrontProxy:
                     await self._pump_reply(cl, up, req, props, ex, relays)
                     break
                 except _Unanswered:
-                    if sent.events is None:
+                    if sent.parts is None:
                         raise
                     # a kept-alive connection the engine closed as the request crossed: again, on another
                     up.close()
@@ -1104,17 +1165,17 @@ class FrontProxy:
                 body.cancel()
                 await asyncio.gather(body, return_exceptions=True)
         up.idle_since_s = self._clock()
-        if not (up.clean and up.h.our_state is h11.DONE):
+        if not (up.clean and sent.complete):
             up.close()
             cl.up = None
         return cl.h.their_state is h11.DONE
 
     def _send(self, up: _Upstream, sent: _Sent, ex: _Exchange) -> None:
         """The request as received so far to the engine, in one write."""
-        assert sent.events is not None
+        assert sent.parts is not None
         try:
-            up.conn.write(b"".join(up.h.send(ev) or b"" for ev in sent.events))
-        except (OSError, h11.LocalProtocolError) as e:
+            up.conn.write(b"".join(sent.parts))
+        except OSError as e:
             raise _engine_failed(up, ex, e) from None
 
     def _body_done(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
@@ -1142,11 +1203,10 @@ class FrontProxy:
         """The rest of the request's body to the engine; DEMAND from its end."""
         while True:
             ev = _body_event(await self._client_event(cl))
-            sent.add(ev)
             try:
-                up.conn.write(up.h.send(ev))
+                up.conn.write(sent.add(ev))
                 await up.conn.drain()
-            except (OSError, h11.LocalProtocolError) as e:
+            except OSError as e:
                 raise _engine_failed(up, ex, e) from None
             if isinstance(ev, h11.EndOfMessage):
                 self._body_done(cl, up, work, ex)
@@ -1157,40 +1217,37 @@ class FrontProxy:
     ) -> None:
         """The engine's response to the client: 1xx relayed (an HTTP/1.0 client gets none), the head, the body
         as it comes (each chunk of a stream at once); a /props reply to `props` with gpu_share added."""
+        buf = b""
         while True:
-            ev = up.poll()
-            if ev is h11.NEED_DATA:
+            got = parse_response_head(buf) if buf else None
+            if got is None:
                 data = await up.conn.read()
                 if data:
                     if ex.first_byte_s is None:
                         ex.first_byte_s = self._clock()
-                elif ex.first_byte_s is None and up.reused:
+                    buf += data
+                    continue
+                if ex.first_byte_s is None and up.reused:
                     raise _Unanswered("engine closed before its reply", 502)
-                up.h.receive_data(data)
-                continue
-            if isinstance(ev, h11.InformationalResponse):
-                if ev.status_code == 101:
-                    raise _Cut("engine switched protocols unasked", 502)
-                if req.http_version != b"1.0":
-                    headers = hop_filtered(list(ev.headers.raw_items()))
-                    info = h11.InformationalResponse(
-                        status_code=ev.status_code, headers=headers, reason=ev.reason, _parsed=True
-                    )
-                    cl.conn.write(cl.h.send(info))
-                continue
-            if isinstance(ev, h11.Response):
+                raise _Cut("engine closed before its reply", 502)
+            ev, end = got
+            buf = buf[end:]
+            if ev.status_code >= 200:
                 break
-            raise _Cut("engine closed before its reply", 502)  # ConnectionClosed
+            if ev.status_code == 101:
+                raise _Cut("engine switched protocols unasked", 502)
+            if req.http_version != b"1.0":
+                info = h11.InformationalResponse(
+                    status_code=ev.status_code, headers=hop_filtered(ev.headers), reason=ev.reason, _parsed=True
+                )
+                cl.conn.write(cl.h.send(info))
         ex.status = ev.status_code
         head = h11.Response(
-            status_code=ev.status_code,
-            headers=hop_filtered(list(ev.headers.raw_items())),
-            reason=ev.reason,
-            _parsed=True,
+            status_code=ev.status_code, headers=hop_filtered(ev.headers), reason=ev.reason, _parsed=True
         )
         framing, length = body_framing(req.method, ev)
         keep_alive = ev.http_version == b"1.1" and not any(
-            n == b"connection" and b"close" in v.lower() for n, v in ev.headers
+            n == b"connection" and b"close" in v.lower() for n, v in ev.lowered
         )
         held: list[bytes] | None = [] if props and ev.status_code == 200 else None
         # a chunked stream to an HTTP/1.1 client passes as it came (h11 would write the same chunks)
@@ -1198,20 +1255,20 @@ class FrontProxy:
         relay = _Relay(cl, head, framing, length, raw, held)
         relays.append(relay)
         if ex.rec is not None:
-            ctype = next((v for n, v in ev.headers if n == b"content-type"), b"")
+            ctype = next((v for n, v in ev.lowered if n == b"content-type"), b"")
             self.latency.head(ex.rec, self._clock(), ev.status_code, is_stream_content_type(ctype))
             relay.rec, relay.rec_req, relay.clock = self.latency, ex.rec, self._clock
         if held is None:
             cl.conn.write(cl.h.send(head))
-        rest, closed = up.h.trailing_data
+        rest = buf
         if framing == "length" and length == 0:  # no body
             relay.extra = bool(rest)
             relay.end()
         else:
             up.conn.sink, cl.conn.feeder = relay.feed, up.conn
             if rest:
-                relay.feed(bytes(rest))
-            if closed or up.conn.eof:
+                relay.feed(rest)
+            if up.conn.eof:
                 relay.feed(b"")
         try:
             await relay.done
