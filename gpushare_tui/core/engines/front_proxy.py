@@ -64,7 +64,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import h11
 import httptools
 import uvloop
 
@@ -104,10 +103,10 @@ PROPS_PATH = "/props"
 HEALTH_PATH = "/health"
 # what llama-server itself answers /health while it loads its model
 LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
-# Heads h11 parsed (a client's request, the engine's response) are passed on as h11 events with `_parsed=True`:
-# h11 checked their names and values as it read them, and checking them again cost more than half of a request's
-# time in the proxy (profiled: 9 header validations a request). Heads we make ourselves are checked.
-# hop-by-hop (RFC 9110 §7.6.1): never passed on; h11 writes each hop's own framing and Connection
+# Heads are parsed by llhttp (httptools: a client's request, the engine's response), which checked their names and
+# values as it read them; they are passed on as bytes joined, not checked again (h11's checks cost more than half of
+# a request's time in the proxy). hop-by-hop (RFC 9110 §7.6.1): never passed on; each hop's own framing and
+# Connection are written for it
 HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade"})
 FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1; the size as h11 reads it: at most 20 hex digits)
@@ -148,10 +147,10 @@ class _Sent:
         self.complete = False
 
     def add(self, ev: Any) -> bytes:
-        """A body event (the client's h11: Data, EndOfMessage) framed for the engine, kept."""
-        if isinstance(ev, h11.EndOfMessage):
+        """A body event (_Body, _End) framed for the engine, kept."""
+        if isinstance(ev, _End):
             self.complete = True
-            out = b"0\r\n" + _header_lines(ev.headers.raw_items()) + b"\r\n" if self.chunked else b""
+            out = b"0\r\n" + _header_lines(ev.trailers) + b"\r\n" if self.chunked else b""
         else:
             out = b"%x\r\n%s\r\n" % (len(ev.data), ev.data) if self.chunked and ev.data else ev.data
             self.bytes += len(ev.data)
@@ -218,7 +217,7 @@ def _header_lines(headers: Any) -> bytes:
 
 
 def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """An HTTP/1.1 request head from parts already checked (the client's h11 parsed them; Host: ours), Host
+    """An HTTP/1.1 request head from parts already checked (llhttp parsed them; a Host we add: ours), Host
     first (RFC 9110 §7.2), as h11 writes one."""
     host = [(n, v) for n, v in headers if n.lower() == b"host"]
     rest = [(n, v) for n, v in headers if n.lower() != b"host"]
@@ -228,7 +227,7 @@ def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]
 class ResponseHead:
     """An engine's response head as llhttp (httptools) parsed it: `headers` (raw name, value) as sent, `lowered`
     the same with lower-case names; Transfer-Encoding (only `chunked`, once) and Content-Length (digits, once)
-    checked here, as h11 checks them."""
+    checked here, as h11 checked them."""
 
     __slots__ = ("status_code", "reason", "http_version", "headers", "lowered")
 
@@ -428,27 +427,216 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
+class _Head:
+    """A client's request head as llhttp read it: `headers` (raw name, value) as sent."""
+
+    __slots__ = ("method", "target", "http_version", "headers", "keep_alive")
+
+    def __init__(self, method: bytes, target: bytes, http_version: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.method = method
+        self.target = target
+        self.http_version = http_version
+        self.headers = headers
+        # HTTP/1.0 never (as h11 serves it), HTTP/1.1 unless the client says close
+        self.keep_alive = http_version == b"1.1" and not any(
+            n.lower() == b"connection" and b"close" in v.lower() for n, v in headers
+        )
+
+
+class _Body:
+    """A piece of a request's body (its chunked coding, if any, taken off)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _End:
+    """A request's end, with its trailers (a chunked body's)."""
+
+    __slots__ = ("trailers",)
+
+    def __init__(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        self.trailers = trailers
+
+
+NEED_DATA = "need data"  # _client_poll: nothing whole yet
+CLOSED = "closed"  # _client_poll: the client ended between requests
+
+
+class _RequestReader:
+    """A client connection's bytes as llhttp (httptools) reads them: `events`, in order, are each request's
+    _Head, its _Body pieces and its _End. A head over MAX_HEAD_BYTES is _Cut 431, malformed framing 400 (when the
+    events before it are taken: pipelined requests before it are answered first). After a request that ends the
+    connection (not keep-alive), nothing more is read. An `Upgrade` request is read as a plain one (it is answered
+    as one: Upgrade is hop-by-hop); what follows it is the next request."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.events: deque[Any] = deque()
+        self.body_bytes = 0  # of the _Body events queued
+        self.in_message = False  # a request begun and not ended
+        self.in_head = False  # its head begun and not whole
+        self.head_bytes = 0  # bytes read while a head was not whole
+        self.last = False  # a request that ends the connection was read: nothing after it is
+        self.error: _Cut | None = None  # raised once the events before it are taken
+        self._url = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._head: _Head | None = None
+
+    def pending(self) -> int:
+        """Bytes read and not yet taken (a request begun counts one)."""
+        return self.body_bytes + (1 if self.in_message or self.events else 0)
+
+    def feed(self, data: bytes) -> None:
+        if self.last or self.error is not None or not data:
+            return
+        if self.in_head or not self.in_message:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as e:  # after an Upgrade request (or CONNECT): read what follows anew
+            self.parser = httptools.HttpRequestParser(self)
+            self.in_message = self.in_head = False
+            self.head_bytes = 0
+            self.feed(data[e.args[0] :])
+            return
+        except httptools.HttpParserCallbackError as e:  # one of ours, raised in a callback
+            cut = e.__context__
+            self.error = cut if isinstance(cut, _Cut) else _Cut(f"bad request: {e}", 400)
+        except httptools.HttpParserError as e:
+            if not self.last:  # bytes after a request that closes the connection are not read
+                self.error = _Cut(f"bad request: {e}", 400)
+        if self.in_head and self.head_bytes > MAX_HEAD_BYTES and self.error is None:
+            self.error = _Cut("request head too large", 431)
+
+    # -- httptools' callbacks
+    def on_message_begin(self) -> None:
+        self.in_message = self.in_head = True
+        self._url = b""
+        self._fields = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields.append((name, value.rstrip(b" \t")))  # a head's or, after it, the trailers'
+
+    def on_headers_complete(self) -> None:
+        version = self.parser.get_http_version().encode()
+        head = _Head(self.parser.get_method(), self._url, version, self._fields)
+        if sum(len(n) + len(v) + 4 for n, v in self._fields) + len(self._url) > MAX_HEAD_BYTES:
+            raise _Cut("request head too large", 431)
+        if version == b"1.1" and sum(n.lower() == b"host" for n, _v in self._fields) != 1:
+            raise _Cut("an HTTP/1.1 request needs one Host header", 400)  # as h11 (RFC 9112 §3.2)
+        if self.parser.should_upgrade() and any(
+            n.lower() in (b"content-length", b"transfer-encoding") for n, _v in self._fields
+        ):  # llhttp reads no body after an Upgrade request: one would be taken for the next request
+            raise _Cut("a request body with Upgrade", 400)
+        self._head = head
+        self.events.append(head)
+        self.in_head = False
+        self.head_bytes = 0
+        self._fields = []
+
+    def on_body(self, data: bytes) -> None:
+        self.events.append(_Body(data))
+        self.body_bytes += len(data)
+
+    def on_message_complete(self) -> None:
+        self.events.append(_End(self._fields))
+        self._fields = []
+        self.in_message = False
+        if self._head is not None and not self._head.keep_alive:
+            self.last = True
+
+
 class _Client:
-    """One accepted connection: its h11 server side, its engine connection (opened at its first request)
-    and since when it has had no request in flight (None while one is: not evictable)."""
+    """One accepted connection: its requests (`reader`), the response being written (`req` the request it
+    answers), its engine connection (opened at its first request) and since when it has had no request in flight
+    (None while one is: not evictable). Responses are written as h11 writes them (RFC 9112 §6): a body of
+    unknown length chunked to an HTTP/1.1 client, delimited by closing to HTTP/1.0; `Connection: close` when the
+    connection ends after it."""
 
     def __init__(self, conn: _Conn, now_s: float) -> None:
-        self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.reader = _RequestReader()
         self.conn = conn
         self.evictable_since: float | None = now_s
         self.up: _Upstream | None = None
         self.task: asyncio.Task | None = None
         self.served = 0
+        self.req: _Head | None = None
+        self.request_ended = False  # the request's _End was taken
+        self.responded = False  # its response's head was written
+        self.response_ended = False
+        self.keep_alive = False  # the connection may carry another request after this response
+        self.out_framing = "length"  # the response body as written: "length" (as it comes), "chunked", "none"
 
     def buffered(self) -> int:
-        """Bytes received and not yet taken by a request: h11's and the connection's."""
-        return len(self.h.trailing_data[0]) + self.conn.buffered()
+        """Bytes received and not yet taken by a request: the reader's and the connection's."""
+        return self.reader.pending() + self.conn.buffered()
 
     def pull(self, data: bytes) -> None:
-        """`data` to h11, after what the connection holds."""
+        """`data` to the reader, after what the connection holds."""
         if self.conn.buf:
-            self.h.receive_data(self.conn.take())
-        self.h.receive_data(data)
+            self.reader.feed(self.conn.take())
+        self.reader.feed(data)
+
+    def begin(self, req: _Head) -> None:
+        self.req = req
+        self.request_ended = self.responded = self.response_ended = False
+
+    def reusable(self) -> bool:
+        return self.keep_alive and self.request_ended and self.response_ended
+
+    def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The final response's head (`headers` hop-by-hop free), its framing for this client chosen as h11's."""
+        req = self.req
+        method = req.method if req is not None else b"GET"
+        http_10 = req is None or req.http_version != b"1.1"
+        te = cl_ = False
+        for n, _v in headers:
+            k = n.lower()
+            te = te or k == b"transfer-encoding"
+            cl_ = cl_ or k == b"content-length"
+        no_body = status in (204, 304) or 100 <= status < 200
+        close = req is None or not req.keep_alive
+        if not no_body and (te or not cl_):  # a body of unknown length
+            headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
+            if http_10:  # no chunked coding: delimited by closing
+                close = close or method != b"HEAD"
+                self.out_framing = "length"
+            else:
+                headers.append((b"Transfer-Encoding", b"chunked"))
+                self.out_framing = "chunked"
+        else:
+            self.out_framing = "length"
+        if method == b"HEAD" or no_body:
+            self.out_framing = "none"
+        if close:
+            headers = [*headers, (b"Connection", b"close")]
+        self.keep_alive = not close
+        self.responded = True
+        return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, reason, _header_lines(headers))
+
+    def body(self, data: bytes) -> bytes:
+        """A piece of the response body as written to this client."""
+        if self.out_framing == "chunked":
+            return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+        return b"" if self.out_framing == "none" else data
+
+    def end(self, trailers: list[tuple[bytes, bytes]]) -> bytes:
+        """The response's end (its last chunk and trailers when chunked)."""
+        self.response_ended = True
+        if self.out_framing == "chunked":
+            return b"0\r\n%s\r\n" % _header_lines(trailers)
+        return b""
+
+
+def informational(status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A 1xx response's head."""
+    return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, reason, _header_lines(headers))
 
 
 class _Upstream:
@@ -479,16 +667,17 @@ class _Upstream:
 class _Relay:
     """An engine's response body relayed to the client as its reads come: `feed` is the engine connection's
     sink (b"": its EOF), called on the loop's callback. `raw`: a chunked body passes unchanged but for its last
-    chunk and trailers (`trailers`: h11 writes them at the end); else each piece of the payload goes through the
-    client's h11 after `head`, or into `held` (a /props reply; `release` sends it as it came). `done` resolves
-    at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after the body."""
+    chunk and trailers (`trailers`: written at the end, `_Client.end`); else each piece of the payload is framed
+    for the client (`_Client.body`) after `head`, or goes into `held` (a /props reply; `release` sends it as it
+    came). `done` resolves at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after
+    the body."""
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
                  "raw", "held", "held_bytes", "trailers", "done", "extra", "ended",
                  "rec", "rec_req", "clock", "quick")  # fmt: skip
 
     def __init__(
-        self, cl: _Client, head: h11.Response, framing: str, length: int, raw: bool, held: list[bytes] | None
+        self, cl: _Client, head: ResponseHead, framing: str, length: int, raw: bool, held: list[bytes] | None
     ) -> None:
         self.cl = cl
         self.transport = cl.conn.transport
@@ -554,7 +743,7 @@ class _Relay:
                 self._payload(data[:n] if len(data) > n else data)
                 self.extra = len(data) > n
                 self.end()
-        except Exception as e:  # _Cut, h11's LocalProtocolError, the client gone, a bug: the exchange ends with it
+        except Exception as e:  # _Cut, the client gone, a bug: the exchange ends with it
             self.fail(e)
 
     def _timed(self, data: bytes) -> None:
@@ -593,14 +782,15 @@ class _Relay:
     def release(self) -> None:
         """A held reply as it came (the rest of it relayed as it comes)."""
         held, self.held = self.held, None
-        self._out(self.cl.h.send(self.head))
+        head = self.head
+        self._out(self.cl.response_head(head.status_code, head.reason, hop_filtered(head.headers)))
         for part in held or ():
             self._payload(part)
 
     def _payload(self, data: bytes) -> None:
         held = self.held
         if held is None:
-            self._out(b"".join(self.cl.h.send_with_data_passthrough(h11.Data(data=data)) or ()))
+            self._out(self.cl.body(data))
             return
         held.append(data)
         self.held_bytes += len(data)
@@ -670,7 +860,7 @@ class _Relay:
                     raise _Cut("engine: a malformed chunk-size line", 502)
                 size = int(m[1], 16)
                 start = pos - len(whole)  # where the line began in `data` (< 0: in an earlier read, held back then)
-                if size == 0:  # the last chunk: it and the trailers are written by h11 at the end
+                if size == 0:  # the last chunk: it and the trailers are written at the end (_Client.end)
                     if self.raw and start > raw_from:
                         self._out(data[raw_from:start])
                     self.in_trailers = True
@@ -924,19 +1114,19 @@ class FrontProxy:
                 if req is None:
                     return
                 cl.evictable_since = None
+                cl.begin(req)
                 if not await self._exchange(cl, req):
                     return
                 cl.served += 1
-                if cl.h.our_state is not h11.DONE or cl.h.their_state is not h11.DONE:
+                if not cl.reusable():
                     return
-                cl.h.start_next_cycle()
                 cl.evictable_since = self._clock()
                 if self._room is not None:  # a newcomer waiting at the cap may now take its place
                     self._room.set()
         except _Cut as e:
-            if e.status is not None and cl.h.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            if e.status is not None and not cl.responded:
                 _answer(cl, e.status, {"error": str(e)}, close=True)
-        except (OSError, h11.ProtocolError):
+        except OSError:
             pass
         except asyncio.CancelledError:  # close() or an eviction: end quietly
             pass
@@ -957,7 +1147,7 @@ class FrontProxy:
         else:
             up.close()
 
-    async def _next_request(self, cl: _Client) -> h11.Request | None:
+    async def _next_request(self, cl: _Client) -> _Head | None:
         """The next request head: a new connection's within PROXY_HEAD_DEADLINE_S of its accept, a kept-alive
         one's first byte within the idle budget and the rest within PROXY_HEAD_DEADLINE_S of it. None when the
         client ends (or idles out) between requests; a head begun and not finished in time gets 408."""
@@ -966,11 +1156,11 @@ class FrontProxy:
         wait_until = started + self.idle_keepalive_s
         while True:
             ev = _client_poll(cl)
-            if isinstance(ev, h11.Request):
+            if isinstance(ev, _Head):
                 return ev
-            if isinstance(ev, h11.ConnectionClosed):
+            if ev is CLOSED:
                 return None
-            if ev is not h11.NEED_DATA:  # PAUSED cannot be: the cycle was started
+            if ev is not NEED_DATA:  # what a request left unread (its body when it was answered early)
                 raise _Cut(f"unexpected {type(ev).__name__}")
             now = self._clock()
             if head_until is None and cl.buffered():  # a pipelined head begun
@@ -992,7 +1182,7 @@ class FrontProxy:
         """The client's next body event (Data, EndOfMessage): each read within the body-idle budget."""
         while True:
             ev = _client_poll(cl)
-            if ev is not h11.NEED_DATA:
+            if ev is not NEED_DATA:
                 return ev
             try:
                 data = await cl.conn.read(self.body_idle_s)
@@ -1045,7 +1235,7 @@ class FrontProxy:
             cl.conn.on_lost = None
             waiter.cancel()
 
-    async def _exchange(self, cl: _Client, req: h11.Request) -> bool:
+    async def _exchange(self, cl: _Client, req: _Head) -> bool:
         """One request and its response; True when the client connection may carry another."""
         start = self._clock()
         self.requests_total += 1
@@ -1100,22 +1290,22 @@ class FrontProxy:
     async def _discard_body(self, cl: _Client) -> None:
         """Read (and drop) a request body we answer ourselves, at most PROXY_PIPELINE_BUFFER_BYTES of it."""
         n = 0
-        while not isinstance(ev := await self._client_event(cl), h11.EndOfMessage):
+        while not isinstance(ev := await self._client_event(cl), _End):
             n += len(ev.data)
             if n > PROXY_PIPELINE_BUFFER_BYTES:
                 raise _Cut("request body too large", 413)
 
-    async def _forward(self, cl: _Client, req: h11.Request, work: bool, props: bool, ex: _Exchange) -> bool:
-        headers = hop_filtered(list(req.headers.raw_items()))
+    async def _forward(self, cl: _Client, req: _Head, work: bool, props: bool, ex: _Exchange) -> bool:
+        headers = hop_filtered(req.headers)
         if not any(n.lower() == b"host" for n, _v in headers):
             headers.append((b"Host", f"{self.upstream[0]}:{self.upstream[1]}".encode()))
         # the request as sent so far, kept for a resend (see _Unanswered) while within PROXY_RESEND_MAX_BYTES
-        chunked = any(n == b"transfer-encoding" for n, _v in req.headers)  # h11 checked: chunked, once
+        chunked = any(n.lower() == b"transfer-encoding" for n, _v in req.headers)  # llhttp checked: chunked last
         sent = _Sent(request_head(req.method, req.target, headers), chunked)
         complete = False
-        while not complete and (ev := _client_poll(cl)) is not h11.NEED_DATA:
+        while not complete and (ev := _client_poll(cl)) is not NEED_DATA:
             sent.add(_body_event(ev))
-            complete = isinstance(ev, h11.EndOfMessage)
+            complete = isinstance(ev, _End)
         relays: list[_Relay] = []
         up: _Upstream | None = None
 
@@ -1168,7 +1358,7 @@ class FrontProxy:
         if not (up.clean and sent.complete):
             up.close()
             cl.up = None
-        return cl.h.their_state is h11.DONE
+        return cl.request_ended
 
     def _send(self, up: _Upstream, sent: _Sent, ex: _Exchange) -> None:
         """The request as received so far to the engine, in one write."""
@@ -1208,12 +1398,12 @@ class FrontProxy:
                 await up.conn.drain()
             except OSError as e:
                 raise _engine_failed(up, ex, e) from None
-            if isinstance(ev, h11.EndOfMessage):
+            if isinstance(ev, _End):
                 self._body_done(cl, up, work, ex)
                 return
 
     async def _pump_reply(
-        self, cl: _Client, up: _Upstream, req: h11.Request, props: bool, ex: _Exchange, relays: list[_Relay]
+        self, cl: _Client, up: _Upstream, req: _Head, props: bool, ex: _Exchange, relays: list[_Relay]
     ) -> None:
         """The engine's response to the client: 1xx relayed (an HTTP/1.0 client gets none), the head, the body
         as it comes (each chunk of a stream at once); a /props reply to `props` with gpu_share added."""
@@ -1237,29 +1427,23 @@ class FrontProxy:
             if ev.status_code == 101:
                 raise _Cut("engine switched protocols unasked", 502)
             if req.http_version != b"1.0":
-                info = h11.InformationalResponse(
-                    status_code=ev.status_code, headers=hop_filtered(ev.headers), reason=ev.reason, _parsed=True
-                )
-                cl.conn.write(cl.h.send(info))
+                cl.conn.write(informational(ev.status_code, ev.reason, hop_filtered(ev.headers)))
         ex.status = ev.status_code
-        head = h11.Response(
-            status_code=ev.status_code, headers=hop_filtered(ev.headers), reason=ev.reason, _parsed=True
-        )
         framing, length = body_framing(req.method, ev)
         keep_alive = ev.http_version == b"1.1" and not any(
             n == b"connection" and b"close" in v.lower() for n, v in ev.lowered
         )
         held: list[bytes] | None = [] if props and ev.status_code == 200 else None
-        # a chunked stream to an HTTP/1.1 client passes as it came (h11 would write the same chunks)
-        raw = framing == "chunked" and held is None and req.http_version != b"1.0"
-        relay = _Relay(cl, head, framing, length, raw, held)
+        # a chunked stream to an HTTP/1.1 client passes as it came (framing it anew would write the same chunks)
+        raw = framing == "chunked" and held is None and req.http_version == b"1.1"
+        relay = _Relay(cl, ev, framing, length, raw, held)
         relays.append(relay)
         if ex.rec is not None:
             ctype = next((v for n, v in ev.lowered if n == b"content-type"), b"")
             self.latency.head(ex.rec, self._clock(), ev.status_code, is_stream_content_type(ctype))
             relay.rec, relay.rec_req, relay.clock = self.latency, ex.rec, self._clock
         if held is None:
-            cl.conn.write(cl.h.send(head))
+            cl.conn.write(cl.response_head(ev.status_code, ev.reason, hop_filtered(ev.headers)))
         rest = buf
         if framing == "length" and length == 0:  # no body
             relay.extra = bool(rest)
@@ -1281,9 +1465,9 @@ class FrontProxy:
             if added is None:
                 relay.release()
             else:
-                cl.conn.write(cl.h.send(_with_length(head, len(added))) + cl.h.send(h11.Data(data=added)))
-        trailers = hop_filtered(relay.trailers) if req.http_version != b"1.0" else []
-        cl.conn.write(cl.h.send(h11.EndOfMessage(headers=trailers)))  # an HTTP/1.0 reply has no chunks to trail
+                headers = _with_length(hop_filtered(ev.headers), len(added))
+                cl.conn.write(cl.response_head(ev.status_code, ev.reason, headers) + cl.body(added))
+        cl.conn.write(cl.end(hop_filtered(relay.trailers)))  # trailers only where the reply is chunked
         await cl.conn.drain()
 
     async def _seed(self) -> dict:
@@ -1343,31 +1527,39 @@ def listen_socket(listen: tuple[str, int]) -> socket.socket:
         raise ProxyError(f"front proxy {e}") from None
 
 
-def _with_length(head: h11.Response, n: int) -> h11.Response:
-    headers = [
-        (k, v) for k, v in head.headers.raw_items() if k.lower() not in (b"content-length", b"transfer-encoding")
-    ]
-    return h11.Response(
-        status_code=head.status_code, headers=[*headers, (b"Content-Length", b"%d" % n)], reason=head.reason
-    )
+def _with_length(headers: list[tuple[bytes, bytes]], n: int) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"transfer-encoding")]
+    return [*out, (b"Content-Length", b"%d" % n)]
 
 
 def _client_poll(cl: _Client) -> Any:
-    """The client's next event from what is buffered (its connection's bytes handed to h11 first)."""
-    if cl.conn.buf:
-        cl.h.receive_data(cl.conn.take())
-    try:
-        return cl.h.next_event()
-    except h11.RemoteProtocolError as e:
-        raise _Cut(str(e), e.error_status_hint) from None
+    """The client's next event (_Head, _Body, _End) from what is buffered (its connection's bytes read first);
+    NEED_DATA, or CLOSED when it ended between requests."""
+    r = cl.reader
+    if not r.events and cl.conn.buf:
+        r.feed(cl.conn.take())
+    if r.events:
+        ev = r.events.popleft()
+        if type(ev) is _Body:
+            r.body_bytes -= len(ev.data)
+        elif type(ev) is _End:
+            cl.request_ended = True
+        return ev
+    if r.error is not None:
+        raise r.error
+    if cl.conn.eof and not cl.conn.buf:
+        if r.in_message:
+            raise _Cut("the client closed inside its request", 400)
+        return CLOSED
+    return NEED_DATA
 
 
 def _body_event(ev: Any) -> Any:
     """A request body's event as the engine is sent it (its trailers less the hop-by-hop ones)."""
-    if isinstance(ev, h11.Data):
+    if type(ev) is _Body:
         return ev
-    if isinstance(ev, h11.EndOfMessage):
-        return h11.EndOfMessage(headers=hop_filtered(list(ev.headers.raw_items())))
+    if type(ev) is _End:
+        return _End(hop_filtered(ev.trailers)) if ev.trailers else ev
     raise _Cut(f"unexpected {type(ev).__name__} in a request body", 400)
 
 
@@ -1376,13 +1568,10 @@ def _answer(cl: _Client, status: int, doc: dict, *, head_only: bool = False, clo
     body = (json.dumps(doc, allow_nan=False) + "\n").encode()
     headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body))]
     if close:
-        headers.append((b"Connection", b"close"))
+        cl.req = None  # the connection ends after it: Connection: close
     try:
-        out = cl.h.send(h11.Response(status_code=status, headers=headers))
-        out += cl.h.send(h11.Data(data=b"" if head_only else body)) or b""
-        out += cl.h.send(h11.EndOfMessage()) or b""
-        cl.conn.write(out)
-    except (OSError, h11.LocalProtocolError):
+        cl.conn.write(cl.response_head(status, b"", headers) + (b"" if head_only else body) + cl.end([]))
+    except OSError:
         pass
 
 
