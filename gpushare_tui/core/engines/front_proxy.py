@@ -530,6 +530,9 @@ class _RequestReader:
             raise _Cut("request head too large", 431)
         if version == b"1.1" and sum(n.lower() == b"host" for n, _v in self._fields) != 1:
             raise _Cut("an HTTP/1.1 request needs one Host header", 400)  # as h11 (RFC 9112 §3.2)
+        codings = [v.lower() for n, v in self._fields if n.lower() == b"transfer-encoding"]
+        if codings and codings != [b"chunked"]:  # llhttp takes any coding list ending in chunked: h11 took none
+            raise _Cut("only Transfer-Encoding: chunked is supported", 501)
         if self.parser.should_upgrade() and any(
             n.lower() in (b"content-length", b"transfer-encoding") for n, _v in self._fields
         ):  # llhttp reads no body after an Upgrade request: one would be taken for the next request
