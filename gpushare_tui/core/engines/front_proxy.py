@@ -301,6 +301,7 @@ class _Conn(asyncio.Protocol):
     while `feeder` (the connection whose reads are written here) would overfill this one's write buffer."""
 
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()  # made on the loop's thread, by the loop (a protocol factory)
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.eof = False
@@ -393,12 +394,15 @@ class _Conn(asyncio.Protocol):
     async def read(self, timeout_s: float | None = None) -> bytes:
         """What has come since the last read (b"" at EOF); TimeoutError when nothing came within `timeout_s`."""
         if not self.buf and not self.eof and self.failed is None:
-            self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self._waiter = self.loop.create_future()
+            # a timer that fails the wait, not asyncio.timeout: no context object, task lookup or cancel to undo
+            timer = self.loop.call_later(timeout_s, _expire, waiter) if timeout_s is not None else None
             try:
-                async with asyncio.timeout(timeout_s):
-                    await self._waiter
+                await waiter
             finally:
                 self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         if self.failed is not None:
             raise self.failed
         return self.take()
@@ -414,7 +418,7 @@ class _Conn(asyncio.Protocol):
     async def drain(self) -> None:
         """Until the write buffer is below its high-water mark; ConnectionResetError when the peer is gone."""
         if self.write_paused and not self.lost:
-            self._drained = asyncio.get_running_loop().create_future()
+            self._drained = self.loop.create_future()
             try:
                 await self._drained
             finally:
@@ -695,7 +699,7 @@ class _Relay:
         self.held = held
         self.held_bytes = 0
         self.trailers: list[tuple[bytes, bytes]] = []
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future[None] = cl.conn.loop.create_future()
         self.extra = False
         self.ended = False
         self.rec: LatencyRecorder | None = None  # set with `rec_req` when the request is timed
@@ -1503,6 +1507,11 @@ class _Exchange:
     demand: bool = False
     rec: Request | None = None  # its latency record, from its body's end (work requests)
     cut_status: int | None = None  # the status the proxy answers it with, when it ends it (a _Cut)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _whole_chunks(data: bytes) -> int:
