@@ -13,22 +13,29 @@ connections that arrive while no supervisor runs wait in its backlog, and those 
 engine loads wait here, so a restart refuses nobody. While the engine is not ready, `GET /health` is
 answered 503 "Loading model" at once (what llama-server answers while it loads).
 
-Requests are framed by h11 (each client connection an h11 server, each request to the engine sent by an h11
-client): pipelined requests are answered one after another in order, request bodies by Content-Length or
-chunked coding (trailers kept); `Expect: 100-continue` is passed on and the engine's `100 Continue` relayed;
-an `Upgrade` is not passed on (the engine answers the request as a plain one), CONNECT gets 405. Hop-by-hop
-headers (Connection, Keep-Alive, Upgrade, TE, Proxy-Connection) stay on their hop; the rest pass unchanged.
-A client half-closing (EOF after its last request) is passed on as a half-close once that request is sent,
-so the engine sees what it would see direct (llama-server cancels a non-streamed completion then).
+Heads are parsed by llhttp (httptools, C: what uvicorn uses), a client's requests (`_RequestReader`) and the
+engine's responses (`parse_response_head`) alike; what the proxy writes (the request to the engine, the response
+head to the client) is their parts joined, not checked again, framed as h11 framed them before (bench/proxy.py: h11
+on both sides made ~680 of a request's ~1,210 Python calls; without it a request costs the proxy a third less CPU).
+Pipelined requests are answered one after another in order, request bodies by Content-Length or chunked coding
+(trailers kept); `Expect: 100-continue` is passed on and the engine's `100 Continue` relayed; an `Upgrade` is not
+passed on (the engine answers the request as a plain one; one with a body gets 400: llhttp reads none after it),
+CONNECT gets 405. What llhttp refuses gets 400 (431: a head over MAX_HEAD_BYTES; 501: a transfer coding other than
+chunked, as h11 answered): Content-Length beside Transfer-Encoding, two lengths, obs-fold, bare-LF line ends, an
+HTTP/1.1 request without one Host. Hop-by-hop headers (Connection, Keep-Alive, Upgrade, TE, Proxy-Connection) stay
+on their hop; the rest pass unchanged. A client half-closing (EOF after its last request) is passed on as a
+half-close once that request is sent, so the engine sees what it would see direct (llama-server cancels a
+non-streamed completion then).
 
-The response's head is parsed by h11; its body is relayed as the engine's reads come, on the event loop's
-callback (`_Relay.feed`: no task wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client
-(every stream) passes unchanged, its chunk-size lines scanned (never re-encoded) to find its end (a read that is
-one whole chunk, a token's usual read, is checked and written in one step: the per-token Python is most of what
-the proxy costs a stream); the last chunk and trailers (hop-by-hop ones dropped) are written by h11. Other
-bodies (Content-Length, delimited by the engine closing, any to an HTTP/1.0 client) go through the client's h11
-a read at a time (re-framed where the client needs it). The loop is uvloop's (libuv, C). Per-request and
-per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
+The response's body is relayed as the engine's reads come, on the event loop's callback (`_Relay.feed`: no task
+wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client (every stream) passes unchanged, its
+chunk-size lines scanned (never re-encoded) to find its end (a read that is one whole chunk, a token's usual
+read, is checked and written in one step: the per-token Python is most of what the proxy costs a stream); the
+last chunk and trailers (hop-by-hop ones dropped) are written at its end. Other bodies go to the client a read
+at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked to HTTP/1.1 when the
+engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection: close`). The loop is
+uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already
+are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
@@ -45,8 +52,9 @@ Budgets on untrusted input (core/host/budgets.py, PROXY_*; docs/trust.md "The fr
 response's chunk-size lines and trailers too), the time to send one, idle keep-alive, a stalled body,
 read-ahead of pipelined requests, connections (below the fd limit, with headroom), the wait for a loading
 engine. None bounds the engine's reply: it is awaited while both connections stay open. Malformed framing
-gets h11's 4xx (when no response has begun) and the connection is closed; an engine's malformed chunked
-body ends the client's connection where it went wrong (what came before it was relayed)."""
+gets a 4xx (when no response has begun) and the connection is closed; an engine's malformed head gets the
+client a 502, its malformed chunked body ends the client's connection where it went wrong (what came before
+it was relayed)."""
 
 from __future__ import annotations
 
