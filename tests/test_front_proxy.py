@@ -512,6 +512,7 @@ _CHUNKED_ABC = b"3\r\nabc\r\n0\r\n\r\n"
         (b"GET /len HTTP/1.1\nHost: x\n\n", 400),  # bare LF line ends
         (b"GET /len HTTP/1.1\r\nHost: x\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n", 431),  # whole, in one read
         (_POST + b"Connection: Upgrade\r\nUpgrade: h2c\r\nContent-Length: 3\r\n\r\nabc", 400),
+        (_POST + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n" + b"X-T: 1\r\n" * 10_000 + b"\r\n", 431),
     ],
     ids=[
         "cl-and-te",
@@ -523,7 +524,8 @@ _CHUNKED_ABC = b"3\r\nabc\r\n0\r\n\r\n"
         "bare-lf",
         "head-over-budget",
         "upgrade-with-body",
-    ],  # fmt: skip
+        "trailers-over-budget",
+    ],
 )
 def test_a_request_the_parser_refuses_gets_its_status_and_reaches_no_engine(proxy, upstream, request_bytes, status):
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:

@@ -491,6 +491,7 @@ class _RequestReader:
         self.in_message = False  # a request begun and not ended
         self.in_head = False  # its head begun and not whole
         self.head_bytes = 0  # bytes read while a head was not whole
+        self.trailer_bytes = 0  # of the request's trailers so far
         self.last = False  # a request that ends the connection was read: nothing after it is
         self.error: _Cut | None = None  # raised once the events before it are taken
         self._url = b""
@@ -526,6 +527,7 @@ class _RequestReader:
     # -- httptools' callbacks
     def on_message_begin(self) -> None:
         self.in_message = self.in_head = True
+        self.trailer_bytes = 0
         self._url = b""
         self._fields = []
 
@@ -534,6 +536,10 @@ class _RequestReader:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value.rstrip(b" \t")))  # a head's or, after it, the trailers'
+        if not self.in_head:  # trailers: within the head's budget (a head's own bytes are counted as they come)
+            self.trailer_bytes += len(name) + len(value) + 4
+            if self.trailer_bytes > MAX_HEAD_BYTES:
+                raise _Cut("request trailers too large", 431)
 
     def on_headers_complete(self) -> None:
         version = self.parser.get_http_version().encode()
