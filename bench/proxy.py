@@ -93,8 +93,19 @@ Transfer-Encoding get 400, a request head over the budget in one read 431, an Up
     32        23.6 / 17.4 (1.36x)    20.8 / 14.7 (1.41x)
     64        23.6 / 17.5 (1.35x)    23.1 / 16.5 (1.40x)
 
-at this load the per-token figures of the two are within each other's noise (a request's ~200 µs saved is ~2 µs
-a token at 96 tokens); the per-request A/Bs above are the measurement of this change.
+again 15:20-15:27 (load 1.4-2.5; the branch with the trailers' budget, the same hot path):
+
+    streams   this branch            main
+    1         34.4 / 12.6 (2.74x)    37.4 / 12.7 (2.95x)
+    8         19.8 / 12.9 (1.53x)    21.7 / 13.0 (1.67x)
+    32        21.2 / 15.5 (1.36x)    24.2 / 17.7 (1.37x)
+    64        25.2 / 16.7 (1.51x)    27.5 / 18.9 (1.46x)
+
+at these loads the per-token figures of the two are within each other's noise (a request's ~200 µs saved is ~2 µs
+a token at 96 tokens: 8-12% lower in the second run, not in the first); the per-request A/Bs above are the
+measurement of this change. What is left a request over nginx is the kernel's and uvloop's (accept, two
+transports, connect, close: the bare relay's ~165 µs) and ~150 µs of Python in ~540 calls (the accept task,
+the futures a request waits on, the recorder, the DEMAND line), and the supervisor's ~250 µs of DEMAND.
 
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
