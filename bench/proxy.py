@@ -103,9 +103,10 @@ again 15:20-15:27 (load 1.4-2.5; the branch with the trailers' budget, the same 
 
 at these loads the per-token figures of the two are within each other's noise (a request's ~200 µs saved is ~2 µs
 a token at 96 tokens: 8-12% lower in the second run, not in the first); the per-request A/Bs above are the
-measurement of this change. What is left a request over nginx is the kernel's and uvloop's (accept, two
-transports, connect, close: the bare relay's ~165 µs) and ~150 µs of Python in ~540 calls (the accept task,
-the futures a request waits on, the recorder, the DEMAND line), and the supervisor's ~250 µs of DEMAND.
+measurement of this change. What is left a request: the kernel's and uvloop's part (accept, two transports,
+connect, close: the bare relay's ~165 µs in the harness), ~250 µs more in ~540 Python calls and their syscalls
+(the accept task, the futures a request waits on, the recorder, the DEMAND line), and the supervisor's ~250 µs
+of DEMAND.
 
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
