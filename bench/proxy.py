@@ -60,6 +60,54 @@ takes one step (feed -> recorder -> write: 1.55 -> 0.84 µs warm); A/B in one jo
 What is left is per request: at 8 or more streams ~1 ms a request is about half of ours; a C head parser
 (httptools) for the request and the response heads, writing the heads ourselves, is the next lever.
 
+2026-12-06 14:15-15:00, the per-request cost (harness: FrontProxy alone in a child process, a canned upstream
+shaped as llama-server - its head, one event chunk, closing after each streamed reply - one request after
+another, a new connection each; the proxy process's CPU a request from /proc schedstat, 8 batches of 100 per
+round, p25 of the batches; A/B alternating in one cpu-turn job). Where a request went (cProfile, 1,214 Python
+calls a request): h11 on both sides ~680 calls (warm: ~55 µs the client's server side, ~37 µs the engine's
+client side), asyncio.timeout on each read ~10 µs, the accept/connect/close syscalls and uvloop's transports
+(a bare uvloop relay: 162-166 µs a request, load 0.75), the latency recorder's first token (one json.loads)
+and the DEMAND line a few µs each; the upstream connect is already cheap (uvloop skips getaddrinfo for an IP
+literal: 24 µs a connect, accept and close together). Kept, one at a time:
+- the engine's side on llhttp (httptools): its request head and body framing written by us, its response head
+  parsed by httptools.HttpResponseParser: 966 calls a request; load 0.69-0.96: main p25 650-724 µs a request,
+  this 512-759 (noisy), min 495-534 against 505-641;
+- the client's side on llhttp too (`_RequestReader`: heads, bodies, trailers, pipelining; responses framed by
+  `_Client` as h11 framed them): 537 calls a request; same job: 441-485 µs (-33% on main);
+- a read's deadline as a timer that fails its wait (not asyncio.timeout), the loop kept per connection: load
+  1.29-1.52, p25 419-434 against 433-486 (-4%).
+With a real llama-server under `gpushare-tui launch` (1 stream, 4 tokens a request, ~165 requests/s, 5 s
+windows, 3 rounds each, alternating, load 1.1-2.2): the proxy process 706-747 µs a request against main's
+903-985 (-22%; ~20 µs of each token included). The supervisor beside it spends 245-299 µs a request over idle,
+the same on both: 122-159 µs with the pace loop's wake on each DEMAND rise taken out (a copy, not kept: the
+pacing code is not this file's), so ~120 µs is that wake and the rest the control line's reader thread (~60 µs
+for a request's two lines, measured with a trivial callback) and the membership write. llhttp is stricter than
+h11 was (docs/trust.md): bare-LF heads, obs-fold, duplicate or conflicting lengths, Content-Length beside
+Transfer-Encoding get 400, a request head over the budget in one read 431, an Upgrade request with a body 400.
+`python -m bench.proxy --levels 1,8,32,64 --rounds 2`, this branch then main back to back (14:48-14:54, load
+1.4-3.4 through both: not quiet; medians of 2 rounds, µs a token, proxy alone / nginx):
+
+    streams   this branch            main
+    1         44.2 / 31.0 (1.43x)    39.6 / 13.1 (3.02x)
+    8         19.4 / 13.0 (1.49x)    20.5 / 12.5 (1.64x)
+    32        23.6 / 17.4 (1.36x)    20.8 / 14.7 (1.41x)
+    64        23.6 / 17.5 (1.35x)    23.1 / 16.5 (1.40x)
+
+again 15:20-15:27 (load 1.4-2.5; the branch with the trailers' budget, the same hot path):
+
+    streams   this branch            main
+    1         34.4 / 12.6 (2.74x)    37.4 / 12.7 (2.95x)
+    8         19.8 / 12.9 (1.53x)    21.7 / 13.0 (1.67x)
+    32        21.2 / 15.5 (1.36x)    24.2 / 17.7 (1.37x)
+    64        25.2 / 16.7 (1.51x)    27.5 / 18.9 (1.46x)
+
+at these loads the per-token figures of the two are within each other's noise (a request's ~200 µs saved is ~2 µs
+a token at 96 tokens: 8-12% lower in the second run, not in the first); the per-request A/Bs above are the
+measurement of this change. What is left a request: the kernel's and uvloop's part (accept, two transports,
+connect, close: the bare relay's ~165 µs in the harness), ~250 µs more in ~540 Python calls and their syscalls
+(the accept task, the futures a request waits on, the recorder, the DEMAND line), and the supervisor's ~250 µs
+of DEMAND.
+
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
 stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's

@@ -31,6 +31,7 @@ class _Upstream(socketserver.ThreadingTCPServer):
         self.bodies: list[bytes] = []
         self.props = b'{"a": 1}'
         self.raw_body: list[bytes] = []  # /raw: a chunked reply's body bytes as the test made them, a write each
+        self.raw_head = b""  # /head: the whole reply as the test made it (then the origin closes)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -101,6 +102,10 @@ class _Handler(socketserver.StreamRequestHandler):
                     w.write(piece)
                 w.flush()
                 return  # then closes: a reply cut short ends there
+            elif path == "/head":
+                w.write(srv.raw_head)
+                w.flush()
+                return
             elif path == "/eof":
                 w.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
                 w.flush()
@@ -489,6 +494,96 @@ def test_an_engines_malformed_chunked_body_ends_the_clients_connection(proxy, up
     assert not reply.endswith(b"0\r\n\r\n")  # the client sees a cut reply, never a whole one
     wait_for(lambda: proxy.in_flight == 0, 5, what="no demand left")
     assert httpx.get(f"http://127.0.0.1:{proxy.port}/len", timeout=5).text == "hello"  # and serves on
+
+
+_POST = b"POST /echo HTTP/1.1\r\nHost: x\r\n"
+_CHUNKED_ABC = b"3\r\nabc\r\n0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (_POST + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n" + _CHUNKED_ABC, 400),
+        (_POST + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
+        (_POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n" + _CHUNKED_ABC, 501),
+        (b"GET /len HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
+        (b"GET /len HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400),
+        (b"GET /len HTTP/1.1\r\nHost: x\r\nX: a\r\n folded\r\n\r\n", 400),  # obs-fold
+        (b"GET /len HTTP/1.1\nHost: x\n\n", 400),  # bare LF line ends
+        (b"GET /len HTTP/1.1\r\nHost: x\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n", 431),  # whole, in one read
+        (_POST + b"Connection: Upgrade\r\nUpgrade: h2c\r\nContent-Length: 3\r\n\r\nabc", 400),
+        (_POST + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n" + b"X-T: 1\r\n" * 10_000 + b"\r\n", 431),
+    ],
+    ids=[
+        "cl-and-te",
+        "two-lengths",
+        "te-not-chunked",
+        "no-host",
+        "two-hosts",
+        "obs-fold",
+        "bare-lf",
+        "head-over-budget",
+        "upgrade-with-body",
+        "trailers-over-budget",
+    ],
+)
+def test_a_request_the_parser_refuses_gets_its_status_and_reaches_no_engine(proxy, upstream, request_bytes, status):
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        s.sendall(request_bytes)
+        reply = _read_all(s)
+    assert reply.startswith(b"HTTP/1.1 %d " % status) and b"Connection: close\r\n" in reply, reply[:120]
+    assert upstream.bodies == [] and proxy.in_flight == 0 and proxy.changes == []
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",  # bare LF line ends
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nX: a\r\n folded\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD_BYTES + 10),  # never ends, over the budget
+        b"HTTP/1.1 200 OK\r\nContent-",  # the engine closes inside its head
+    ],
+    ids=["bare-lf", "cl-and-te", "te-not-chunked", "two-lengths", "obs-fold", "over-budget", "cut"],
+)
+def test_an_engines_malformed_head_gets_502_and_the_proxy_serves_on(proxy, upstream, head) -> None:
+    upstream.raw_head = head
+    with httpx.Client() as c:
+        r = c.get(f"http://127.0.0.1:{proxy.port}/head", timeout=5)
+        assert r.status_code == 502 and r.json()["error"].startswith("engine"), (r.status_code, r.content[:200])
+        assert c.get(f"http://127.0.0.1:{proxy.port}/len", timeout=5).text == "hello"
+    assert proxy.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    "request_bytes, head, body",
+    [
+        (
+            b"GET /stream HTTP/1.0\r\n\r\n",
+            b"Connection: close",
+            b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\n",
+        ),
+        (
+            b"GET /eof HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            b"Transfer-Encoding: chunked",
+            b"d\r\nuntil the end\r\n0\r\n\r\n",
+        ),
+        (b"GET /eof HTTP/1.0\r\n\r\n", b"Connection: close", b"until the end"),
+        (b"HEAD /len HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b"Content-Length: 5", b""),
+    ],
+    ids=["chunked-to-1.0", "close-delimited-to-1.1", "close-delimited-to-1.0", "head"],
+)
+def test_each_client_gets_the_framing_it_reads(proxy, upstream, request_bytes, head, body) -> None:
+    """A reply of unknown length is chunked to an HTTP/1.1 client and delimited by closing to HTTP/1.0 (with
+    Connection: close); a HEAD reply has no body."""
+    upstream.release.set()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(request_bytes)
+        got_head, got_body = _read_all(s).split(b"\r\n\r\n", 1)
+    assert got_head.startswith(b"HTTP/1.1 200 ") and head in got_head.split(b"\r\n"), got_head
+    assert got_body == body
 
 
 def test_bytes_after_a_reply_are_not_taken_for_the_next_one(proxy, upstream) -> None:

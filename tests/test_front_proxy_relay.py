@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import h11
 import pytest
 
 from gpushare_tui.core.engines import front_proxy as fp
@@ -33,8 +32,9 @@ def _relay(reads: list[bytes], one_step: bool = True) -> tuple[bytes, int, bool,
         conn = fp._Conn()
         conn.transport = _Transport()  # type: ignore[assignment]
         cl = fp._Client(conn, 0.0)
-        head = h11.Response(status_code=200, headers=[(b"content-type", b"text/event-stream")])
-        relay = fp._Relay(cl, head, "chunked", 0, True, None)
+        got = fp.parse_response_head(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        assert got is not None
+        relay = fp._Relay(cl, got[0], "chunked", 0, True, None)
         rec = LatencyRecorder(clock_s=lambda: 0.0)
         req = rec.begin(0.0)
         rec.head(req, 0.0, 200, True)
@@ -62,7 +62,7 @@ def test_whole_chunk_reads_and_byte_reads_relay_the_same(size: bytes | None) -> 
     reads = [_chunk(EVENT, size)] * 3 + [_chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
     whole, scanned = _relay(reads), _relay(reads, one_step=False)
     bytewise = _relay([body[i : i + 1] for i in range(len(body))])
-    assert whole[0] == scanned[0] == bytewise[0] == body[: -len(b"0\r\n\r\n")]  # the last chunk is h11's to write
+    assert whole[0] == scanned[0] == bytewise[0] == body[: -len(b"0\r\n\r\n")]  # the last chunk is written at the end
     assert whole[1] == scanned[1] == 3  # the [DONE] event is no token
     assert whole[2:] == scanned[2:] == bytewise[2:] == (True, None)
 

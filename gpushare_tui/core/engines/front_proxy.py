@@ -13,22 +13,29 @@ connections that arrive while no supervisor runs wait in its backlog, and those 
 engine loads wait here, so a restart refuses nobody. While the engine is not ready, `GET /health` is
 answered 503 "Loading model" at once (what llama-server answers while it loads).
 
-Requests are framed by h11 (each client connection an h11 server, each request to the engine sent by an h11
-client): pipelined requests are answered one after another in order, request bodies by Content-Length or
-chunked coding (trailers kept); `Expect: 100-continue` is passed on and the engine's `100 Continue` relayed;
-an `Upgrade` is not passed on (the engine answers the request as a plain one), CONNECT gets 405. Hop-by-hop
-headers (Connection, Keep-Alive, Upgrade, TE, Proxy-Connection) stay on their hop; the rest pass unchanged.
-A client half-closing (EOF after its last request) is passed on as a half-close once that request is sent,
-so the engine sees what it would see direct (llama-server cancels a non-streamed completion then).
+Heads are parsed by llhttp (httptools, C: what uvicorn uses), a client's requests (`_RequestReader`) and the
+engine's responses (`parse_response_head`) alike; what the proxy writes (the request to the engine, the response
+head to the client) is their parts joined, not checked again, framed as h11 framed them before (bench/proxy.py: h11
+on both sides made ~680 of a request's ~1,210 Python calls; without it a request costs the proxy a third less CPU).
+Pipelined requests are answered one after another in order, request bodies by Content-Length or chunked coding
+(trailers kept); `Expect: 100-continue` is passed on and the engine's `100 Continue` relayed; an `Upgrade` is not
+passed on (the engine answers the request as a plain one; one with a body gets 400: llhttp reads none after it),
+CONNECT gets 405. What llhttp refuses gets 400 (431: a head over MAX_HEAD_BYTES; 501: a transfer coding other than
+chunked, as h11 answered): Content-Length beside Transfer-Encoding, two lengths, obs-fold, bare-LF line ends, an
+HTTP/1.1 request without one Host. Hop-by-hop headers (Connection, Keep-Alive, Upgrade, TE, Proxy-Connection) stay
+on their hop; the rest pass unchanged. A client half-closing (EOF after its last request) is passed on as a
+half-close once that request is sent, so the engine sees what it would see direct (llama-server cancels a
+non-streamed completion then).
 
-The response's head is parsed by h11; its body is relayed as the engine's reads come, on the event loop's
-callback (`_Relay.feed`: no task wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client
-(every stream) passes unchanged, its chunk-size lines scanned (never re-encoded) to find its end (a read that is
-one whole chunk, a token's usual read, is checked and written in one step: the per-token Python is most of what
-the proxy costs a stream); the last chunk and trailers (hop-by-hop ones dropped) are written by h11. Other
-bodies (Content-Length, delimited by the engine closing, any to an HTTP/1.0 client) go through the client's h11
-a read at a time (re-framed where the client needs it). The loop is uvloop's (libuv, C). Per-request and
-per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already are (one clock read there costs ~0.1 µs).
+The response's body is relayed as the engine's reads come, on the event loop's callback (`_Relay.feed`: no task
+wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client (every stream) passes unchanged, its
+chunk-size lines scanned (never re-encoded) to find its end (a read that is one whole chunk, a token's usual
+read, is checked and written in one step: the per-token Python is most of what the proxy costs a stream); the
+last chunk and trailers (hop-by-hop ones dropped) are written at its end. Other bodies go to the client a read
+at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked to HTTP/1.1 when the
+engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection: close`). The loop is
+uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already
+are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
@@ -45,8 +52,9 @@ Budgets on untrusted input (core/host/budgets.py, PROXY_*; docs/trust.md "The fr
 response's chunk-size lines and trailers too), the time to send one, idle keep-alive, a stalled body,
 read-ahead of pipelined requests, connections (below the fd limit, with headroom), the wait for a loading
 engine. None bounds the engine's reply: it is awaited while both connections stay open. Malformed framing
-gets h11's 4xx (when no response has begun) and the connection is closed; an engine's malformed chunked
-body ends the client's connection where it went wrong (what came before it was relayed)."""
+gets a 4xx (when no response has begun) and the connection is closed; an engine's malformed head gets the
+client a 502, its malformed chunked body ends the client's connection where it went wrong (what came before
+it was relayed)."""
 
 from __future__ import annotations
 
@@ -64,7 +72,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import h11
+import httptools
 import uvloop
 
 from ..host.budgets import (
@@ -103,10 +111,10 @@ PROPS_PATH = "/props"
 HEALTH_PATH = "/health"
 # what llama-server itself answers /health while it loads its model
 LOADING_BODY = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
-# Heads h11 parsed (a client's request, the engine's response) are passed on as h11 events with `_parsed=True`:
-# h11 checked their names and values as it read them, and checking them again cost more than half of a request's
-# time in the proxy (profiled: 9 header validations a request). Heads we make ourselves are checked.
-# hop-by-hop (RFC 9110 §7.6.1): never passed on; h11 writes each hop's own framing and Connection
+# Heads are parsed by llhttp (httptools: a client's request, the engine's response), which checked their names and
+# values as it read them; they are passed on as bytes joined, not checked again (h11's checks cost more than half of
+# a request's time in the proxy). hop-by-hop (RFC 9110 §7.6.1): never passed on; each hop's own framing and
+# Connection are written for it
 HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"upgrade"})
 FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1; the size as h11 reads it: at most 20 hex digits)
@@ -136,25 +144,30 @@ class _Unanswered(_Cut):
 
 
 class _Sent:
-    """A request's events as sent to the engine, kept for a resend; `events` is None once they pass
+    """A request as framed for the engine (`head`: its head's bytes; `chunked`: its body in the chunked coding,
+    else as long as its Content-Length says), the parts kept for a resend; `parts` is None once they pass
     PROXY_RESEND_MAX_BYTES (a body that large is not resent: the error stands)."""
 
-    def __init__(self, events: list[Any]) -> None:
-        self.events: list[Any] | None = events
+    def __init__(self, head: bytes, chunked: bool) -> None:
+        self.parts: list[bytes] | None = [head]
+        self.chunked = chunked
         self.bytes = 0
         self.complete = False
 
-    def add(self, ev: Any) -> None:
-        if isinstance(ev, h11.EndOfMessage):
+    def add(self, ev: Any) -> bytes:
+        """A body event (_Body, _End) framed for the engine, kept."""
+        if isinstance(ev, _End):
             self.complete = True
-        if self.events is None:
-            return
-        if isinstance(ev, h11.Data):
+            out = b"0\r\n" + _header_lines(ev.trailers) + b"\r\n" if self.chunked else b""
+        else:
+            out = b"%x\r\n%s\r\n" % (len(ev.data), ev.data) if self.chunked and ev.data else ev.data
             self.bytes += len(ev.data)
+        if self.parts is not None:
             if self.bytes > PROXY_RESEND_MAX_BYTES:
-                self.events = None
-                return
-        self.events.append(ev)
+                self.parts = None
+            else:
+                self.parts.append(out)
+        return out
 
 
 def _engine_failed(up: _Upstream, ex: _Exchange, e: BaseException) -> _Cut:
@@ -206,19 +219,86 @@ def with_gpu_share(body: bytes, block: dict) -> bytes | None:
     return body[:end] + (b", " if doc else b"") + added + body[end:]
 
 
-def body_framing(method: bytes, response: h11.Response) -> tuple[str, int]:
-    """How a response's body ends (RFC 9112 §6.3, as h11 reads it): ("length", n), ("chunked", 0) or
-    ("close", 0) (at the engine's EOF)."""
+def _header_lines(headers: Any) -> bytes:
+    """`NAME: VALUE CRLF` for each (name, value) pair."""
+    return b"".join([b"%s: %s\r\n" % (n, v) for n, v in headers])
+
+
+def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """An HTTP/1.1 request head from parts already checked (llhttp parsed them; a Host we add: ours), Host
+    first (RFC 9110 §7.2), as h11 writes one."""
+    host = [(n, v) for n, v in headers if n.lower() == b"host"]
+    rest = [(n, v) for n, v in headers if n.lower() != b"host"]
+    return b"%s %s HTTP/1.1\r\n%s%s\r\n" % (method, target, _header_lines(host), _header_lines(rest))
+
+
+class ResponseHead:
+    """An engine's response head as llhttp (httptools) parsed it: `headers` (raw name, value) as sent, `lowered`
+    the same with lower-case names; Transfer-Encoding (only `chunked`, once) and Content-Length (digits, once)
+    checked here, as h11 checked them."""
+
+    __slots__ = ("status_code", "reason", "http_version", "headers", "lowered")
+
+    def __init__(self) -> None:
+        self.status_code = 0
+        self.reason = b""
+        self.http_version = b"1.1"
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.lowered: list[tuple[bytes, bytes]] = []
+
+    # httptools' callbacks
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        value = value.rstrip(b" \t")  # llhttp keeps a value's trailing whitespace; h11 drops it
+        self.headers.append((name, value))
+        self.lowered.append((name.lower(), value))
+
+
+# the end of a head: its empty line (llhttp wants CRLF line ends; a bare LF is its error, said as one)
+HEAD_END = re.compile(rb"\r?\n\r?\n")
+
+
+def parse_response_head(data: bytes | bytearray) -> tuple[ResponseHead, int] | None:
+    """The response head at the start of `data` and where it ends; None while it is not whole. _Cut (502) when
+    it is malformed (llhttp's verdict, or a transfer coding other than chunked, a Content-Length that is not
+    one number), or not whole within MAX_HEAD_BYTES."""
+    m = HEAD_END.search(data)
+    if m is None:
+        if len(data) > MAX_HEAD_BYTES:
+            raise _Cut("engine: a response head over the budget", 502)
+        return None
+    head = ResponseHead()
+    parser = httptools.HttpResponseParser(head)
+    try:
+        parser.feed_data(bytes(data[: m.end()]))
+    except httptools.HttpParserError as e:
+        raise _Cut(f"engine: a malformed response head: {e}", 502) from None
+    head.status_code = parser.get_status_code()
+    head.http_version = parser.get_http_version().encode()
+    codings = [v for n, v in head.lowered if n == b"transfer-encoding"]
+    if codings and (len(codings) > 1 or codings[0].lower() != b"chunked"):
+        raise _Cut("engine: a transfer coding other than chunked", 502)
+    lengths = {v for n, v in head.lowered if n == b"content-length"}
+    if len(lengths) > 1 or any(not v.isdigit() or len(v) > 20 for v in lengths):
+        raise _Cut("engine: a bad Content-Length", 502)
+    return head, m.end()
+
+
+def body_framing(method: bytes, response: ResponseHead) -> tuple[str, int]:
+    """How a response's body ends (RFC 9112 §6.3): ("length", n), ("chunked", 0) or ("close", 0) (at the
+    engine's EOF)."""
     if response.status_code in (204, 304) or method == b"HEAD":
         return "length", 0
     lengths = None
-    for name, value in response.headers:  # h11 has checked them: one transfer coding (chunked), one length
+    for name, value in response.lowered:  # checked: one transfer coding (chunked), one length
         if name == b"transfer-encoding":
             return "chunked", 0
         if name == b"content-length":
             lengths = value
     if lengths is not None:
-        return "length", int(lengths.split(b",")[0])
+        return "length", int(lengths)
     return "close", 0
 
 
@@ -229,6 +309,7 @@ class _Conn(asyncio.Protocol):
     while `feeder` (the connection whose reads are written here) would overfill this one's write buffer."""
 
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()  # made on the loop's thread, by the loop (a protocol factory)
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.eof = False
@@ -321,12 +402,15 @@ class _Conn(asyncio.Protocol):
     async def read(self, timeout_s: float | None = None) -> bytes:
         """What has come since the last read (b"" at EOF); TimeoutError when nothing came within `timeout_s`."""
         if not self.buf and not self.eof and self.failed is None:
-            self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self._waiter = self.loop.create_future()
+            # a timer that fails the wait, not asyncio.timeout: no context object, task lookup or cancel to undo
+            timer = self.loop.call_later(timeout_s, _expire, waiter) if timeout_s is not None else None
             try:
-                async with asyncio.timeout(timeout_s):
-                    await self._waiter
+                await waiter
             finally:
                 self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         if self.failed is not None:
             raise self.failed
         return self.take()
@@ -342,7 +426,7 @@ class _Conn(asyncio.Protocol):
     async def drain(self) -> None:
         """Until the write buffer is below its high-water mark; ConnectionResetError when the peer is gone."""
         if self.write_paused and not self.lost:
-            self._drained = asyncio.get_running_loop().create_future()
+            self._drained = self.loop.create_future()
             try:
                 await self._drained
             finally:
@@ -355,36 +439,233 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
 
+class _Head:
+    """A client's request head as llhttp read it: `headers` (raw name, value) as sent."""
+
+    __slots__ = ("method", "target", "http_version", "headers", "keep_alive")
+
+    def __init__(self, method: bytes, target: bytes, http_version: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.method = method
+        self.target = target
+        self.http_version = http_version
+        self.headers = headers
+        # HTTP/1.0 never (as h11 serves it), HTTP/1.1 unless the client says close
+        self.keep_alive = http_version == b"1.1" and not any(
+            n.lower() == b"connection" and b"close" in v.lower() for n, v in headers
+        )
+
+
+class _Body:
+    """A piece of a request's body (its chunked coding, if any, taken off)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _End:
+    """A request's end, with its trailers (a chunked body's)."""
+
+    __slots__ = ("trailers",)
+
+    def __init__(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        self.trailers = trailers
+
+
+NEED_DATA = "need data"  # _client_poll: nothing whole yet
+CLOSED = "closed"  # _client_poll: the client ended between requests
+
+
+class _RequestReader:
+    """A client connection's bytes as llhttp (httptools) reads them: `events`, in order, are each request's
+    _Head, its _Body pieces and its _End. A head over MAX_HEAD_BYTES is _Cut 431, malformed framing 400 (when the
+    events before it are taken: pipelined requests before it are answered first). After a request that ends the
+    connection (not keep-alive), nothing more is read. An `Upgrade` request is read as a plain one (it is answered
+    as one: Upgrade is hop-by-hop); what follows it is the next request."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.events: deque[Any] = deque()
+        self.body_bytes = 0  # of the _Body events queued
+        self.in_message = False  # a request begun and not ended
+        self.in_head = False  # its head begun and not whole
+        self.head_bytes = 0  # bytes read while a head was not whole
+        self.trailer_bytes = 0  # of the request's trailers so far
+        self.last = False  # a request that ends the connection was read: nothing after it is
+        self.error: _Cut | None = None  # raised once the events before it are taken
+        self._url = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._head: _Head | None = None
+
+    def pending(self) -> int:
+        """Bytes read and not yet taken (a request begun counts one)."""
+        return self.body_bytes + (1 if self.in_message or self.events else 0)
+
+    def feed(self, data: bytes) -> None:
+        if self.last or self.error is not None or not data:
+            return
+        if self.in_head or not self.in_message:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as e:  # after an Upgrade request (or CONNECT): read what follows anew
+            self.parser = httptools.HttpRequestParser(self)
+            self.in_message = self.in_head = False
+            self.head_bytes = 0
+            self.feed(data[e.args[0] :])
+            return
+        except httptools.HttpParserCallbackError as e:  # one of ours, raised in a callback
+            cut = e.__context__
+            self.error = cut if isinstance(cut, _Cut) else _Cut(f"bad request: {e}", 400)
+        except httptools.HttpParserError as e:
+            if not self.last:  # bytes after a request that closes the connection are not read
+                self.error = _Cut(f"bad request: {e}", 400)
+        if self.in_head and self.head_bytes > MAX_HEAD_BYTES and self.error is None:
+            self.error = _Cut("request head too large", 431)
+
+    # -- httptools' callbacks
+    def on_message_begin(self) -> None:
+        self.in_message = self.in_head = True
+        self.trailer_bytes = 0
+        self._url = b""
+        self._fields = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields.append((name, value.rstrip(b" \t")))  # a head's or, after it, the trailers'
+        if not self.in_head:  # trailers: within the head's budget (a head's own bytes are counted as they come)
+            self.trailer_bytes += len(name) + len(value) + 4
+            if self.trailer_bytes > MAX_HEAD_BYTES:
+                raise _Cut("request trailers too large", 431)
+
+    def on_headers_complete(self) -> None:
+        version = self.parser.get_http_version().encode()
+        head = _Head(self.parser.get_method(), self._url, version, self._fields)
+        if sum(len(n) + len(v) + 4 for n, v in self._fields) + len(self._url) > MAX_HEAD_BYTES:
+            raise _Cut("request head too large", 431)
+        if version == b"1.1" and sum(n.lower() == b"host" for n, _v in self._fields) != 1:
+            raise _Cut("an HTTP/1.1 request needs one Host header", 400)  # as h11 (RFC 9112 §3.2)
+        codings = [v.lower() for n, v in self._fields if n.lower() == b"transfer-encoding"]
+        if codings and codings != [b"chunked"]:  # llhttp takes any coding list ending in chunked: h11 took none
+            raise _Cut("only Transfer-Encoding: chunked is supported", 501)
+        if self.parser.should_upgrade() and any(
+            n.lower() in (b"content-length", b"transfer-encoding") for n, _v in self._fields
+        ):  # llhttp reads no body after an Upgrade request: one would be taken for the next request
+            raise _Cut("a request body with Upgrade", 400)
+        self._head = head
+        self.events.append(head)
+        self.in_head = False
+        self.head_bytes = 0
+        self._fields = []
+
+    def on_body(self, data: bytes) -> None:
+        self.events.append(_Body(data))
+        self.body_bytes += len(data)
+
+    def on_message_complete(self) -> None:
+        self.events.append(_End(self._fields))
+        self._fields = []
+        self.in_message = False
+        if self._head is not None and not self._head.keep_alive:
+            self.last = True
+
+
 class _Client:
-    """One accepted connection: its h11 server side, its engine connection (opened at its first request)
-    and since when it has had no request in flight (None while one is: not evictable)."""
+    """One accepted connection: its requests (`reader`), the response being written (`req` the request it
+    answers), its engine connection (opened at its first request) and since when it has had no request in flight
+    (None while one is: not evictable). Responses are written as h11 writes them (RFC 9112 §6): a body of
+    unknown length chunked to an HTTP/1.1 client, delimited by closing to HTTP/1.0; `Connection: close` when the
+    connection ends after it."""
 
     def __init__(self, conn: _Conn, now_s: float) -> None:
-        self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.reader = _RequestReader()
         self.conn = conn
         self.evictable_since: float | None = now_s
         self.up: _Upstream | None = None
         self.task: asyncio.Task | None = None
         self.served = 0
+        self.req: _Head | None = None
+        self.request_ended = False  # the request's _End was taken
+        self.responded = False  # its response's head was written
+        self.response_ended = False
+        self.keep_alive = False  # the connection may carry another request after this response
+        self.out_framing = "length"  # the response body as written: "length" (as it comes), "chunked", "none"
 
     def buffered(self) -> int:
-        """Bytes received and not yet taken by a request: h11's and the connection's."""
-        return len(self.h.trailing_data[0]) + self.conn.buffered()
+        """Bytes received and not yet taken by a request: the reader's and the connection's."""
+        return self.reader.pending() + self.conn.buffered()
 
     def pull(self, data: bytes) -> None:
-        """`data` to h11, after what the connection holds."""
+        """`data` to the reader, after what the connection holds."""
         if self.conn.buf:
-            self.h.receive_data(self.conn.take())
-        self.h.receive_data(data)
+            self.reader.feed(self.conn.take())
+        self.reader.feed(data)
+
+    def begin(self, req: _Head) -> None:
+        self.req = req
+        self.request_ended = self.responded = self.response_ended = False
+
+    def reusable(self) -> bool:
+        return self.keep_alive and self.request_ended and self.response_ended
+
+    def response_head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The final response's head (`headers` hop-by-hop free), its framing for this client chosen as h11's."""
+        req = self.req
+        method = req.method if req is not None else b"GET"
+        http_10 = req is None or req.http_version != b"1.1"
+        te = cl_ = False
+        for n, _v in headers:
+            k = n.lower()
+            te = te or k == b"transfer-encoding"
+            cl_ = cl_ or k == b"content-length"
+        no_body = status in (204, 304) or 100 <= status < 200
+        close = req is None or not req.keep_alive
+        if not no_body and (te or not cl_):  # a body of unknown length
+            headers = [(n, v) for n, v in headers if n.lower() not in (b"content-length", b"transfer-encoding")]
+            if http_10:  # no chunked coding: delimited by closing
+                close = close or method != b"HEAD"
+                self.out_framing = "length"
+            else:
+                headers.append((b"Transfer-Encoding", b"chunked"))
+                self.out_framing = "chunked"
+        else:
+            self.out_framing = "length"
+        if method == b"HEAD" or no_body:
+            self.out_framing = "none"
+        if close:
+            headers = [*headers, (b"Connection", b"close")]
+        self.keep_alive = not close
+        self.responded = True
+        return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, reason, _header_lines(headers))
+
+    def body(self, data: bytes) -> bytes:
+        """A piece of the response body as written to this client."""
+        if self.out_framing == "chunked":
+            return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+        return b"" if self.out_framing == "none" else data
+
+    def end(self, trailers: list[tuple[bytes, bytes]]) -> bytes:
+        """The response's end (its last chunk and trailers when chunked)."""
+        self.response_ended = True
+        if self.out_framing == "chunked":
+            return b"0\r\n%s\r\n" % _header_lines(trailers)
+        return b""
+
+
+def informational(status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A 1xx response's head."""
+    return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, reason, _header_lines(headers))
 
 
 class _Upstream:
-    """A connection to the engine, reused while both sides keep it alive. Each request is sent by an h11 client
-    of its own (`h`), which parses the response's head; the body is relayed by `_Relay`."""
+    """A connection to the engine, reused while both sides keep it alive. Each request is written as `_Sent`
+    frames it, its response's head parsed by llhttp (`parse_response_head`), its body relayed by `_Relay`."""
 
     def __init__(self, conn: _Conn, now_s: float) -> None:
         self.conn = conn
-        self.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.idle_since_s = now_s
         self.half_closed = False
         self.reused = False  # it carried an exchange before this one: the engine may be closing it (_Unanswered)
@@ -400,17 +681,6 @@ class _Upstream:
             and now_s - self.idle_since_s < UPSTREAM_REUSE_IDLE_S
         )
 
-    def poll(self) -> Any:
-        """The engine's next event already received, or h11.NEED_DATA."""
-        try:
-            return self.h.next_event()
-        except h11.RemoteProtocolError as e:
-            raise _Cut(f"engine: {e}", 502) from None
-
-    async def fill(self) -> None:
-        """Receive what the engine sends next; no deadline (see the module's docstring)."""
-        self.h.receive_data(await self.conn.read())
-
     def close(self) -> None:
         self.conn.close()
 
@@ -418,16 +688,17 @@ class _Upstream:
 class _Relay:
     """An engine's response body relayed to the client as its reads come: `feed` is the engine connection's
     sink (b"": its EOF), called on the loop's callback. `raw`: a chunked body passes unchanged but for its last
-    chunk and trailers (`trailers`: h11 writes them at the end); else each piece of the payload goes through the
-    client's h11 after `head`, or into `held` (a /props reply; `release` sends it as it came). `done` resolves
-    at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after the body."""
+    chunk and trailers (`trailers`: written at the end, `_Client.end`); else each piece of the payload is framed
+    for the client (`_Client.body`) after `head`, or goes into `held` (a /props reply; `release` sends it as it
+    came). `done` resolves at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after
+    the body."""
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
                  "raw", "held", "held_bytes", "trailers", "done", "extra", "ended",
                  "rec", "rec_req", "clock", "quick")  # fmt: skip
 
     def __init__(
-        self, cl: _Client, head: h11.Response, framing: str, length: int, raw: bool, held: list[bytes] | None
+        self, cl: _Client, head: ResponseHead, framing: str, length: int, raw: bool, held: list[bytes] | None
     ) -> None:
         self.cl = cl
         self.transport = cl.conn.transport
@@ -442,7 +713,7 @@ class _Relay:
         self.held = held
         self.held_bytes = 0
         self.trailers: list[tuple[bytes, bytes]] = []
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future[None] = cl.conn.loop.create_future()
         self.extra = False
         self.ended = False
         self.rec: LatencyRecorder | None = None  # set with `rec_req` when the request is timed
@@ -493,7 +764,7 @@ class _Relay:
                 self._payload(data[:n] if len(data) > n else data)
                 self.extra = len(data) > n
                 self.end()
-        except Exception as e:  # _Cut, h11's LocalProtocolError, the client gone, a bug: the exchange ends with it
+        except Exception as e:  # _Cut, the client gone, a bug: the exchange ends with it
             self.fail(e)
 
     def _timed(self, data: bytes) -> None:
@@ -532,14 +803,15 @@ class _Relay:
     def release(self) -> None:
         """A held reply as it came (the rest of it relayed as it comes)."""
         held, self.held = self.held, None
-        self._out(self.cl.h.send(self.head))
+        head = self.head
+        self._out(self.cl.response_head(head.status_code, head.reason, hop_filtered(head.headers)))
         for part in held or ():
             self._payload(part)
 
     def _payload(self, data: bytes) -> None:
         held = self.held
         if held is None:
-            self._out(b"".join(self.cl.h.send_with_data_passthrough(h11.Data(data=data)) or ()))
+            self._out(self.cl.body(data))
             return
         held.append(data)
         self.held_bytes += len(data)
@@ -609,7 +881,7 @@ class _Relay:
                     raise _Cut("engine: a malformed chunk-size line", 502)
                 size = int(m[1], 16)
                 start = pos - len(whole)  # where the line began in `data` (< 0: in an earlier read, held back then)
-                if size == 0:  # the last chunk: it and the trailers are written by h11 at the end
+                if size == 0:  # the last chunk: it and the trailers are written at the end (_Client.end)
                     if self.raw and start > raw_from:
                         self._out(data[raw_from:start])
                     self.in_trailers = True
@@ -863,19 +1135,19 @@ class FrontProxy:
                 if req is None:
                     return
                 cl.evictable_since = None
+                cl.begin(req)
                 if not await self._exchange(cl, req):
                     return
                 cl.served += 1
-                if cl.h.our_state is not h11.DONE or cl.h.their_state is not h11.DONE:
+                if not cl.reusable():
                     return
-                cl.h.start_next_cycle()
                 cl.evictable_since = self._clock()
                 if self._room is not None:  # a newcomer waiting at the cap may now take its place
                     self._room.set()
         except _Cut as e:
-            if e.status is not None and cl.h.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            if e.status is not None and not cl.responded:
                 _answer(cl, e.status, {"error": str(e)}, close=True)
-        except (OSError, h11.ProtocolError):
+        except OSError:
             pass
         except asyncio.CancelledError:  # close() or an eviction: end quietly
             pass
@@ -896,7 +1168,7 @@ class FrontProxy:
         else:
             up.close()
 
-    async def _next_request(self, cl: _Client) -> h11.Request | None:
+    async def _next_request(self, cl: _Client) -> _Head | None:
         """The next request head: a new connection's within PROXY_HEAD_DEADLINE_S of its accept, a kept-alive
         one's first byte within the idle budget and the rest within PROXY_HEAD_DEADLINE_S of it. None when the
         client ends (or idles out) between requests; a head begun and not finished in time gets 408."""
@@ -905,11 +1177,11 @@ class FrontProxy:
         wait_until = started + self.idle_keepalive_s
         while True:
             ev = _client_poll(cl)
-            if isinstance(ev, h11.Request):
+            if isinstance(ev, _Head):
                 return ev
-            if isinstance(ev, h11.ConnectionClosed):
+            if ev is CLOSED:
                 return None
-            if ev is not h11.NEED_DATA:  # PAUSED cannot be: the cycle was started
+            if ev is not NEED_DATA:  # what a request left unread (its body when it was answered early)
                 raise _Cut(f"unexpected {type(ev).__name__}")
             now = self._clock()
             if head_until is None and cl.buffered():  # a pipelined head begun
@@ -931,7 +1203,7 @@ class FrontProxy:
         """The client's next body event (Data, EndOfMessage): each read within the body-idle budget."""
         while True:
             ev = _client_poll(cl)
-            if ev is not h11.NEED_DATA:
+            if ev is not NEED_DATA:
                 return ev
             try:
                 data = await cl.conn.read(self.body_idle_s)
@@ -949,7 +1221,6 @@ class FrontProxy:
                 pooled.close()
         up = cl.up
         if up is not None and up.reusable(now):
-            up.h = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
             up.reused = True
             return up
         if up is not None:
@@ -985,7 +1256,7 @@ class FrontProxy:
             cl.conn.on_lost = None
             waiter.cancel()
 
-    async def _exchange(self, cl: _Client, req: h11.Request) -> bool:
+    async def _exchange(self, cl: _Client, req: _Head) -> bool:
         """One request and its response; True when the client connection may carry another."""
         start = self._clock()
         self.requests_total += 1
@@ -1040,21 +1311,22 @@ class FrontProxy:
     async def _discard_body(self, cl: _Client) -> None:
         """Read (and drop) a request body we answer ourselves, at most PROXY_PIPELINE_BUFFER_BYTES of it."""
         n = 0
-        while not isinstance(ev := await self._client_event(cl), h11.EndOfMessage):
+        while not isinstance(ev := await self._client_event(cl), _End):
             n += len(ev.data)
             if n > PROXY_PIPELINE_BUFFER_BYTES:
                 raise _Cut("request body too large", 413)
 
-    async def _forward(self, cl: _Client, req: h11.Request, work: bool, props: bool, ex: _Exchange) -> bool:
-        headers = hop_filtered(list(req.headers.raw_items()))
+    async def _forward(self, cl: _Client, req: _Head, work: bool, props: bool, ex: _Exchange) -> bool:
+        headers = hop_filtered(req.headers)
         if not any(n.lower() == b"host" for n, _v in headers):
             headers.append((b"Host", f"{self.upstream[0]}:{self.upstream[1]}".encode()))
         # the request as sent so far, kept for a resend (see _Unanswered) while within PROXY_RESEND_MAX_BYTES
-        sent: _Sent = _Sent([h11.Request(method=req.method, target=req.target, headers=headers, _parsed=True)])
+        chunked = any(n.lower() == b"transfer-encoding" for n, _v in req.headers)  # llhttp checked: chunked last
+        sent = _Sent(request_head(req.method, req.target, headers), chunked)
         complete = False
-        while not complete and (ev := _client_poll(cl)) is not h11.NEED_DATA:
+        while not complete and (ev := _client_poll(cl)) is not NEED_DATA:
             sent.add(_body_event(ev))
-            complete = isinstance(ev, h11.EndOfMessage)
+            complete = isinstance(ev, _End)
         relays: list[_Relay] = []
         up: _Upstream | None = None
 
@@ -1086,7 +1358,7 @@ class FrontProxy:
                     await self._pump_reply(cl, up, req, props, ex, relays)
                     break
                 except _Unanswered:
-                    if sent.events is None:
+                    if sent.parts is None:
                         raise
                     # a kept-alive connection the engine closed as the request crossed: again, on another
                     up.close()
@@ -1104,17 +1376,17 @@ class FrontProxy:
                 body.cancel()
                 await asyncio.gather(body, return_exceptions=True)
         up.idle_since_s = self._clock()
-        if not (up.clean and up.h.our_state is h11.DONE):
+        if not (up.clean and sent.complete):
             up.close()
             cl.up = None
-        return cl.h.their_state is h11.DONE
+        return cl.request_ended
 
     def _send(self, up: _Upstream, sent: _Sent, ex: _Exchange) -> None:
         """The request as received so far to the engine, in one write."""
-        assert sent.events is not None
+        assert sent.parts is not None
         try:
-            up.conn.write(b"".join(up.h.send(ev) or b"" for ev in sent.events))
-        except (OSError, h11.LocalProtocolError) as e:
+            up.conn.write(b"".join(sent.parts))
+        except OSError as e:
             raise _engine_failed(up, ex, e) from None
 
     def _body_done(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
@@ -1142,76 +1414,66 @@ class FrontProxy:
         """The rest of the request's body to the engine; DEMAND from its end."""
         while True:
             ev = _body_event(await self._client_event(cl))
-            sent.add(ev)
             try:
-                up.conn.write(up.h.send(ev))
+                up.conn.write(sent.add(ev))
                 await up.conn.drain()
-            except (OSError, h11.LocalProtocolError) as e:
+            except OSError as e:
                 raise _engine_failed(up, ex, e) from None
-            if isinstance(ev, h11.EndOfMessage):
+            if isinstance(ev, _End):
                 self._body_done(cl, up, work, ex)
                 return
 
     async def _pump_reply(
-        self, cl: _Client, up: _Upstream, req: h11.Request, props: bool, ex: _Exchange, relays: list[_Relay]
+        self, cl: _Client, up: _Upstream, req: _Head, props: bool, ex: _Exchange, relays: list[_Relay]
     ) -> None:
         """The engine's response to the client: 1xx relayed (an HTTP/1.0 client gets none), the head, the body
         as it comes (each chunk of a stream at once); a /props reply to `props` with gpu_share added."""
+        buf = b""
         while True:
-            ev = up.poll()
-            if ev is h11.NEED_DATA:
+            got = parse_response_head(buf) if buf else None
+            if got is None:
                 data = await up.conn.read()
                 if data:
                     if ex.first_byte_s is None:
                         ex.first_byte_s = self._clock()
-                elif ex.first_byte_s is None and up.reused:
+                    buf += data
+                    continue
+                if ex.first_byte_s is None and up.reused:
                     raise _Unanswered("engine closed before its reply", 502)
-                up.h.receive_data(data)
-                continue
-            if isinstance(ev, h11.InformationalResponse):
-                if ev.status_code == 101:
-                    raise _Cut("engine switched protocols unasked", 502)
-                if req.http_version != b"1.0":
-                    headers = hop_filtered(list(ev.headers.raw_items()))
-                    info = h11.InformationalResponse(
-                        status_code=ev.status_code, headers=headers, reason=ev.reason, _parsed=True
-                    )
-                    cl.conn.write(cl.h.send(info))
-                continue
-            if isinstance(ev, h11.Response):
+                raise _Cut("engine closed before its reply", 502)
+            ev, end = got
+            buf = buf[end:]
+            if ev.status_code >= 200:
                 break
-            raise _Cut("engine closed before its reply", 502)  # ConnectionClosed
+            if ev.status_code == 101:
+                raise _Cut("engine switched protocols unasked", 502)
+            if req.http_version != b"1.0":
+                cl.conn.write(informational(ev.status_code, ev.reason, hop_filtered(ev.headers)))
         ex.status = ev.status_code
-        head = h11.Response(
-            status_code=ev.status_code,
-            headers=hop_filtered(list(ev.headers.raw_items())),
-            reason=ev.reason,
-            _parsed=True,
-        )
         framing, length = body_framing(req.method, ev)
         keep_alive = ev.http_version == b"1.1" and not any(
-            n == b"connection" and b"close" in v.lower() for n, v in ev.headers
+            n == b"connection" and b"close" in v.lower() for n, v in ev.lowered
         )
         held: list[bytes] | None = [] if props and ev.status_code == 200 else None
-        # a chunked stream to an HTTP/1.1 client passes as it came (h11 would write the same chunks)
-        raw = framing == "chunked" and held is None and req.http_version != b"1.0"
-        relay = _Relay(cl, head, framing, length, raw, held)
+        # a chunked stream to an HTTP/1.1 client passes as it came (framing it anew would write the same chunks)
+        raw = framing == "chunked" and held is None and req.http_version == b"1.1"
+        relay = _Relay(cl, ev, framing, length, raw, held)
         relays.append(relay)
         if ex.rec is not None:
-            ctype = next((v for n, v in ev.headers if n == b"content-type"), b"")
+            ctype = next((v for n, v in ev.lowered if n == b"content-type"), b"")
             self.latency.head(ex.rec, self._clock(), ev.status_code, is_stream_content_type(ctype))
             relay.rec, relay.rec_req, relay.clock = self.latency, ex.rec, self._clock
         if held is None:
-            cl.conn.write(cl.h.send(head))
-        rest, closed = up.h.trailing_data
+            cl.conn.write(cl.response_head(ev.status_code, ev.reason, hop_filtered(ev.headers)))
+        rest = buf
         if framing == "length" and length == 0:  # no body
             relay.extra = bool(rest)
             relay.end()
         else:
             up.conn.sink, cl.conn.feeder = relay.feed, up.conn
             if rest:
-                relay.feed(bytes(rest))
-            if closed or up.conn.eof:
+                relay.feed(rest)
+            if up.conn.eof:
                 relay.feed(b"")
         try:
             await relay.done
@@ -1224,9 +1486,9 @@ class FrontProxy:
             if added is None:
                 relay.release()
             else:
-                cl.conn.write(cl.h.send(_with_length(head, len(added))) + cl.h.send(h11.Data(data=added)))
-        trailers = hop_filtered(relay.trailers) if req.http_version != b"1.0" else []
-        cl.conn.write(cl.h.send(h11.EndOfMessage(headers=trailers)))  # an HTTP/1.0 reply has no chunks to trail
+                headers = _with_length(hop_filtered(ev.headers), len(added))
+                cl.conn.write(cl.response_head(ev.status_code, ev.reason, headers) + cl.body(added))
+        cl.conn.write(cl.end(hop_filtered(relay.trailers)))  # trailers only where the reply is chunked
         await cl.conn.drain()
 
     async def _seed(self) -> dict:
@@ -1261,6 +1523,11 @@ class _Exchange:
     cut_status: int | None = None  # the status the proxy answers it with, when it ends it (a _Cut)
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 def _whole_chunks(data: bytes) -> int:
     """How far `data` is whole chunks but the last (`SIZE CRLF DATA CRLF`..., no extension): the stream's common
     case, scanned without a regex; the rest is left to the full scan."""
@@ -1286,31 +1553,39 @@ def listen_socket(listen: tuple[str, int]) -> socket.socket:
         raise ProxyError(f"front proxy {e}") from None
 
 
-def _with_length(head: h11.Response, n: int) -> h11.Response:
-    headers = [
-        (k, v) for k, v in head.headers.raw_items() if k.lower() not in (b"content-length", b"transfer-encoding")
-    ]
-    return h11.Response(
-        status_code=head.status_code, headers=[*headers, (b"Content-Length", b"%d" % n)], reason=head.reason
-    )
+def _with_length(headers: list[tuple[bytes, bytes]], n: int) -> list[tuple[bytes, bytes]]:
+    out = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"transfer-encoding")]
+    return [*out, (b"Content-Length", b"%d" % n)]
 
 
 def _client_poll(cl: _Client) -> Any:
-    """The client's next event from what is buffered (its connection's bytes handed to h11 first)."""
-    if cl.conn.buf:
-        cl.h.receive_data(cl.conn.take())
-    try:
-        return cl.h.next_event()
-    except h11.RemoteProtocolError as e:
-        raise _Cut(str(e), e.error_status_hint) from None
+    """The client's next event (_Head, _Body, _End) from what is buffered (its connection's bytes read first);
+    NEED_DATA, or CLOSED when it ended between requests."""
+    r = cl.reader
+    if not r.events and cl.conn.buf:
+        r.feed(cl.conn.take())
+    if r.events:
+        ev = r.events.popleft()
+        if type(ev) is _Body:
+            r.body_bytes -= len(ev.data)
+        elif type(ev) is _End:
+            cl.request_ended = True
+        return ev
+    if r.error is not None:
+        raise r.error
+    if cl.conn.eof and not cl.conn.buf:
+        if r.in_message:
+            raise _Cut("the client closed inside its request", 400)
+        return CLOSED
+    return NEED_DATA
 
 
 def _body_event(ev: Any) -> Any:
     """A request body's event as the engine is sent it (its trailers less the hop-by-hop ones)."""
-    if isinstance(ev, h11.Data):
+    if type(ev) is _Body:
         return ev
-    if isinstance(ev, h11.EndOfMessage):
-        return h11.EndOfMessage(headers=hop_filtered(list(ev.headers.raw_items())))
+    if type(ev) is _End:
+        return _End(hop_filtered(ev.trailers)) if ev.trailers else ev
     raise _Cut(f"unexpected {type(ev).__name__} in a request body", 400)
 
 
@@ -1319,13 +1594,10 @@ def _answer(cl: _Client, status: int, doc: dict, *, head_only: bool = False, clo
     body = (json.dumps(doc, allow_nan=False) + "\n").encode()
     headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body))]
     if close:
-        headers.append((b"Connection", b"close"))
+        cl.req = None  # the connection ends after it: Connection: close
     try:
-        out = cl.h.send(h11.Response(status_code=status, headers=headers))
-        out += cl.h.send(h11.Data(data=b"" if head_only else body)) or b""
-        out += cl.h.send(h11.EndOfMessage()) or b""
-        cl.conn.write(out)
-    except (OSError, h11.LocalProtocolError):
+        cl.conn.write(cl.response_head(status, b"", headers) + (b"" if head_only else body) + cl.end([]))
+    except OSError:
         pass
 
 
