@@ -258,3 +258,33 @@ def test_signal_lateness_text() -> None:
         "none measured yet (n=0: measured each time the engine is paused for a peer; alone or idle it never is)"
     )
     assert lateness_text({"n": 9, "p50_us": 12_345_678}) == "p50 12346 ms (n=9)"
+
+
+@pytest.mark.parametrize(("raised", "code"), [(SystemExit(128 + 15), 143), (KeyboardInterrupt(), 130)])
+def test_a_signal_the_interpreter_wrapped_ends_the_start_up_in_order(raised, code, monkeypatch, capsys) -> None:
+    """A termination signal during start-up raises the guard's SystemExit (SIGINT: KeyboardInterrupt) wherever the
+    main thread is; inside an import that defines a class, Python 3.11 wraps it ("RuntimeError: Error calling
+    __set_name__"): seen once as a traceback when a SIGTERM landed in pydantic's import under typer. It is still
+    that signal: its exit code, nothing on stderr."""
+    import gpushare_tui.cli.typer_app as typer_app
+
+    def interrupted(argv: list[str]) -> int:
+        try:
+            raise raised
+        except BaseException as e:
+            raise RuntimeError("Error calling __set_name__ on 'cached_property' instance 'data'") from e
+
+    monkeypatch.setattr(typer_app, "run_app", interrupted)
+    assert main(["status", "x"]) == code
+    assert capsys.readouterr().err == ""
+
+
+def test_an_error_not_raised_from_a_signal_still_fails_loudly(monkeypatch) -> None:
+    import gpushare_tui.cli.typer_app as typer_app
+
+    def broken(argv: list[str]) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(typer_app, "run_app", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["status", "x"])

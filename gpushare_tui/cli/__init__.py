@@ -51,6 +51,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report_error(e)
     except KeyboardInterrupt:  # a Ctrl+C before a command took over its signals: nothing was started
         return INTERRUPTED
+    except Exception as e:
+        # The start-up guard's SystemExit (or a Ctrl+C's KeyboardInterrupt) raised where the interpreter wraps
+        # what is raised: a signal during an import that defines a class calling __set_name__ (Python 3.11:
+        # "RuntimeError: Error calling __set_name__", seen in pydantic's import under typer) is still that signal
+        signalled = _termination_in(e)
+        if signalled is None:
+            raise
+        return INTERRUPTED if isinstance(signalled, KeyboardInterrupt) else _exit_code(signalled)
+
+
+def _termination_in(e: BaseException) -> SystemExit | KeyboardInterrupt | None:
+    """The SystemExit or KeyboardInterrupt that `e` was raised from (its causes and contexts), if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, (SystemExit, KeyboardInterrupt)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _exit_code(e: SystemExit) -> int:
+    return e.code if isinstance(e.code, int) else 1
 
 
 def entrypoint() -> None:
