@@ -19,6 +19,7 @@ from gpushare_tui.core.pacing import edges
 from gpushare_tui.core.pacing.edges import EdgeReport, Window
 from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, run_cli, status_json
+from testkit.pace_loop import flagged_loop
 from testkit.wait import wait_for
 
 
@@ -173,9 +174,6 @@ def _paced_windows(
     """A pace loop running (1:1 with a busy peer, 40 ms windows) whose every wake-up is `late_us` late and whose
     every round takes `step_us` after its clock reading (the Python of a step: its signal goes out at once); its
     last 30 windows of 100."""
-    from collections import deque
-
-    from gpushare_tui.core.engines.pace_loop import PaceLoop
     from gpushare_tui.core.registry import abi
     from gpushare_tui.core.registry.membership import Membership
 
@@ -184,19 +182,12 @@ def _paced_windows(
     me.join()
     me.set_demand(True)
     seg = Segment.create_or_attach(gpu_key)
-    stopped = [False]
     ring = edges.ring()
-    loop = PaceLoop(
+    loop, _stopped = flagged_loop(
         me,
+        clock,
+        clock.sleep,
         alive=lambda: len(ring) < 100,
-        quit_event=threading.Event(),
-        stop=lambda: stopped.__setitem__(0, True),
-        cont=lambda: stopped.__setitem__(0, False),
-        stopped=lambda: stopped[0],
-        lateness_us=deque(),
-        clock_us=clock,
-        mono_us=clock,
-        sleep_s=clock.sleep,
         edges=ring,
         read_threads=lambda with_wait: (0, 0 if with_wait else None),
     )

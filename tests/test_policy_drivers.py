@@ -19,7 +19,6 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -32,6 +31,7 @@ from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.abi import SlotRecord
 from gpushare_tui.core.registry.membership import Membership
 from gpushare_tui.core.registry.segment import Segment
+from testkit.pace_loop import flagged_loop
 from testkit.shm import remove, shm_file, unique_key
 
 PEER_PID0 = 3_999_700  # peers' pids (no such process: their users come from the history)
@@ -151,26 +151,6 @@ class World:
         remove(shm_file(self.key))
 
 
-def flagged_loop(me: Membership, clock: Clock, users: Users, **kw: Any) -> tuple[PaceLoop, list[bool]]:
-    """A pace loop for `me` on the test's clock whose engine is a flag: `stopped[0]`, set by its SIGSTOP."""
-    stopped = [False]
-    loop = PaceLoop(
-        me,
-        alive=lambda: True,
-        quit_event=threading.Event(),
-        stop=lambda: stopped.__setitem__(0, True),
-        cont=lambda: stopped.__setitem__(0, False),
-        stopped=lambda: stopped[0],
-        lateness_us=deque(),
-        clock_us=clock,
-        mono_us=clock,
-        sleep_s=clock.sleep,
-        users=users,  # type: ignore[arg-type]
-        **kw,
-    )
-    return loop, stopped
-
-
 def _recorded(p: policy.PacingPolicy, into: list[tuple[str, int | None]]) -> None:
     act = p.act
 
@@ -193,7 +173,9 @@ def test_the_pacer_and_the_pace_loop_decide_alike(history: tuple[float, int | No
     sw = World(unique_key(), clock_s, weight, users)
     try:
         pacer = Pacer(pw.me, clock_us=clock_p, mono_us=clock_p, sleep_s=clock_p.sleep, users=users)  # type: ignore[arg-type]
-        loop, stopped = flagged_loop(sw.me, clock_s, users, stop_lead_us=0)  # the Pacer's lead (GpuShare trims none)
+        loop, stopped = flagged_loop(
+            sw.me, clock_s, clock_s.sleep, users=users, stop_lead_us=0
+        )  # the Pacer's lead (GpuShare trims none)
         sw.me.set_demand(True)  # the proxy's: work in flight all along (the Pacer raises it at each step)
         by_pacer: list[tuple[str, int | None]] = []
         by_loop: list[tuple[str, int | None]] = []
@@ -255,7 +237,7 @@ def test_the_pace_loop_keeps_an_interactive_engines_priority_by_its_device_time(
         w.write_peer(1, Peer(1.0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, 0, None))
         w.me.set_interactive(True)
         w.me.set_demand(True)
-        loop, stopped = flagged_loop(w.me, clock, users)
+        loop, stopped = flagged_loop(w.me, clock, clock.sleep, users=users)
         bits = []
         for _ in range(100):  # 10 ms rounds, 1 s
             w.write_peer(1, w.present[1])
@@ -283,7 +265,7 @@ def test_an_engine_continued_idle_between_two_requests_is_not_busy() -> None:
     try:
         w.write_peer(1, Peer(1.0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, 0, None))
         w.me.set_interactive(True)
-        loop, stopped = flagged_loop(w.me, clock, users)
+        loop, stopped = flagged_loop(w.me, clock, clock.sleep, users=users)
         bits, ppms = [], []
         for k in range(140):  # 10 ms rounds: a request [0, 200) ms, idle, a request [1000, 1200) ms, idle
             t_ms = 10 * k
@@ -316,7 +298,7 @@ def test_an_exact_demand_keeps_the_priority_meter_current() -> None:
         w.write_peer(1, Peer(1.0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, 0, None))
         w.me.set_interactive(True)
         w.me.set_demand(True)
-        loop, stopped = flagged_loop(w.me, clock, users, demand_exact=True)
+        loop, stopped = flagged_loop(w.me, clock, clock.sleep, users=users, demand_exact=True)
         dropped_ms = None
         for k in range(60):  # 10 ms rounds
             w.write_peer(1, w.present[1])
