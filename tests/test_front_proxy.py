@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpushare_tui.core.engines.front_proxy import MAX_HEAD_BYTES, FrontProxy, ProxyError
+from gpushare_tui.core.engines.front_proxy import DEMAND_FALL_GRACE_S, MAX_HEAD_BYTES, FrontProxy, ProxyError
 from testkit.wait import wait_for
 
 
@@ -135,9 +135,11 @@ def proxy(upstream):
 
 def test_requests_pass_through_and_demand_follows_each_one(proxy) -> None:
     url = f"http://127.0.0.1:{proxy.port}"
-    with httpx.Client() as c:  # one keep-alive connection for all three
+    with httpx.Client() as c:  # one keep-alive connection for all three, each past DEMAND's fall grace
         assert c.get(url + "/len").text == "hello"
+        time.sleep(DEMAND_FALL_GRACE_S + 0.05)
         assert c.post(url + "/echo", content=b"x" * 100_000).content == b"x" * 100_000
+        time.sleep(DEMAND_FALL_GRACE_S + 0.05)
         assert c.get(url + "/len").text == "hello"
     wait_for(lambda: len(proxy.changes) == 6, 5, what="three rises and falls")
     assert proxy.changes == [True, False] * 3 and proxy.in_flight == 0 and proxy.requests_total == 3
@@ -182,6 +184,22 @@ def test_two_requests_in_flight_raise_demand_once(proxy, upstream) -> None:
     wait_for(lambda: proxy.changes == [True, False], 5, what="DEMAND to fall once, after both")  # just after the end
 
 
+def test_a_request_that_follows_the_last_within_the_grace_keeps_demand_up(proxy) -> None:
+    """Two requests pipelined on one connection: the second begins as the first ends, so DEMAND rises once and
+    falls once (not a fall and a rise between them: a line to the supervisor each, and a round of its pace loop);
+    it falls DEMAND_FALL_GRACE_S after the second, not before."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(b"GET /len HTTP/1.1\r\nHost: x\r\n\r\nGET /len HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = _read_all(s)
+    assert reply.count(b"HTTP/1.1 200 ") == 2 and reply.endswith(b"hello"), reply
+    ended = time.monotonic()
+    wait_for(lambda: proxy.changes == [True, False], 5, what=f"one rise and one fall, not {proxy.changes}")
+    fell_s = proxy.demand_changes[-1][0]
+    assert fell_s - proxy.timings[-1].end_s >= DEMAND_FALL_GRACE_S * 0.9 and fell_s >= ended - 1.0
+    time.sleep(DEMAND_FALL_GRACE_S + 0.05)
+    assert proxy.changes == [True, False]
+
+
 def test_a_response_delimited_by_close(proxy) -> None:
     assert httpx.get(f"http://127.0.0.1:{proxy.port}/eof").text == "until the end"
     wait_for(lambda: proxy.changes == [True, False], 5, what="demand to fall when the engine closes")
@@ -206,6 +224,7 @@ def test_bad_framing_closes_the_connection_and_leaves_no_demand(proxy) -> None:
         reply = _read_all(s)
         assert reply == b"" or reply.startswith(b"HTTP/1.1 400 "), reply[:80]
     wait_for(lambda: proxy.in_flight == 0, 5, what="the cut request to end")
+    time.sleep(DEMAND_FALL_GRACE_S + 0.05)
     assert proxy.changes in ([], [True, False])
     assert httpx.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"  # still serving
 
@@ -225,8 +244,11 @@ def test_a_request_on_a_connection_the_engine_closes_as_it_crosses_is_sent_again
     reached the proxy: it never read that request, which goes again on another connection (not a 502)."""
     url = f"http://127.0.0.1:{proxy.port}"
     assert httpx.get(url + "/closing").text == "closing"  # its engine connection is pooled for the next client
+    time.sleep(DEMAND_FALL_GRACE_S + 0.05)  # each request its own DEMAND rise and fall
     assert httpx.get(url + "/len").text == "hello"  # sent on it, unanswered: sent again
+    time.sleep(DEMAND_FALL_GRACE_S + 0.05)
     assert httpx.get(url + "/closing").text == "closing"
+    time.sleep(DEMAND_FALL_GRACE_S + 0.05)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:  # a body after the head
         s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nConnection: close\r\n\r\n")
         time.sleep(0.2)  # the head went alone; the engine closed on it; the body comes later
@@ -295,7 +317,7 @@ def test_a_real_llama_server_streams_through_the_proxy(tmp_path) -> None:
         with FrontProxy(("127.0.0.1", 0), ("127.0.0.1", port)) as p, httpx.Client(timeout=60) as c:
             via = c.post(f"http://127.0.0.1:{p.port}/completion", json=body).text
             direct = c.post(f"http://127.0.0.1:{port}/completion", json=body).text
-            wait_for(lambda: p.in_flight == 0, 5, what="the request to end")
+            wait_for(lambda: len(p.demand_changes) == 2, 5, what="the request to end and DEMAND to fall")
             changes = list(p.demand_changes)
             timing = p.timings[-1]
         assert via.count('"content"') == direct.count('"content"') == 17  # 16 tokens and the final event

@@ -240,7 +240,7 @@ def test_a_client_leaving_during_the_wait_ends_demand_and_the_engine_connection(
     wait_for(lambda: proxy.in_flight == 1, 5, what="the request in flight")
     s.close()
     wait_for(lambda: proxy.in_flight == 0 and proxy.connections == 0, 10, what="the request to end with its client")
-    assert proxy.changes == [True, False]
+    wait_for(lambda: proxy.changes == [True, False], 5, what="DEMAND to fall")
 
 
 # -- any byte stream: the same replies through the proxy as direct ----------------------------------------

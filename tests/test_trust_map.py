@@ -181,6 +181,9 @@ SURFACES = (
             "test_front_proxy.py::test_a_head_that_drips_gets_408_and_a_silent_connection_is_closed",
             "test_front_proxy.py::test_at_the_cap_the_oldest_idle_connection_makes_room",
             "test_front_proxy.py::test_an_engines_malformed_chunked_body_ends_the_clients_connection",
+            "test_c_relay.py::test_a_client_gets_the_same_bytes_through_the_c_relay_as_through_the_loop",
+            "test_c_relay.py::test_a_client_that_stops_reading_holds_a_bounded_part_of_the_proxys_memory",
+            "test_c_relay.py::test_a_client_that_leaves_mid_stream_ends_the_engines_connection",
         ),
     ),
     Surface(

@@ -30,8 +30,12 @@ non-streamed completion then).
 The response's body is relayed as the engine's reads come, on the event loop's callback (`_Relay.feed`: no task
 wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client (every stream) passes unchanged, its
 chunk-size lines scanned (never re-encoded) to find its end (a read that is one whole chunk, a token's usual
-read, is checked and written in one step: the per-token Python is most of what the proxy costs a stream); the
-last chunk and trailers (hop-by-hop ones dropped) are written at its end. Other bodies go to the client a read
+read, is checked and written in one step); the last chunk and trailers (hop-by-hop ones dropped) are written
+at its end. Once a stream's first token has been relayed so (and timed), the stream goes to the C relay
+(core/engines/_relay.c: a thread with its own epoll, no interpreter lock) at a chunk boundary: the per-token
+Python was most of what the proxy cost a stream (~35 µs of CPU a token at one stream, nginx's whole cost ~14);
+it comes back at its last chunk, at anything that relay does not check itself, or at the engine's EOF, and
+this scan goes on where it stopped. Other bodies go to the client a read
 at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked to HTTP/1.1 when the
 engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection: close`). The loop is
 uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already
@@ -39,9 +43,10 @@ are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
-no work. `on_demand(True)` is called when the first request in flight arrives, `on_demand(False)` when the
-last one ends, on the proxy's thread. Per-request timings (head received, first response byte, response
-end; monotonic seconds) are kept for the benchmark and an exporter (`timings`).
+no work. `on_demand(True)` is called when the first request in flight arrives, `on_demand(False)`
+DEMAND_FALL_GRACE_S after the last one ended if none came meanwhile, on the proxy's thread. Per-request
+timings (head received, first response byte, response end; monotonic seconds) are kept for the benchmark
+and an exporter (`timings`).
 
 With `seed_view` (the engine's GPU entry, spec §5), the proxy answers `GET /gpu/peers` itself and adds
 `"opencoti": {"gpu_share": {enabled, gpu_key, self, peers, ...}}` to a JSON-object reply of `GET /props`,
@@ -62,6 +67,7 @@ import asyncio
 import ctypes
 import errno
 import json
+import os
 import re
 import resource
 import socket
@@ -86,13 +92,20 @@ from ..host.budgets import (
     PROXY_MAX_HEAD_BYTES,
     PROXY_PIPELINE_BUFFER_BYTES,
     PROXY_PROPS_MAX_BYTES,
+    PROXY_RELAY_OUT_MAX_BYTES,
+    PROXY_RELAY_TIMES_FLUSH_S,
     PROXY_RESEND_MAX_BYTES,
     PROXY_SEED_VIEW_MAX_AGE_S,
     PROXY_UPSTREAM_CONNECT_S,
 )
 from ..host.errors import GpushareError
 from ..host.listen_fds import ListenFdError, bind_listening
-from ..observe.latency import LatencyRecorder, Request, is_stream_content_type
+from ..observe.latency import NOT_TOKENS, LatencyRecorder, Request, is_stream_content_type
+
+try:  # the per-token relay in C (setup.py builds it where a compiler is; else streams are relayed on the loop)
+    from . import _relay
+except ImportError:  # pragma: no cover - a build without it
+    _relay = None  # type: ignore[assignment]
 
 MAX_HEAD_BYTES = PROXY_MAX_HEAD_BYTES
 TIMINGS_KEPT = 4096
@@ -105,6 +118,15 @@ UPSTREAM_REUSE_IDLE_S = 2.0
 # Engine connections kept for the next client when theirs leaves (as nginx's `keepalive`): a client that opens
 # a connection per request costs no new engine connection. Their fds come out of PROXY_FD_HEADROOM.
 UPSTREAM_POOL_MAX = 16
+# A stream goes to the C relay after this many reads relayed on the loop since its first token: handing it over
+# and back costs ~2 reads' worth of the loop's time, so a reply of a few tokens stays here.
+RELAY_OFFLOAD_AFTER_READS = 1
+# DEMAND falls this long after the last request in flight ended, if no other came meanwhile. A client that sends
+# its next request as the last reply ends (a stream after a stream, a new connection each) would otherwise make
+# DEMAND fall and rise again within a millisecond, each change a line to the supervisor and a round of its pace
+# loop (~0.4 ms of its CPU a request at one stream). The engine keeps its window that much longer when it goes
+# idle, far below a schedule's period (tens of ms) and the pace loop's own accounting step (its rounds).
+DEMAND_FALL_GRACE_S = 0.002
 THREAD_NAME = b"gpushare-proxy"  # the loop thread's name (top -H, /proc/PID/task/TID/comm): PR_SET_NAME
 PEERS_PATH = "/gpu/peers"
 PROPS_PATH = "/props"
@@ -323,11 +345,14 @@ class _Conn(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self._read_paused = False
         self.write_paused = False
+        self.fd = -1
 
     # -- the protocol (the loop's callbacks) ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else -1
 
     def data_received(self, data: bytes) -> None:
         sink = self.sink
@@ -691,11 +716,14 @@ class _Relay:
     chunk and trailers (`trailers`: written at the end, `_Client.end`); else each piece of the payload is framed
     for the client (`_Client.body`) after `head`, or goes into `held` (a /props reply; `release` sends it as it
     came). `done` resolves at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after
-    the body."""
+    the body. `offload`: where set (with `up`, the engine's connection), a stream relayed raw goes to the C relay
+    (FrontProxy._offload) at a chunk boundary once RELAY_OFFLOAD_AFTER_READS reads after its first token were
+    relayed here; it comes back (`taken_back`) at its last chunk, at anything the C relay leaves to this scan, or
+    at the engine's EOF; `unload` takes it back at once."""
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
                  "raw", "held", "held_bytes", "trailers", "done", "extra", "ended",
-                 "rec", "rec_req", "clock", "quick")  # fmt: skip
+                 "rec", "rec_req", "clock", "quick", "up", "offload", "reads", "owner", "token")  # fmt: skip
 
     def __init__(
         self, cl: _Client, head: ResponseHead, framing: str, length: int, raw: bool, held: list[bytes] | None
@@ -721,6 +749,11 @@ class _Relay:
         self.clock: Callable[[], float] = time.monotonic
         # a chunked stream relayed raw, at a chunk boundary: the next read is tried as one whole chunk (`feed`)
         self.quick = raw and framing == "chunked"
+        self.up: _Conn | None = None
+        self.offload: Callable[[_Relay], bool] | None = None
+        self.reads = 0  # reads relayed by `feed`'s quick path since the first token (offload counts them)
+        self.owner: FrontProxy | None = None  # while the C relay has the stream: its proxy, and the stream's token
+        self.token: int | None = None
 
     def feed(self, data: bytes) -> None:
         if self.quick:  # a stream's usual read, one token's chunk `SIZE CRLF DATA CRLF`, in as few steps as it takes
@@ -734,6 +767,10 @@ class _Relay:
                         if r is not None:  # one clock read per read relayed: the per-token cost
                             self.rec.chunk(r, self.clock(), data, nl + 2)  # type: ignore[union-attr]
                         t.write(data)
+                        if self.offload is not None and (r is None or r.last_s is not None):
+                            self.reads += 1
+                            if self.reads >= RELAY_OFFLOAD_AFTER_READS:
+                                self.offload(self)
                     except Exception as e:  # as in `_feed`: the exchange ends with it, never the loop's callback
                         self.fail(e)
                     return
@@ -780,7 +817,51 @@ class _Relay:
         assert self.rec is not None and self.rec_req is not None
         self.rec.chunk(self.rec_req, self.clock(), data, at)
 
+    def unload(self) -> None:
+        """The C relay lets go of the stream now, if it has it: once this returns it touches neither socket."""
+        if self.token is not None and self.owner is not None:
+            self.owner._unload(self)
+
+    def taken_back(self, report: _relay.Report) -> None:
+        """A report of the C relay on this stream (`Relayer.collect`, `cancel`): the arrival times of its tokens;
+        where it ended there, the scan goes on here from where it stopped, with what it left unrelayed (or the
+        exchange fails: the client left)."""
+        _token, reason, _errno, state, left, out, rest, times, _dropped, _relayed = report
+        rec, r = self.rec, self.rec_req
+        if rec is not None and r is not None and r.last_s is not None:
+            for t_s in times:
+                rec.token(r, t_s)
+        if reason == _relay.LIVE:
+            return
+        self.token = self.owner = None
+        self.offload = None  # what it left here (a form of framing it does not relay) stays here
+        if reason == _relay.CANCELLED:
+            return
+        if reason == _relay.CLIENT_GONE:
+            self.fail(ConnectionResetError("the client left"))
+            return
+        up_eof = reason in (_relay.EOF, _relay.READ_ERROR)
+        try:
+            up = self.up
+            if not up_eof and up is not None and up.transport is not None:
+                up.transport.resume_reading()  # before the write: a full client buffer pauses it again
+            if out:
+                self._out(out)
+        except Exception as e:
+            self.fail(e)
+            return
+        if state == _relay.IN_DATA:
+            self.left = left
+        elif state == _relay.IN_CRLF:
+            self.crlf = left
+        self.quick = self.raw and not (self.left or self.crlf)
+        if rest:
+            self.feed(rest)
+        if up_eof:
+            self.feed(b"")
+
     def fail(self, e: BaseException) -> None:
+        self.unload()
         if not self.ended:
             self.ended = True
             self.quick = False
@@ -910,7 +991,8 @@ class FrontProxy:
     thread at most once per PROXY_SEED_VIEW_MAX_AGE_S; None: /gpu/peers and /props go to the engine as is.
     `idle_keepalive_s`, `body_idle_s`, `max_connections`, `engine_wait_s`: the budgets (tests make them
     small). `on_error`: told one line the first time each kind of unexpected exception (a bug) ends a
-    connection or an accept."""
+    connection or an accept. `c_relay`: streams are relayed by the C relay (core/engines/_relay.c) where it was
+    built; False: every byte on the loop (tests compare the two)."""
 
     def __init__(
         self,
@@ -927,8 +1009,15 @@ class FrontProxy:
         sock: socket.socket | None = None,
         engine_ready: bool = True,
         engine_wait_s: float = PROXY_ENGINE_WAIT_S,
+        c_relay: bool = True,
     ) -> None:
         self.listen = listen
+        # the C relay times tokens by CLOCK_MONOTONIC: with another clock (tests) every stream stays on the loop
+        self.c_relay = c_relay and _relay is not None and clock_s is time.monotonic
+        self._relayer: Any = None  # _relay.Relayer, on the loop's thread while it serves
+        self._relay_fd = -1
+        self._relayed: dict[int, _Relay] = {}  # the streams the C relay has, by token
+        self.relayed_in_c_total = 0  # streams handed to it
         self._on_error = on_error
         self.errors_total = 0  # unexpected exceptions (a bug): each connection's ends it alone, never the proxy
         self._errors_said: set[str] = set()
@@ -941,6 +1030,7 @@ class FrontProxy:
         self.engine_wait_s = engine_wait_s
         self.max_connections = connection_cap(max_connections)
         self.in_flight = 0
+        self._demand_fall: asyncio.TimerHandle | None = None  # DEMAND's fall, told after DEMAND_FALL_GRACE_S
         self.requests_total = 0
         self.evicted_total = 0  # connections closed at the cap to make room for a newcomer
         self.timings: deque[RequestTiming] = deque(maxlen=TIMINGS_KEPT)
@@ -1032,17 +1122,101 @@ class FrontProxy:
         self._engine_ready = asyncio.Event()
         if self._engine_ready_at_start:
             self._engine_ready.set()
+        if self.c_relay:
+            self._start_relayer()
         accept = asyncio.create_task(self._accept_loop())
         ready.set()
-        await self._stopped.wait()
-        self._closing = True
-        accept.cancel()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for up in self._pool:
-            up.close()
+        try:
+            await self._stopped.wait()
+        finally:
+            self._closing = True
+            accept.cancel()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for up in self._pool:
+                up.close()
+            self._stop_relayer()
+            if self._demand_fall is not None:  # told now: nothing is in flight any more
+                self._demand_fall.cancel()
+                self._demand_fell()
+
+    def _start_relayer(self) -> None:
+        """The C relay's thread, and the eventfd on which it says it has reports (an error: streams stay here)."""
+        try:
+            fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except OSError:
+            return
+        try:
+            self._relayer = _relay.Relayer(fd, NOT_TOKENS, PROXY_RELAY_OUT_MAX_BYTES, PROXY_RELAY_TIMES_FLUSH_S)
+        except (OSError, RuntimeError, ValueError):
+            os.close(fd)
+            return
+        self._relay_fd = fd
+        asyncio.get_running_loop().add_reader(fd, self._relay_reports)
+
+    def _stop_relayer(self) -> None:
+        relayer, fd = self._relayer, self._relay_fd
+        self._relayer, self._relay_fd = None, -1
+        for relay in list(self._relayed.values()):
+            relay.unload()
+        if relayer is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            relayer.close()
+            os.close(fd)
+
+    def _offload(self, relay: _Relay) -> bool:
+        """Hand a stream at a chunk boundary to the C relay: False when it stays on the loop (the client has not
+        taken all that was written to it: tried again at the next read)."""
+        relayer, up, t = self._relayer, relay.up, relay.transport
+        if relayer is None or up is None or up.transport is None or t is None or up.fd < 0 or relay.cl.conn.fd < 0:
+            relay.offload = None
+            return False
+        if t.get_write_buffer_size():
+            return False
+        r = relay.rec_req
+        up.transport.pause_reading()
+        try:
+            token = relayer.start(up.fd, relay.cl.conn.fd, r is not None and r.streamed)
+        except (OSError, RuntimeError):  # out of fds or memory: this stream stays here
+            up.transport.resume_reading()
+            relay.offload = None
+            return False
+        relay.token, relay.owner, relay.quick = token, self, False
+        self._relayed[token] = relay
+        self.relayed_in_c_total += 1
+        return True
+
+    def _unload(self, relay: _Relay) -> None:
+        token = relay.token
+        assert token is not None
+        self._relayed.pop(token, None)
+        report = self._relayer.cancel(token) if self._relayer is not None else None
+        if report is not None:
+            relay.taken_back(report)
+        else:
+            relay.token = relay.owner = None
+
+    def _relay_reports(self) -> None:
+        """The eventfd: the C relay has reports (streams that ended there, token times)."""
+        try:
+            os.eventfd_read(self._relay_fd)
+        except BlockingIOError:
+            pass
+        if self._relayer is None:
+            return
+        for report in self._relayer.collect():
+            relay = self._relayed.get(report[0])
+            if relay is None:
+                continue
+            if report[1] != _relay.LIVE:
+                del self._relayed[report[0]]
+            try:
+                relay.taken_back(report)
+            except Exception as e:  # a bug: that exchange ends with it, the relay goes on
+                self._unexpected("relay", e)
+                relay.fail(e)
 
     async def _accept_loop(self) -> None:
         """Accept while below the cap; at it, make room by closing the oldest connection with no request in
@@ -1099,14 +1273,29 @@ class FrontProxy:
 
     def _demand(self, delta: int) -> None:
         before, self.in_flight = self.in_flight, self.in_flight + delta
-        if (before == 0) != (self.in_flight == 0):
-            now = self._clock()
-            self.demand_changes.append((now, self.in_flight > 0))
-            if self._on_demand is not None:
-                try:
-                    self._on_demand(self.in_flight > 0)
-                except Exception:  # a callback's failure must not take the proxy down
-                    pass
+        if before == 0 and self.in_flight > 0:
+            fall, self._demand_fall = self._demand_fall, None
+            if fall is not None:  # the last one ended within the grace: DEMAND never fell
+                fall.cancel()
+            else:
+                self._tell_demand(True)
+        elif before > 0 and self.in_flight == 0:
+            if self._closing or self._loop is None:
+                self._tell_demand(False)
+            else:
+                self._demand_fall = self._loop.call_later(DEMAND_FALL_GRACE_S, self._demand_fell)
+
+    def _demand_fell(self) -> None:
+        self._demand_fall = None
+        self._tell_demand(False)
+
+    def _tell_demand(self, demand: bool) -> None:
+        self.demand_changes.append((self._clock(), demand))
+        if self._on_demand is not None:
+            try:
+                self._on_demand(demand)
+            except Exception:  # a callback's failure must not take the proxy down
+                pass
 
     async def _client(self, conn: socket.socket) -> None:
         try:
@@ -1463,6 +1652,8 @@ class FrontProxy:
             ctype = next((v for n, v in ev.lowered if n == b"content-type"), b"")
             self.latency.head(ex.rec, self._clock(), ev.status_code, is_stream_content_type(ctype))
             relay.rec, relay.rec_req, relay.clock = self.latency, ex.rec, self._clock
+        if relay.quick and self._relayer is not None:
+            relay.up, relay.offload = up.conn, self._offload
         if held is None:
             cl.conn.write(cl.response_head(ev.status_code, ev.reason, hop_filtered(ev.headers)))
         rest = buf
@@ -1478,6 +1669,7 @@ class FrontProxy:
         try:
             await relay.done
         finally:
+            relay.unload()
             up.conn.sink, cl.conn.feeder = None, None
             paused = cl.conn.write_paused  # the engine's reads were paused for it: not resumed, not reused
         up.clean = keep_alive and not relay.extra and framing != "close" and not paused

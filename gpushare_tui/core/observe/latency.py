@@ -77,7 +77,8 @@ _INV_LOG_GAMMA = 1.0 / math.log(SKETCH_GAMMA)
 _INV_MIN = 1.0 / SKETCH_MIN_S
 _LAST = LATENCY_SKETCH_BUCKETS - 1
 _ZEROS = bytes(4 * LATENCY_SKETCH_BUCKETS)
-_NOT_TOKENS = (b":", b"data: [DONE]")  # an SSE comment (a ping), the end of an OpenAI stream
+# a stream's event that begins so is no token: an SSE comment (a ping), the end of an OpenAI stream
+NOT_TOKENS = (b":", b"data: [DONE]")
 _log = math.log
 
 
@@ -263,19 +264,9 @@ class LatencyRecorder:
         read as relayed: after its chunk-size line)."""
         last = r.last_s
         if last is not None:
-            if not r.streamed or data.startswith(_NOT_TOKENS, at):
+            if not r.streamed or data.startswith(NOT_TOKENS, at):
                 return  # a reply's rest, an SSE comment (a ping) or the stream's end: no token
-            r.last_s = t_s
-            gap = t_s - last
-            self.itl_counts[bisect_left(ITL_BUCKETS_S, gap)] += 1
-            self.itl_sum_s += gap
-            if t_s >= self._sec_end:
-                self._slot(t_s)
-            if gap > SKETCH_MIN_S:  # sketch_index, inlined: this is the one event per token
-                i = int(_log(gap * _INV_MIN) * _INV_LOG_GAMMA) + 1
-                self._itl_sketch[i if i < _LAST else _LAST] += 1
-            else:
-                self._itl_sketch[0] += 1
+            self.token(r, t_s)
             return
         if not r.ok or not data:
             return
@@ -288,6 +279,23 @@ class LatencyRecorder:
         self.ttft_counts[bisect_left(TTFT_BUCKETS_S, ttft)] += 1
         self.ttft_sum_s += ttft
         self._slot(t_s).sketches[0][sketch_index(ttft)] += 1
+
+    def token(self, r: Request, t_s: float) -> None:
+        """A token of a stream whose first has come (`chunk` said so) arrived at `t_s` (a relay that looked at
+        the read itself, as `chunk` does, calls this directly)."""
+        last = r.last_s
+        assert last is not None
+        r.last_s = t_s
+        gap = t_s - last
+        self.itl_counts[bisect_left(ITL_BUCKETS_S, gap)] += 1
+        self.itl_sum_s += gap
+        if t_s >= self._sec_end:
+            self._slot(t_s)
+        if gap > SKETCH_MIN_S:  # sketch_index, inlined: this is the one event per token
+            i = int(_log(gap * _INV_MIN) * _INV_LOG_GAMMA) + 1
+            self._itl_sketch[i if i < _LAST else _LAST] += 1
+        else:
+            self._itl_sketch[0] += 1
 
     def end(self, r: Request, t_s: float) -> None:
         """Its response ended (or either side closed): called once per `begin`, whatever happened."""

@@ -1,0 +1,766 @@
+/* The front proxy's per-token relay, off the interpreter.
+
+   A streamed reply (a chunked body relayed raw to an HTTP/1.1 client) costs the proxy one read and one write
+   per token. On the event loop each of them is a wake-up of Python (~20-35 µs of CPU with the caches cold,
+   measured against nginx's ~14 µs for the whole token). A Relayer is one thread of plain C with its own epoll:
+   the loop hands it a stream at a chunk boundary (dups of both sockets) and it relays the engine's reads to the
+   client, checking the chunked framing as it goes, until the stream's last chunk or anything it does not know,
+   then hands the stream back (what it has not relayed, and where in the framing it stopped) and says so on an
+   eventfd the loop watches. It never takes the interpreter's lock while it relays.
+
+   What it relays, byte for byte as it came: whole chunk-size lines of lowercase hex digits without a leading
+   zero (`SIZE CRLF`, what llama-server and every common server writes), the chunk's data, its CRLF. It stops
+   before: a size line of any other form (upper case, zeros, an extension, over 15 digits), the last chunk
+   (size 0: the trailers are the loop's), a missing CRLF after a chunk's data; at the engine's EOF or a read
+   error; when the client's socket fails a write; when the loop cancels it. Its memory per stream is bounded:
+   a size line begun (at most 16 bytes), what the client has not taken (reading the engine pauses above
+   `out_max` bytes), and the read times not yet collected (at most TIMES_MAX; the rest are counted as dropped).
+
+   Read times: where the stream is timed, each read whose event (after a size line that begins the read) does
+   not begin with one of the `not_tokens` prefixes is a token's arrival (CLOCK_MONOTONIC, time.monotonic's
+   clock); the loop collects them (`collect`), told on the eventfd when a stream has kept any for `flush_s`. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define READ_BYTES 65536
+#define CARRY_MAX 16 /* a size line's part that ends a read: at most 15 hex digits and its CR */
+#define TIMES_MAX 65536
+#define TIMES_NOTIFY 256 /* a stream holding this many read times is collected without waiting flush_s */
+#define EVENTS_MAX 64
+#define PREFIX_MAX 8
+
+enum { S_SIZE = 0, S_DATA = 1, S_CRLF = 2 };
+enum { R_LIVE = 0, R_LAST = 1, R_ODD = 2, R_EOF = 3, R_READ_ERROR = 4, R_CLIENT_GONE = 5, R_CANCELLED = 6 };
+
+typedef struct {
+    int used;
+    uint32_t gen;
+    int up_fd, client_fd; /* our dups, closed when the stream ends here */
+    int timed;
+    int reason;    /* R_LIVE while relaying */
+    int err;       /* errno of a read or write that failed */
+    int state;     /* S_SIZE, S_DATA, S_CRLF */
+    uint64_t left; /* S_DATA: bytes of the chunk's data to come; S_CRLF: bytes of its CRLF to come (1 or 2) */
+    /* S_SIZE: the size line so far (digits, their value, whether its CR came); `carry`: its bytes that came in
+       an earlier read (not yet relayed: a line is relayed whole) */
+    int digits, cr;
+    uint64_t size;
+    char carry[CARRY_MAX];
+    int carry_len;
+    char *rest;    /* what was read and not relayed, for the loop (at the stream's end) */
+    Py_ssize_t rest_len;
+    char *out;     /* what the client has not taken */
+    size_t out_len, out_cap;
+    int want_out;  /* client_fd is in the epoll set for EPOLLOUT */
+    int paused;    /* up_fd is out of the epoll set: out over out_max */
+    double *times;
+    Py_ssize_t n_times, dropped;
+    double pending_since; /* the oldest uncollected read time, 0 when none */
+    unsigned long long relayed; /* bytes written to the client */
+} Stream;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_t thread;
+    int thread_started, mu_ready;
+    int ep, notify_fd, quit_fd;
+    int notified; /* the eventfd was written since the last collect */
+    int closing;
+    size_t out_max;
+    double flush_s;
+    char *in;     /* READ_BYTES: the read being relayed (the thread's) */
+    Stream *streams;
+    int n_streams;
+    uint32_t next_gen;
+    char prefixes[PREFIX_MAX][32];
+    int prefix_len[PREFIX_MAX];
+    int n_prefixes;
+} Relayer;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* a stream's token for the loop, and its epoll data: index (16 bits), generation (31 bits); bit 63: the
+   client's socket */
+#define GEN_MASK 0x7fffffffu
+static long long token_of(int index, uint32_t gen) { return ((long long)gen << 16) | index; }
+static uint64_t ev_data(int index, uint32_t gen, int client) {
+    return (uint64_t)token_of(index, gen) | ((uint64_t)client << 63);
+}
+
+static void stream_release_fds(Relayer *self, Stream *s) {
+    if (s->up_fd >= 0) {
+        epoll_ctl(self->ep, EPOLL_CTL_DEL, s->up_fd, NULL);
+        close(s->up_fd);
+        s->up_fd = -1;
+    }
+    if (s->client_fd >= 0) {
+        epoll_ctl(self->ep, EPOLL_CTL_DEL, s->client_fd, NULL);
+        close(s->client_fd);
+        s->client_fd = -1;
+    }
+}
+
+static void stream_free(Stream *s) {
+    free(s->rest);
+    free(s->out);
+    free(s->times);
+    memset(s, 0, sizeof(*s));
+    s->up_fd = s->client_fd = -1;
+}
+
+/* The stream ends here: its sockets are ours no more; the loop collects it. `keep`: bytes of the read not
+   relayed, after any size line begun in an earlier read (`carry`). */
+static void stream_end(Relayer *self, Stream *s, int reason, int err, const char *keep, size_t keep_len) {
+    stream_release_fds(self, s);
+    s->reason = reason;
+    s->err = err;
+    if (reason == R_CLIENT_GONE || reason == R_CANCELLED) {
+        s->out_len = 0;
+        return;
+    }
+    size_t n = (size_t)s->carry_len + keep_len;
+    if (n) {
+        s->rest = malloc(n);
+        if (s->rest == NULL) { /* the exchange fails rather than relay a body with a hole */
+            s->reason = R_CLIENT_GONE;
+            s->err = ENOMEM;
+            s->out_len = 0;
+            return;
+        }
+        memcpy(s->rest, s->carry, (size_t)s->carry_len);
+        if (keep_len)
+            memcpy(s->rest + s->carry_len, keep, keep_len);
+        s->rest_len = (Py_ssize_t)n;
+    }
+    s->carry_len = s->digits = s->cr = 0;
+    s->size = 0;
+}
+
+/* Write to the client, or keep what it does not take now; -1 when it is gone (the stream ended). */
+static int client_write(Relayer *self, Stream *s, const char *p, size_t n) {
+    if (!n || s->reason != R_LIVE)
+        return s->reason == R_LIVE ? 0 : -1;
+    if (!s->out_len) {
+        ssize_t w = send(s->client_fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                stream_end(self, s, R_CLIENT_GONE, errno, NULL, 0);
+                return -1;
+            }
+            w = 0;
+        }
+        p += w;
+        n -= (size_t)w;
+        s->relayed += (unsigned long long)w;
+        if (!n)
+            return 0;
+    }
+    if (s->out_len + n > s->out_cap) {
+        size_t cap = s->out_cap ? s->out_cap : 4096;
+        while (cap < s->out_len + n)
+            cap *= 2;
+        char *grown = realloc(s->out, cap);
+        if (grown == NULL) {
+            stream_end(self, s, R_CLIENT_GONE, ENOMEM, NULL, 0);
+            return -1;
+        }
+        s->out = grown;
+        s->out_cap = cap;
+    }
+    memcpy(s->out + s->out_len, p, n);
+    s->out_len += n;
+    return 0;
+}
+
+/* The client's socket in the epoll set for EPOLLOUT while output waits; the engine's for EPOLLIN while the
+   output waiting is at most out_max. */
+static void watch(Relayer *self, Stream *s, int index) {
+    int want_out = s->out_len > 0;
+    if (want_out != s->want_out) {
+        struct epoll_event ev = {.events = EPOLLOUT, .data.u64 = ev_data(index, s->gen, 1)};
+        epoll_ctl(self->ep, want_out ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, s->client_fd, &ev);
+        s->want_out = want_out;
+    }
+    int pause = s->out_len > self->out_max;
+    if (pause != s->paused) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(index, s->gen, 0)};
+        epoll_ctl(self->ep, pause ? EPOLL_CTL_DEL : EPOLL_CTL_ADD, s->up_fd, &ev);
+        s->paused = pause;
+    }
+}
+
+static void note_time(Relayer *self, Stream *s, const char *p, size_t n, size_t at) {
+    if (at > n)
+        return; /* no event */
+    for (int k = 0; k < self->n_prefixes; k++) {
+        size_t len = (size_t)self->prefix_len[k];
+        if (n >= at + len && memcmp(p + at, self->prefixes[k], len) == 0)
+            return; /* a ping, the stream's end: no token */
+    }
+    if (s->n_times >= TIMES_MAX) {
+        s->dropped++;
+        return;
+    }
+    double t = now_s();
+    s->times[s->n_times++] = t;
+    if (s->pending_since == 0)
+        s->pending_since = t;
+}
+
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Relay one read `p[0:n]`: the bytes the framing allows go to the client as a run; a size line is relayed once
+   whole (a part of it that ends a read waits in `carry`); anything else ends the stream here. */
+static void relay_bytes(Relayer *self, Stream *s, const char *p, size_t n) {
+    size_t i = 0, run = 0;   /* p[run:i]: checked, not yet written */
+    size_t line_start = 0;   /* S_SIZE: where the line began in p (0 when it began in an earlier read) */
+    while (i < n) {
+        if (s->state == S_DATA) {
+            size_t take = n - i < s->left ? n - i : (size_t)s->left;
+            i += take;
+            s->left -= take;
+            if (!s->left) {
+                s->state = S_CRLF;
+                s->left = 2;
+            }
+            continue;
+        }
+        if (s->state == S_CRLF) {
+            if (p[i] != (s->left == 2 ? '\r' : '\n')) {
+                if (client_write(self, s, p + run, i - run) == 0)
+                    stream_end(self, s, R_ODD, 0, p + i, n - i);
+                return;
+            }
+            i++;
+            if (!--s->left) {
+                s->state = S_SIZE;
+                line_start = i;
+            }
+            continue;
+        }
+        /* S_SIZE */
+        if (s->digits == 0 && !s->cr && s->carry_len == 0)
+            line_start = i;
+        char c = p[i];
+        int v = hex_value(c);
+        int stop = 0; /* R_LAST or R_ODD: the line is not ours */
+        if (s->cr) {
+            if (c != '\n')
+                stop = R_ODD;
+            else {
+                i++;
+                if (s->carry_len) { /* the line's start, from the read before, goes first */
+                    if (client_write(self, s, s->carry, (size_t)s->carry_len) < 0)
+                        return;
+                    s->carry_len = 0;
+                }
+                s->state = S_DATA;
+                s->left = s->size;
+                s->digits = s->cr = 0;
+                s->size = 0;
+                continue;
+            }
+        } else if (c == '\r') {
+            if (!s->digits)
+                stop = R_ODD;
+            s->cr = 1;
+        }
+        else if (v < 0 || s->digits >= 15)
+            stop = R_ODD;
+        else if (s->digits == 0 && v == 0)
+            stop = R_LAST; /* the last chunk (or a size with zeros): its trailers are the loop's */
+        else {
+            s->size = s->size * 16 + (uint64_t)v;
+            s->digits++;
+        }
+        if (stop) {
+            if (client_write(self, s, p + run, line_start - run) == 0)
+                stream_end(self, s, stop, 0, p + line_start, n - line_start);
+            return;
+        }
+        i++;
+    }
+    if (s->state == S_SIZE && (s->digits || s->cr)) { /* a size line goes on in the next read */
+        if (client_write(self, s, p + run, line_start - run) < 0)
+            return;
+        size_t part = n - line_start;
+        memcpy(s->carry + s->carry_len, p + line_start, part); /* digits <= 15, then CR: fits CARRY_MAX */
+        s->carry_len += (int)part;
+        return;
+    }
+    client_write(self, s, p + run, n - run);
+}
+
+static void relay_read(Relayer *self, Stream *s, int index) {
+    ssize_t n = recv(s->up_fd, self->in, READ_BYTES, MSG_DONTWAIT);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            stream_end(self, s, R_READ_ERROR, errno, NULL, 0);
+        return;
+    }
+    if (n == 0) {
+        stream_end(self, s, R_EOF, 0, NULL, 0);
+        return;
+    }
+    if (s->timed) {
+        size_t at = 0;
+        if (s->state == S_SIZE && !s->digits && !s->cr && !s->carry_len) {
+            /* a read that begins a chunk: its event after the size line (as the loop's recorder looks); the last
+               chunk is no token */
+            if (n >= 3 && memcmp(self->in, "0\r\n", 3) == 0)
+                at = (size_t)n + 1;
+            for (size_t k = 1; at == 0 && k + 1 < (size_t)n && k <= 20; k++)
+                if (self->in[k] == '\r' && self->in[k + 1] == '\n') {
+                    at = k + 2;
+                    break;
+                }
+        }
+        note_time(self, s, self->in, (size_t)n, at);
+    }
+    relay_bytes(self, s, self->in, (size_t)n);
+    if (s->reason == R_LIVE)
+        watch(self, s, index);
+}
+
+static void relay_write(Relayer *self, Stream *s, int index) {
+    ssize_t w = send(s->client_fd, s->out, s->out_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            stream_end(self, s, R_CLIENT_GONE, errno, NULL, 0);
+        return;
+    }
+    memmove(s->out, s->out + w, s->out_len - (size_t)w);
+    s->out_len -= (size_t)w;
+    s->relayed += (unsigned long long)w;
+    watch(self, s, index);
+}
+
+static void *relay_thread(void *arg) {
+    Relayer *self = arg;
+    struct epoll_event evs[EVENTS_MAX];
+    int timeout_ms = -1;
+    prctl(PR_SET_NAME, "gpushare-relay"); /* top -H, /proc/PID/task/TID/comm */
+    for (;;) {
+        int n = epoll_wait(self->ep, evs, EVENTS_MAX, timeout_ms);
+        if (n < 0) {
+            if (errno != EINTR)
+                break;
+            n = 0;
+        }
+        pthread_mutex_lock(&self->mu);
+        if (self->closing) {
+            pthread_mutex_unlock(&self->mu);
+            break;
+        }
+        for (int k = 0; k < n; k++) {
+            uint64_t d = evs[k].data.u64;
+            if (d == UINT64_MAX)
+                continue; /* the quit eventfd */
+            int index = (int)(d & 0xffff);
+            uint32_t gen = (uint32_t)((d >> 16) & GEN_MASK);
+            if (index >= self->n_streams)
+                continue;
+            Stream *s = &self->streams[index];
+            if (!s->used || s->gen != gen || s->reason != R_LIVE)
+                continue; /* ended or cancelled since epoll_wait returned */
+            if (d >> 63) {
+                if ((evs[k].events & (EPOLLERR | EPOLLHUP)) && !(evs[k].events & EPOLLOUT))
+                    stream_end(self, s, R_CLIENT_GONE, EPIPE, NULL, 0);
+                else
+                    relay_write(self, s, index);
+            } else
+                relay_read(self, s, index);
+        }
+        /* the loop is told when a stream ended, or kept read times long enough (or many enough) */
+        double now = now_s(), soonest = 0;
+        int tell = 0;
+        for (int i = 0; i < self->n_streams; i++) {
+            Stream *s = &self->streams[i];
+            if (!s->used)
+                continue;
+            if (s->reason != R_LIVE || s->n_times >= TIMES_NOTIFY)
+                tell = 1;
+            else if (s->pending_since != 0) {
+                double due = s->pending_since + self->flush_s;
+                if (due <= now)
+                    tell = 1;
+                else if (soonest == 0 || due < soonest)
+                    soonest = due;
+            }
+        }
+        if (tell && !self->notified) {
+            uint64_t one = 1;
+            if (write(self->notify_fd, &one, sizeof one) == (ssize_t)sizeof one)
+                self->notified = 1;
+        }
+        timeout_ms = -1;
+        if (!self->notified && soonest != 0)
+            timeout_ms = (int)((soonest - now) * 1000) + 1;
+        pthread_mutex_unlock(&self->mu);
+    }
+    return NULL;
+}
+
+/* ---- the Python type ---------------------------------------------------------------------------------- */
+
+static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"notify_fd", "not_tokens", "out_max", "flush_s", NULL};
+    int notify_fd;
+    PyObject *not_tokens;
+    Py_ssize_t out_max;
+    double flush_s;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOnd", names, &notify_fd, &not_tokens, &out_max, &flush_s))
+        return -1;
+    if (self->thread_started || self->mu_ready) {
+        PyErr_SetString(PyExc_RuntimeError, "a Relayer is initialised once");
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(not_tokens, "not_tokens: a sequence of bytes");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(seq);
+    if (np > PREFIX_MAX) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "not_tokens: too many prefixes");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < np; k++) {
+        char *b;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(seq, k), &b, &len) < 0 || len > 31) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "not_tokens: a prefix over 31 bytes");
+            return -1;
+        }
+        memcpy(self->prefixes[k], b, (size_t)len);
+        self->prefix_len[k] = (int)len;
+    }
+    self->n_prefixes = (int)np;
+    Py_DECREF(seq);
+    self->notify_fd = notify_fd;
+    self->out_max = out_max > 0 ? (size_t)out_max : 1;
+    self->flush_s = flush_s;
+    self->in = malloc(READ_BYTES);
+    if (self->in == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (self->ep < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->quit_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (self->quit_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = UINT64_MAX};
+    epoll_ctl(self->ep, EPOLL_CTL_ADD, self->quit_fd, &ev);
+    pthread_mutex_init(&self->mu, NULL);
+    self->mu_ready = 1;
+    int err = pthread_create(&self->thread, NULL, relay_thread, self);
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->thread_started = 1;
+    return 0;
+}
+
+static PyObject *Relayer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    Relayer *self = (Relayer *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        self->ep = self->quit_fd = -1;
+    return (PyObject *)self;
+}
+
+static void relayer_stop(Relayer *self) {
+    if (self->thread_started) {
+        pthread_mutex_lock(&self->mu);
+        self->closing = 1;
+        pthread_mutex_unlock(&self->mu);
+        uint64_t one = 1;
+        if (write(self->quit_fd, &one, sizeof one) < 0) {
+            /* cannot fail on an eventfd below its maximum; the thread sees `closing` at its next wake anyway */
+        }
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(self->thread, NULL);
+        Py_END_ALLOW_THREADS
+        self->thread_started = 0;
+    }
+    for (int i = 0; i < self->n_streams; i++) {
+        Stream *s = &self->streams[i];
+        if (s->used) {
+            stream_release_fds(self, s);
+            stream_free(s);
+        }
+    }
+}
+
+static void Relayer_dealloc(Relayer *self) {
+    relayer_stop(self);
+    free(self->streams);
+    free(self->in);
+    if (self->ep >= 0)
+        close(self->ep);
+    if (self->quit_fd >= 0)
+        close(self->quit_fd);
+    if (self->mu_ready)
+        pthread_mutex_destroy(&self->mu);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Relayer_close(Relayer *self, PyObject *unused) {
+    relayer_stop(self);
+    Py_RETURN_NONE;
+}
+
+static int lock(Relayer *self) {
+    if (!self->thread_started) {
+        PyErr_SetString(PyExc_RuntimeError, "the relayer is closed");
+        return -1;
+    }
+    if (pthread_mutex_trylock(&self->mu) != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        Py_END_ALLOW_THREADS
+    }
+    return 0;
+}
+
+/* start(up_fd, client_fd, timed) -> token: relay from here, at a chunk boundary; both fds are dup'ed (ours
+   until the stream ends here, whatever the loop does with its own) */
+static PyObject *Relayer_start(Relayer *self, PyObject *args) {
+    int up_fd, client_fd, timed;
+    if (!PyArg_ParseTuple(args, "iip", &up_fd, &client_fd, &timed))
+        return NULL;
+    if (lock(self) < 0)
+        return NULL;
+    int index = -1;
+    for (int i = 0; i < self->n_streams; i++)
+        if (!self->streams[i].used) {
+            index = i;
+            break;
+        }
+    if (index < 0) {
+        if (self->n_streams >= 0xffff) {
+            pthread_mutex_unlock(&self->mu);
+            PyErr_SetString(PyExc_RuntimeError, "too many streams");
+            return NULL;
+        }
+        int n = self->n_streams ? self->n_streams * 2 : 16;
+        if (n > 0xffff)
+            n = 0xffff;
+        Stream *grown = realloc(self->streams, (size_t)n * sizeof(Stream));
+        if (grown == NULL) {
+            pthread_mutex_unlock(&self->mu);
+            return PyErr_NoMemory();
+        }
+        for (int i = self->n_streams; i < n; i++) {
+            memset(&grown[i], 0, sizeof(Stream));
+            grown[i].up_fd = grown[i].client_fd = -1;
+        }
+        index = self->n_streams;
+        self->streams = grown;
+        self->n_streams = n;
+    }
+    Stream *s = &self->streams[index];
+    s->times = timed ? malloc(TIMES_MAX * sizeof(double)) : NULL;
+    s->up_fd = fcntl(up_fd, F_DUPFD_CLOEXEC, 0);
+    s->client_fd = s->up_fd >= 0 ? fcntl(client_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if ((timed && s->times == NULL) || s->up_fd < 0 || s->client_fd < 0) {
+        int err = errno;
+        if (s->up_fd >= 0)
+            close(s->up_fd);
+        free(s->times);
+        memset(s, 0, sizeof(*s));
+        s->up_fd = s->client_fd = -1;
+        pthread_mutex_unlock(&self->mu);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    s->used = 1;
+    s->timed = timed;
+    s->gen = self->next_gen = (self->next_gen + 1) & GEN_MASK;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(index, s->gen, 0)};
+    if (epoll_ctl(self->ep, EPOLL_CTL_ADD, s->up_fd, &ev) < 0) {
+        int err = errno;
+        stream_release_fds(self, s);
+        stream_free(s);
+        pthread_mutex_unlock(&self->mu);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    long long token = token_of(index, s->gen);
+    pthread_mutex_unlock(&self->mu);
+    return PyLong_FromLongLong(token);
+}
+
+static Stream *find(Relayer *self, long long token) {
+    int index = (int)(token & 0xffff);
+    uint32_t gen = (uint32_t)((token >> 16) & GEN_MASK);
+    if (token < 0 || index >= self->n_streams)
+        return NULL;
+    Stream *s = &self->streams[index];
+    return s->used && s->gen == gen ? s : NULL;
+}
+
+/* the read times kept, as a tuple of floats (they are the loop's now) */
+static PyObject *take_times(Stream *s) {
+    PyObject *t = PyTuple_New(s->n_times);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < s->n_times; k++) {
+        PyObject *f = PyFloat_FromDouble(s->times[k]);
+        if (f == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, k, f);
+    }
+    s->n_times = 0;
+    s->pending_since = 0;
+    return t;
+}
+
+/* (token, reason, errno, state, left, out, rest, times, dropped, relayed): reason 0 while it relays (then
+   out and rest are empty) */
+static PyObject *report(long long token, Stream *s) {
+    PyObject *times = take_times(s);
+    if (times == NULL)
+        return NULL;
+    int ended = s->reason != R_LIVE;
+    PyObject *r = Py_BuildValue("(LiiiKy#y#NnK)", token, s->reason, s->err, s->state, (unsigned long long)s->left,
+                                ended && s->out ? s->out : "", (Py_ssize_t)(ended && s->out ? s->out_len : 0),
+                                ended && s->rest ? s->rest : "", (Py_ssize_t)(ended && s->rest ? s->rest_len : 0),
+                                times, s->dropped,
+                                s->relayed);
+    s->dropped = 0;
+    return r;
+}
+
+/* collect() -> [report]: every stream that ended here (then forgotten) or holds read times */
+static PyObject *Relayer_collect(Relayer *self, PyObject *unused) {
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    if (lock(self) < 0) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    self->notified = 0;
+    for (int i = 0; i < self->n_streams; i++) {
+        Stream *s = &self->streams[i];
+        if (!s->used || (s->reason == R_LIVE && !s->n_times && !s->dropped))
+            continue;
+        PyObject *r = report(token_of(i, s->gen), s);
+        if (r == NULL || PyList_Append(list, r) < 0) {
+            Py_XDECREF(r);
+            Py_DECREF(list);
+            pthread_mutex_unlock(&self->mu);
+            return NULL;
+        }
+        Py_DECREF(r);
+        if (s->reason != R_LIVE)
+            stream_free(s);
+    }
+    pthread_mutex_unlock(&self->mu);
+    return list;
+}
+
+/* cancel(token) -> report or None (not ours: ended and collected): the stream ends here now, whatever it was
+   doing; its sockets are never touched by the thread again once this returns */
+static PyObject *Relayer_cancel(Relayer *self, PyObject *arg) {
+    long long token = PyLong_AsLongLong(arg);
+    if (token == -1 && PyErr_Occurred())
+        return NULL;
+    if (lock(self) < 0)
+        return NULL;
+    Stream *s = find(self, token);
+    if (s == NULL) {
+        pthread_mutex_unlock(&self->mu);
+        Py_RETURN_NONE;
+    }
+    if (s->reason == R_LIVE)
+        stream_end(self, s, R_CANCELLED, 0, NULL, 0);
+    PyObject *r = report(token, s);
+    stream_free(s);
+    pthread_mutex_unlock(&self->mu);
+    return r;
+}
+
+static PyMethodDef Relayer_methods[] = {
+    {"start", (PyCFunction)Relayer_start, METH_VARARGS, "start(up_fd, client_fd, timed) -> token"},
+    {"collect", (PyCFunction)Relayer_collect, METH_NOARGS, "collect() -> [report]"},
+    {"cancel", (PyCFunction)Relayer_cancel, METH_O, "cancel(token) -> report | None"},
+    {"close", (PyCFunction)Relayer_close, METH_NOARGS, "close(): the thread ends; every stream is dropped"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RelayerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpushare_tui.core.engines._relay.Relayer",
+    .tp_basicsize = sizeof(Relayer),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A thread that relays chunked streams between sockets (see the module's source).",
+    .tp_new = Relayer_new,
+    .tp_init = (initproc)Relayer_init,
+    .tp_dealloc = (destructor)Relayer_dealloc,
+    .tp_methods = Relayer_methods,
+};
+
+static struct PyModuleDef relay_module = {PyModuleDef_HEAD_INIT, "_relay", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__relay(void) {
+    if (PyType_Ready(&RelayerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&relay_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RelayerType);
+    if (PyModule_AddObject(m, "Relayer", (PyObject *)&RelayerType) < 0) {
+        Py_DECREF(&RelayerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    static const struct {
+        const char *name;
+        int value;
+    } consts[] = {{"LIVE", R_LIVE},         {"LAST", R_LAST},
+                  {"ODD", R_ODD},           {"EOF", R_EOF},
+                  {"READ_ERROR", R_READ_ERROR}, {"CLIENT_GONE", R_CLIENT_GONE},
+                  {"CANCELLED", R_CANCELLED}, {"IN_SIZE", S_SIZE},
+                  {"IN_DATA", S_DATA},      {"IN_CRLF", S_CRLF}};
+    for (size_t k = 0; k < sizeof consts / sizeof consts[0]; k++)
+        if (PyModule_AddIntConstant(m, consts[k].name, consts[k].value) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    return m;
+}

@@ -1,0 +1,24 @@
+"""Types of the C relay (_relay.c, which says what it does)."""
+
+from collections.abc import Sequence
+
+LIVE: int
+LAST: int
+ODD: int
+EOF: int
+READ_ERROR: int
+CLIENT_GONE: int
+CANCELLED: int
+IN_SIZE: int
+IN_DATA: int
+IN_CRLF: int
+
+# (token, reason, errno, state, left, out, rest, times, dropped, relayed)
+Report = tuple[int, int, int, int, int, bytes, bytes, tuple[float, ...], int, int]
+
+class Relayer:
+    def __init__(self, notify_fd: int, not_tokens: Sequence[bytes], out_max: int, flush_s: float) -> None: ...
+    def start(self, up_fd: int, client_fd: int, timed: bool) -> int: ...
+    def collect(self) -> list[Report]: ...
+    def cancel(self, token: int) -> Report | None: ...
+    def close(self) -> None: ...

@@ -1,0 +1,429 @@
+"""The front proxy's C relay (core/engines/_relay.c): a streamed reply goes to it after its first token, and comes
+back to the loop at its last chunk, at framing it does not relay, or at an end. Its contract: what it relays plus
+what it gives back is what it read, byte for byte, however the engine's writes were cut; a client sees the same
+bytes through it as through the loop alone, whatever a hostile engine sends; a client that stops reading holds a
+bounded amount of the proxy's memory; a client that leaves ends the engine's connection; every socket it took
+is given back."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpushare_tui.core.engines import front_proxy as fp
+from gpushare_tui.core.host.budgets import PROXY_RELAY_OUT_MAX_BYTES
+from gpushare_tui.core.observe.latency import NOT_TOKENS
+from testkit.wait import wait_for
+
+
+def test_the_c_relay_is_built_from_its_source_where_a_compiler_is() -> None:
+    """setup.py builds it at install (optional: a box without a C compiler relays on the loop); an edit of the
+    source without a reinstall would test the old build."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: the proxy relays on the loop")
+    assert fp._relay is not None, "the C relay was not built: pip install -e ."
+    source = Path(fp.__file__).with_name("_relay.c")
+    assert Path(fp._relay.__file__).stat().st_mtime >= source.stat().st_mtime, "_relay.c changed: pip install -e ."
+
+
+_relay = pytest.importorskip("gpushare_tui.core.engines._relay", reason="the C relay is not built here")
+
+EVENT = b'data: {"content":" the"}\n\n'
+
+
+def _chunk(data: bytes, size: bytes | None = None) -> bytes:
+    return (size if size is not None else b"%x" % len(data)) + b"\r\n" + data + b"\r\n"
+
+
+# -- the Relayer alone, on socket pairs --------------------------------------------------------------------------
+
+
+class _Pairs:
+    """A Relayer relaying from `engine` (our end: we write) to `client` (our end: we read); `up` is the loop's
+    end of the engine's connection (the relayer has its own copy until the stream ends there)."""
+
+    def __init__(self, relayer: _relay.Relayer, efd: int, timed: bool = True) -> None:
+        self.relayer, self.efd = relayer, efd
+        self.engine, self.up = socket.socketpair()
+        to_client, self.client = socket.socketpair()
+        self.token = relayer.start(self.up.fileno(), to_client.fileno(), timed)
+        to_client.close()
+        self.times: list[float] = []
+
+    def report(self, timeout_s: float = 5.0) -> tuple | None:
+        """The stream's final report, once it ended in the relayer (None: still relaying at the timeout)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            select.select([self.efd], [], [], 0.05)
+            try:
+                os.eventfd_read(self.efd)
+            except BlockingIOError:
+                pass
+            for r in self.relayer.collect():
+                if r[0] == self.token:
+                    self.times += r[7]
+                    if r[1] != _relay.LIVE:
+                        return r
+        return None
+
+    def received(self) -> bytes:
+        return _drain(self.client)
+
+    def close(self) -> None:
+        for s in (self.engine, self.up, self.client):
+            s.close()
+
+
+def _drain(s: socket.socket) -> bytes:
+    """What `s` holds now (up to its EOF)."""
+    s.setblocking(False)
+    out = b""
+    while True:
+        try:
+            data = s.recv(1 << 20)
+        except BlockingIOError:
+            return out
+        if not data:
+            return out
+        out += data
+
+
+@pytest.fixture
+def relayer() -> Iterator[tuple[_relay.Relayer, int]]:
+    efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    r = _relay.Relayer(efd, NOT_TOKENS, PROXY_RELAY_OUT_MAX_BYTES, 0.05)
+    yield r, efd
+    r.close()
+    os.close(efd)
+
+
+def _stream(n_events: int = 6, tail: bytes = b"0\r\nx-t: 1\r\n\r\n") -> bytes:
+    return b"".join(_chunk(b'data: {"content":"%d"}\n\n' % i) for i in range(n_events)) + tail
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=12),
+    odd=st.sampled_from(
+        [
+            b"0\r\nx-t: 1\r\n\r\n",
+            b"A\r\n0123456789\r\n0\r\n\r\n",
+            b"5;e=1\r\nhello\r\n",
+            b"00a\r\n",
+            b"zz\r\n",
+            b"5\r\nhelloXX",
+            b"1234567890abcdef1\r\n",
+            b"\r\n",
+            b"5\n\r\nhello\r\n",
+        ]
+    ),  # fmt: skip
+)
+def test_what_it_relays_and_gives_back_is_what_it_read(relayer, cuts: list[int], odd: bytes) -> None:
+    """However the engine's writes are cut, the client gets a prefix of the stream, the report gives back what was
+    read and not relayed, and the loop reads the rest from the socket: together, the stream. The stop is at the
+    last chunk (LAST) or the first element it does not relay (ODD), never inside a size line."""
+    data = _stream(tail=odd)
+    pairs = _Pairs(*relayer)
+    try:
+        at = 0
+        for cut in sorted(set(c for c in cuts if c < len(data))) + [len(data)]:
+            pairs.engine.sendall(data[at:cut])
+            at = cut
+            time.sleep(0.001)
+        pairs.engine.shutdown(socket.SHUT_WR)
+        report = pairs.report()
+        assert report is not None, "the stream did not end in the relayer"
+        _tok, reason, _err, _state, _left, out, rest, *_ = report
+        got = pairs.received() + out
+        assert got + rest + _drain(pairs.up) == data, (got, rest)
+        assert reason in (_relay.LAST, _relay.ODD)
+        stop = len(_stream(tail=b""))  # where the odd or last element begins: all before it relayed, nothing after
+        assert got == data[: len(got)] and (reason == _relay.ODD and odd == b"5\r\nhelloXX" or len(got) == stop)
+        if odd.startswith(b"0\r\n"):
+            assert reason == _relay.LAST
+    finally:
+        pairs.close()
+
+
+def test_an_engine_eof_mid_chunk_gives_back_where_it_stopped(relayer) -> None:
+    pairs = _Pairs(*relayer)
+    try:
+        pairs.engine.sendall(_chunk(EVENT) + b"1a\r\ndata: {")
+        time.sleep(0.05)
+        pairs.engine.shutdown(socket.SHUT_WR)
+        report = pairs.report()
+        assert report is not None
+        _tok, reason, _err, state, left, out, rest, *_ = report
+        assert reason == _relay.EOF and state == _relay.IN_DATA and left == 0x1A - len(b"data: {")
+        assert pairs.received() + out == _chunk(EVENT) + b"1a\r\ndata: {" and rest == b""
+    finally:
+        pairs.close()
+
+
+def test_a_size_line_cut_at_the_eof_is_given_back_whole(relayer) -> None:
+    pairs = _Pairs(*relayer)
+    try:
+        pairs.engine.sendall(_chunk(EVENT) + b"1")
+        time.sleep(0.05)
+        pairs.engine.sendall(b"a\r")
+        time.sleep(0.05)
+        pairs.engine.shutdown(socket.SHUT_WR)
+        report = pairs.report()
+        assert report is not None
+        assert report[1] == _relay.EOF and report[3] == _relay.IN_SIZE and report[6] == b"1a\r"
+        assert pairs.received() == _chunk(EVENT)
+    finally:
+        pairs.close()
+
+
+def test_tokens_are_timed_by_their_reads_and_pings_are_not(relayer) -> None:
+    """One time per read that begins with a token's event; an SSE comment, `data: [DONE]` and the last chunk
+    are none (the loop's recorder reads them so: NOT_TOKENS)."""
+    pairs = _Pairs(*relayer)
+    try:
+        writes = [_chunk(EVENT), _chunk(b": ping\n\n"), _chunk(EVENT), _chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+        before = time.monotonic()
+        for w in writes:
+            pairs.engine.sendall(w)
+            time.sleep(0.02)  # a read each
+        report = pairs.report()
+        assert report is not None and report[1] == _relay.LAST
+        assert len(pairs.times) == 2 and before <= pairs.times[0] < pairs.times[1] <= time.monotonic()
+    finally:
+        pairs.close()
+
+
+def test_a_client_that_leaves_ends_the_stream_and_its_sockets_are_given_back(relayer) -> None:
+    sockets = _sockets()
+    pairs = _Pairs(*relayer)
+    try:
+        pairs.engine.sendall(_chunk(EVENT))
+        time.sleep(0.05)
+        pairs.client.close()
+        for _ in range(50):  # until a write fails (the first may be taken by the closed socket's buffer)
+            pairs.engine.sendall(_chunk(EVENT))
+            time.sleep(0.01)
+            report = pairs.report(0.01)
+            if report is not None:
+                break
+        assert report is not None and report[1] == _relay.CLIENT_GONE
+        pairs.up.close()  # the loop ends the exchange: the relayer's copy is closed too, so the engine sees EOF
+        pairs.engine.settimeout(5)
+        _drain_until_eof(pairs.engine)
+    finally:
+        pairs.close()
+    assert _sockets() == sockets
+
+
+def _drain_until_eof(s: socket.socket) -> None:
+    s.setblocking(True)
+    s.settimeout(5)
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+
+
+def test_cancel_takes_a_stream_back_at_once(relayer) -> None:
+    r, _efd = relayer
+    pairs = _Pairs(*relayer)
+    try:
+        pairs.engine.sendall(_chunk(EVENT))
+        time.sleep(0.05)
+        report = r.cancel(pairs.token)
+        assert report is not None and report[1] == _relay.CANCELLED
+        assert r.cancel(pairs.token) is None  # not its any more
+        pairs.engine.sendall(_chunk(EVENT))
+        time.sleep(0.05)
+        assert pairs.received() == _chunk(EVENT)  # nothing relayed after the cancel
+    finally:
+        pairs.close()
+
+
+# -- through the front proxy, from a hostile engine -----------------------------------------------------------
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+TOKENS = [_chunk(b'data: {"content":"%d"}\n\n' % i) for i in range(8)]
+TAILS = {
+    "last": [b"0\r\nx-t: 1\r\n\r\n"],
+    "upper": [b"1A\r\n" + b"u" * 26 + b"\r\n", TOKENS[0], b"0\r\n\r\n"],
+    "extension": [b"5;x=y\r\nhello\r\n", TOKENS[1], b"0\r\n\r\n"],
+    "malformed": [b"zz\r\nhello\r\n"],
+    "no-crlf": [b"5\r\nhelloXX" + TOKENS[0]],
+    "eof-mid-chunk": [b"1a\r\ndata: {"],
+    "size-cut": [b"1", b"a", b"\r", b"\n" + b"s" * 26 + b"\r\n", b"0\r\n\r\n"],
+    "reset": ["RST"],
+}
+
+
+class _HostileEngine:
+    """An engine that answers every request with HEAD, TOKENS (a write each, 5 ms apart) and the tail named by
+    the request's path (TAILS: each a write; "RST": a reset), then closes."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.closed_by_peer = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                head += data
+            tail = TAILS.get(head.split(b" ")[1].decode().strip("/"), ["flood"])
+            try:
+                conn.sendall(HEAD)
+                for w in TOKENS:
+                    conn.sendall(w)
+                    time.sleep(0.005)
+                for w in tail:
+                    if w == "RST":
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                        return
+                    if w == "flood":  # until the client leaves: ~50 MB a second
+                        while True:
+                            conn.sendall(TOKENS[0] * 2000)
+                            time.sleep(0.001)
+                    conn.sendall(w)  # type: ignore[arg-type]
+                    time.sleep(0.005)
+            except OSError:
+                self.closed_by_peer.set()
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _sockets() -> int:
+    """This process's open sockets (the proxy's and the engine's: both run here)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:  # closed meanwhile
+            pass
+    return n
+
+
+def _fetch(port: int, path: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+        out = b""
+        while True:
+            try:
+                data = s.recv(65536)
+            except ConnectionResetError:
+                return out + b"<reset>"
+            if not data:
+                return out
+            out += data
+
+
+@pytest.fixture(scope="module")
+def hostile_engine() -> Iterator[_HostileEngine]:
+    e = _HostileEngine()
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize("tail", sorted(TAILS))
+def test_a_client_gets_the_same_bytes_through_the_c_relay_as_through_the_loop(hostile_engine, tail: str) -> None:
+    got = {}
+    for c_relay in (True, False):
+        with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", hostile_engine.port), c_relay=c_relay) as p:
+            got[c_relay] = _fetch(p.port, tail)
+            if c_relay:
+                assert p.relayed_in_c_total == 1, "the stream never went to the C relay"
+                wait_for(lambda: not p._relayed, 5, what="the stream to come back from the C relay")
+    assert got[True] == got[False], tail
+    assert got[True].startswith(b"HTTP/1.1 200 ") and TOKENS[-1] in got[True]
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_engines_connection(hostile_engine) -> None:
+    with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", hostile_engine.port)) as p:
+        sockets = _sockets()
+        hostile_engine.closed_by_peer.clear()
+        s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+        s.sendall(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        seen = b""
+        while seen.count(TOKENS[0]) < 3:  # in the flood: the C relay has the stream
+            seen += s.recv(65536)
+        wait_for(lambda: p.relayed_in_c_total == 1, 5, what="the stream to go to the C relay")
+        s.close()
+        assert hostile_engine.closed_by_peer.wait(5), "the engine's connection outlived its client"
+        wait_for(lambda: p.in_flight == 0 and not p._relayed, 5, what="the exchange to end")
+        wait_for(lambda: _sockets() <= sockets, 5, what="every socket of it closed")
+
+
+_SLOW_CLIENT_PROXY = """
+import sys, time
+from gpushare_tui.core.engines.front_proxy import FrontProxy
+p = FrontProxy(("127.0.0.1", 0), ("127.0.0.1", int(sys.argv[1]))).start()
+print(p.port, flush=True)
+sys.stdin.readline()
+print(p.relayed_in_c_total, flush=True)
+"""
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_client_that_stops_reading_holds_a_bounded_part_of_the_proxys_memory(hostile_engine) -> None:
+    """The engine floods a stream; its client reads three tokens, then nothing for a second: the proxy (a process
+    of its own) grows by well under the flood (the C relay stops reading the engine above its budget)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_CLIENT_PROXY, str(hostile_engine.port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        port = int(proc.stdout.readline())
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        seen = b""
+        while seen.count(TOKENS[0]) < 3:
+            seen += s.recv(65536)
+        rss_before = _rss_kib(proc.pid)
+        time.sleep(1.5)  # the flood offers tens of MB meanwhile: the proxy must not keep them
+        grown_kib = _rss_kib(proc.pid) - rss_before
+        s.settimeout(5)
+        for _ in range(20):  # it still relays once the client reads
+            seen += s.recv(65536)
+        s.close()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert int(proc.stdout.readline()) == 1
+        assert grown_kib < 2 * PROXY_RELAY_OUT_MAX_BYTES // 1024 + 1024, grown_kib
+    finally:
+        proc.kill()
+        proc.wait()
