@@ -357,7 +357,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
     request = request_bytes(a.n_predict, a.keep_alive)
     rows: list[dict] = []
     print(f"load average at start: {os.getloadavg()}")
-    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy)   load")
+    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy / + extra)   load")
     for level in (int(x) for x in a.levels.split(",")):
         argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
         sup = Supervised.start(argv, KEY, f"proxy-bench-{level}")
@@ -375,9 +375,11 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                 for path in order:
                     pids = cpu_of.get(path, [])
                     before, thread_before = cpu_s(pids), sup.proxy_cpu_s(proxy_pids)
+                    sup_before = cpu_s([sup.supervisor_pid])
                     r = asyncio.run(measure(ports[path], level, request, a.warmup_s, a.window_s, a.keep_alive))
                     used = cpu_s(pids) - before
                     thread_used = sup.proxy_cpu_s(proxy_pids) - thread_before
+                    sup_used = cpu_s([sup.supervisor_pid]) - sup_before
                     got[path] = {
                         "level": level,
                         "round": rnd + 1,
@@ -397,15 +399,28 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                         / (a.window_s + a.warmup_s)
                         if path == "ours" and r.tokens
                         else None,
+                        # the supervisor process alone (its pace loop and monitor), in every path's window
+                        "supervisor_cpu_s": sup_used,
+                        "tokens": r.tokens,
                         "load_avg_1m": os.getloadavg()[0],
                     }
+                ours = got.get("ours")
+                if ours is not None and ours["tokens"] and ours["proxy_thread_us_per_token"] is not None:
+                    # what the proxy costs: its process, and what the supervisor spent over its spend while the
+                    # same engine was reached direct (its pace loop and monitor run either way)
+                    extra_s = max(0.0, ours["supervisor_cpu_s"] - got["direct"]["supervisor_cpu_s"])
+                    ours["proxy_and_extra_us_per_token"] = ours["proxy_thread_us_per_token"] + extra_s / ours[
+                        "tokens"
+                    ] * 1e6 * a.window_s / (a.window_s + a.warmup_s)
                 direct = got["direct"]["tok_s"]
                 for path in paths:
                     row = got[path]
                     row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
                     rows.append(row)
                     cpu, thread = row["cpu_us_per_token"], row["proxy_thread_us_per_token"]
+                    marginal = row.get("proxy_and_extra_us_per_token")
                     shown = "-" if cpu is None else f"{cpu:6.1f}" + ("" if thread is None else f" / {thread:5.1f}")
+                    shown += "" if marginal is None else f" / {marginal:5.1f}"
                     print(
                         f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%"
                         f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}  {shown:>15}   {row['load_avg_1m']:.2f}",
@@ -419,10 +434,12 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
     for level in sorted({r["level"] for r in rows}):
         ours_cpu, nginx_cpu = _med(rows, level, "ours", "cpu"), _med(rows, level, "nginx", "cpu")
         thread = _med(rows, level, "ours", "thread")
+        marginal = _med(rows, level, "ours", "marginal")
         ttft = _med(rows, level, "ours", "ttft") - _med(rows, level, "direct", "ttft")
         print(
             f"level {level:3}: CPU ours {ours_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}× nginx), its proxy"
-            f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×), nginx {nginx_cpu:6.1f} µs;"
+            f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×), + the supervisor's over direct {marginal:6.1f} µs"
+            f" ({marginal / nginx_cpu:4.2f}×), nginx {nginx_cpu:6.1f} µs;"
             f" tok/s ours {_med(rows, level, 'ours', 'ratio') * 100:5.1f}%,"
             f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms"
         )
@@ -434,6 +451,7 @@ def _med(rows: list[dict], level: int, path: str, what: str) -> float:
     get = {
         "cpu": lambda r: r["cpu_us_per_token"],
         "thread": lambda r: r.get("proxy_thread_us_per_token"),
+        "marginal": lambda r: r.get("proxy_and_extra_us_per_token"),
         "ratio": lambda r: r["vs_direct"],
         "ttft": lambda r: r["ttft_ms"][0],
     }

@@ -427,3 +427,23 @@ def test_a_client_that_stops_reading_holds_a_bounded_part_of_the_proxys_memory(h
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_closing_the_proxy_with_a_stream_in_the_c_relay_ends_both_connections(hostile_engine) -> None:
+    sockets = _sockets()
+    p = fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", hostile_engine.port)).start()
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=10)
+    try:
+        hostile_engine.closed_by_peer.clear()
+        s.sendall(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+        seen = b""
+        while seen.count(TOKENS[0]) < 3:
+            seen += s.recv(65536)
+        wait_for(lambda: p.relayed_in_c_total == 1, 5, what="the stream to go to the C relay")
+        p.close()
+        _drain_until_eof(s)  # the client's connection ends (no hang)
+        assert hostile_engine.closed_by_peer.wait(5), "the engine's connection outlived the proxy"
+    finally:
+        s.close()
+        p.close()
+    wait_for(lambda: _sockets() <= sockets, 5, what="every socket of it closed")

@@ -66,8 +66,8 @@ typedef struct {
     size_t out_len, out_cap;
     int want_out;  /* client_fd is in the epoll set for EPOLLOUT */
     int paused;    /* up_fd is out of the epoll set: out over out_max */
-    double *times;
-    Py_ssize_t n_times, dropped;
+    double *times; /* times_cap of them, grown as they come (up to TIMES_MAX) */
+    Py_ssize_t n_times, times_cap, dropped;
     double pending_since; /* the oldest uncollected read time, 0 when none */
     unsigned long long relayed; /* bytes written to the client */
 } Stream;
@@ -215,9 +215,15 @@ static void note_time(Relayer *self, Stream *s, const char *p, size_t n, size_t 
         if (n >= at + len && memcmp(p + at, self->prefixes[k], len) == 0)
             return; /* a ping, the stream's end: no token */
     }
-    if (s->n_times >= TIMES_MAX) {
-        s->dropped++;
-        return;
+    if (s->n_times >= s->times_cap) {
+        Py_ssize_t cap = s->times_cap ? s->times_cap * 2 : TIMES_NOTIFY;
+        double *grown = cap <= TIMES_MAX ? realloc(s->times, (size_t)cap * sizeof(double)) : NULL;
+        if (grown == NULL) {
+            s->dropped++;
+            return;
+        }
+        s->times = grown;
+        s->times_cap = cap;
     }
     double t = now_s();
     s->times[s->n_times++] = t;
@@ -592,14 +598,12 @@ static PyObject *Relayer_start(Relayer *self, PyObject *args) {
         self->n_streams = n;
     }
     Stream *s = &self->streams[index];
-    s->times = timed ? malloc(TIMES_MAX * sizeof(double)) : NULL;
     s->up_fd = fcntl(up_fd, F_DUPFD_CLOEXEC, 0);
     s->client_fd = s->up_fd >= 0 ? fcntl(client_fd, F_DUPFD_CLOEXEC, 0) : -1;
-    if ((timed && s->times == NULL) || s->up_fd < 0 || s->client_fd < 0) {
+    if (s->up_fd < 0 || s->client_fd < 0) {
         int err = errno;
         if (s->up_fd >= 0)
             close(s->up_fd);
-        free(s->times);
         memset(s, 0, sizeof(*s));
         s->up_fd = s->client_fd = -1;
         pthread_mutex_unlock(&self->mu);
