@@ -118,9 +118,6 @@ UPSTREAM_REUSE_IDLE_S = 2.0
 # Engine connections kept for the next client when theirs leaves (as nginx's `keepalive`): a client that opens
 # a connection per request costs no new engine connection. Their fds come out of PROXY_FD_HEADROOM.
 UPSTREAM_POOL_MAX = 16
-# A stream goes to the C relay after this many reads relayed on the loop since its first token: handing it over
-# and back costs ~2 reads' worth of the loop's time, so a reply of a few tokens stays here.
-RELAY_OFFLOAD_AFTER_READS = 1
 # DEMAND falls this long after the last request in flight ended, if no other came meanwhile. A client that sends
 # its next request as the last reply ends (a stream after a stream, a new connection each) would otherwise make
 # DEMAND fall and rise again within a millisecond, each change a line to the supervisor and a round of its pace
@@ -717,13 +714,13 @@ class _Relay:
     for the client (`_Client.body`) after `head`, or goes into `held` (a /props reply; `release` sends it as it
     came). `done` resolves at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after
     the body. `offload`: where set (with `up`, the engine's connection), a stream relayed raw goes to the C relay
-    (FrontProxy._offload) at a chunk boundary once RELAY_OFFLOAD_AFTER_READS reads after its first token were
-    relayed here; it comes back (`taken_back`) at its last chunk, at anything the C relay leaves to this scan, or
-    at the engine's EOF; `unload` takes it back at once."""
+    (FrontProxy._offload) at the first chunk boundary after its first token was relayed and timed here (measured:
+    no cheaper three reads later); it comes back (`taken_back`) at its last chunk, at anything the C relay leaves
+    to this scan, or at the engine's EOF; `unload` takes it back at once."""
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
                  "raw", "held", "held_bytes", "trailers", "done", "extra", "ended",
-                 "rec", "rec_req", "clock", "quick", "up", "offload", "reads", "owner", "token")  # fmt: skip
+                 "rec", "rec_req", "clock", "quick", "up", "offload", "owner", "token")  # fmt: skip
 
     def __init__(
         self, cl: _Client, head: ResponseHead, framing: str, length: int, raw: bool, held: list[bytes] | None
@@ -751,7 +748,6 @@ class _Relay:
         self.quick = raw and framing == "chunked"
         self.up: _Conn | None = None
         self.offload: Callable[[_Relay], bool] | None = None
-        self.reads = 0  # reads relayed by `feed`'s quick path since the first token (offload counts them)
         self.owner: FrontProxy | None = None  # while the C relay has the stream: its proxy, and the stream's token
         self.token: int | None = None
 
@@ -768,9 +764,7 @@ class _Relay:
                             self.rec.chunk(r, self.clock(), data, nl + 2)  # type: ignore[union-attr]
                         t.write(data)
                         if self.offload is not None and (r is None or r.last_s is not None):
-                            self.reads += 1
-                            if self.reads >= RELAY_OFFLOAD_AFTER_READS:
-                                self.offload(self)
+                            self.offload(self)
                     except Exception as e:  # as in `_feed`: the exchange ends with it, never the loop's callback
                         self.fail(e)
                     return
@@ -1157,10 +1151,10 @@ class FrontProxy:
         asyncio.get_running_loop().add_reader(fd, self._relay_reports)
 
     def _stop_relayer(self) -> None:
-        relayer, fd = self._relayer, self._relay_fd
-        self._relayer, self._relay_fd = None, -1
         for relay in list(self._relayed.values()):
             relay.unload()
+        relayer, fd = self._relayer, self._relay_fd
+        self._relayer, self._relay_fd = None, -1
         if relayer is not None:
             asyncio.get_running_loop().remove_reader(fd)
             relayer.close()
@@ -1173,8 +1167,8 @@ class FrontProxy:
         if relayer is None or up is None or up.transport is None or t is None or up.fd < 0 or relay.cl.conn.fd < 0:
             relay.offload = None
             return False
-        if t.get_write_buffer_size():
-            return False
+        if t.is_closing() or up.transport.is_closing() or t.get_write_buffer_size():
+            return False  # (a closing transport's fd may be closed, its number another socket's, any moment)
         r = relay.rec_req
         up.transport.pause_reading()
         try:
