@@ -77,3 +77,10 @@ def test_a_chunk_whose_size_lies_ends_the_body_where_it_went_wrong() -> None:
     good = _chunk(EVENT)
     out, _tokens, ended, failed = _relay([good, b"5\r\nhello!\r\n"])
     assert out.startswith(good) and ended and isinstance(failed, fp._Cut)
+
+
+def test_a_last_chunk_that_ends_in_a_read_of_its_own_is_no_token() -> None:
+    """llama-server may write the last chunk's `0 CRLF` and its final CRLF apart: that read is the body's end,
+    not a token (an ITL sample was counted for it)."""
+    _out, tokens, ended, failed = _relay([_chunk(EVENT)] * 3 + [b"0\r\n", b"\r\n"])
+    assert tokens == 3 and ended and failed is None

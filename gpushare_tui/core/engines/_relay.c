@@ -10,14 +10,15 @@
 
    What it relays, byte for byte as it came: whole chunk-size lines of lowercase hex digits without a leading
    zero (`SIZE CRLF`, what llama-server and every common server writes), the chunk's data, its CRLF. It stops
-   before: a size line of any other form (upper case, zeros, an extension, over 15 digits), the last chunk
-   (size 0: the trailers are the loop's), a missing CRLF after a chunk's data; at the engine's EOF or a read
-   error; when the client's socket fails a write; when the loop cancels it. Its memory per stream is bounded:
+   before: a size line of any other form (upper case, zeros, an extension, over 15 digits), a missing CRLF after
+   a chunk's data; at the last chunk, gathered while it is `0 CRLF CRLF` (so a stream whose end comes in two
+   reads costs the loop one wake-up, not two) and given back unwritten (with its trailers, if any: the loop's);
+   at the engine's EOF or a read error; when the client's socket fails a write; when the loop cancels it. Its memory per stream is bounded:
    a size line begun (at most 16 bytes), what the client has not taken (reading the engine pauses above
    `out_max` bytes), and the read times not yet collected (at most TIMES_MAX; the rest are counted as dropped).
 
    Read times: where the stream is timed, each read whose event (after a size line that begins the read) does
-   not begin with one of the `not_tokens` prefixes is a token's arrival (CLOCK_MONOTONIC, time.monotonic's
+   not begin with one of the `not_tokens` prefixes, and that is not of the last chunk, is a token's arrival (CLOCK_MONOTONIC, time.monotonic's
    clock); the loop collects them (`collect`), told on the eventfd when a stream has kept any for `flush_s`. */
 
 #define PY_SSIZE_T_CLEAN
@@ -42,7 +43,8 @@
 #define EVENTS_MAX 64
 #define PREFIX_MAX 8
 
-enum { S_SIZE = 0, S_DATA = 1, S_CRLF = 2 };
+/* S_LAST: a size line began with 0 (the last chunk): its bytes gathered in `carry` while they are `0 CRLF CRLF` */
+enum { S_SIZE = 0, S_DATA = 1, S_CRLF = 2, S_LAST = 3 };
 enum { R_LIVE = 0, R_LAST = 1, R_ODD = 2, R_EOF = 3, R_READ_ERROR = 4, R_CLIENT_GONE = 5, R_CANCELLED = 6 };
 
 typedef struct {
@@ -242,9 +244,26 @@ static int hex_value(char c) {
 /* Relay one read `p[0:n]`: the bytes the framing allows go to the client as a run; a size line is relayed once
    whole (a part of it that ends a read waits in `carry`); anything else ends the stream here. */
 static void relay_bytes(Relayer *self, Stream *s, const char *p, size_t n) {
+    static const char last_chunk[] = "0\r\n\r\n";
     size_t i = 0, run = 0;   /* p[run:i]: checked, not yet written */
     size_t line_start = 0;   /* S_SIZE: where the line began in p (0 when it began in an earlier read) */
+    if (s->state == S_LAST)
+        run = n; /* nothing of the last chunk is written here */
     while (i < n) {
+        if (s->state == S_LAST) {
+            /* the last chunk is the loop's to write: gathered whole (`0 CRLF CRLF`: the stream ends with this
+               read, not one later) or, at the first byte that differs (trailers, a size with zeros), given back */
+            if (p[i] != last_chunk[s->carry_len]) {
+                stream_end(self, s, R_LAST, 0, p + i, n - i);
+                return;
+            }
+            s->carry[s->carry_len++] = p[i++];
+            if (s->carry_len == (int)sizeof last_chunk - 1) {
+                stream_end(self, s, R_LAST, 0, p + i, n - i);
+                return;
+            }
+            continue;
+        }
         if (s->state == S_DATA) {
             size_t take = n - i < s->left ? n - i : (size_t)s->left;
             i += take;
@@ -297,9 +316,13 @@ static void relay_bytes(Relayer *self, Stream *s, const char *p, size_t n) {
         }
         else if (v < 0 || s->digits >= 15)
             stop = R_ODD;
-        else if (s->digits == 0 && v == 0)
-            stop = R_LAST; /* the last chunk (or a size with zeros): its trailers are the loop's */
-        else {
+        else if (s->digits == 0 && v == 0) {
+            if (client_write(self, s, p + run, i - run) < 0)
+                return;
+            run = n;
+            s->state = S_LAST;
+            continue;
+        } else {
             s->size = s->size * 16 + (uint64_t)v;
             s->digits++;
         }
@@ -332,7 +355,7 @@ static void relay_read(Relayer *self, Stream *s, int index) {
         stream_end(self, s, R_EOF, 0, NULL, 0);
         return;
     }
-    if (s->timed) {
+    if (s->timed && s->state != S_LAST) { /* the last chunk's reads are no token */
         size_t at = 0;
         if (s->state == S_SIZE && !s->digits && !s->cr && !s->carry_len) {
             /* a read that begins a chunk: its event after the size line (as the loop's recorder looks); the last
@@ -760,7 +783,8 @@ PyMODINIT_FUNC PyInit__relay(void) {
                   {"ODD", R_ODD},           {"EOF", R_EOF},
                   {"READ_ERROR", R_READ_ERROR}, {"CLIENT_GONE", R_CLIENT_GONE},
                   {"CANCELLED", R_CANCELLED}, {"IN_SIZE", S_SIZE},
-                  {"IN_DATA", S_DATA},      {"IN_CRLF", S_CRLF}};
+                  {"IN_DATA", S_DATA},      {"IN_CRLF", S_CRLF},
+                  {"IN_LAST", S_LAST}};
     for (size_t k = 0; k < sizeof consts / sizeof consts[0]; k++)
         if (PyModule_AddIntConstant(m, consts[k].name, consts[k].value) < 0) {
             Py_DECREF(m);

@@ -12,6 +12,7 @@ CANCELLED: int
 IN_SIZE: int
 IN_DATA: int
 IN_CRLF: int
+IN_LAST: int
 
 # (token, reason, errno, state, left, out, rest, times, dropped, relayed)
 Report = tuple[int, int, int, int, int, bytes, bytes, tuple[float, ...], int, int]
