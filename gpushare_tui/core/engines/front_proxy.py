@@ -119,10 +119,11 @@ UPSTREAM_REUSE_IDLE_S = 2.0
 # a connection per request costs no new engine connection. Their fds come out of PROXY_FD_HEADROOM.
 UPSTREAM_POOL_MAX = 16
 # DEMAND falls this long after the last request in flight ended, if no other came meanwhile. A client that sends
-# its next request as the last reply ends (a stream after a stream, a new connection each: 1-7 ms later, bench.proxy's
-# clients on 2 loaded cores) would otherwise make DEMAND fall and rise again between them, each change a line to the
-# supervisor and a round of its pace loop (~0.4 ms of its CPU a request at one stream). The engine keeps its window that much longer when it goes
-# idle, far below a schedule's period (tens of ms) and the pace loop's own accounting step (its rounds).
+# its next request as the last reply ends (a stream after a stream, a new connection each: 1-7 ms later for
+# bench.proxy's clients on 2 loaded cores) would otherwise make DEMAND fall and rise again between them, each change
+# a line to the supervisor and a round of its pace loop (~0.4 ms of its CPU a request at one stream). The engine
+# keeps its window that much longer when it goes idle, below a schedule's period (tens of ms) and the pace loop's
+# own accounting step (its rounds, 25 ms apart).
 DEMAND_FALL_GRACE_S = 0.005
 THREAD_NAME = b"gpushare-proxy"  # the loop thread's name (top -H, /proc/PID/task/TID/comm): PR_SET_NAME
 PEERS_PATH = "/gpu/peers"
