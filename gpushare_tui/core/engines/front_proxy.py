@@ -825,9 +825,8 @@ class _Relay:
         exchange fails: the client left)."""
         _token, reason, _errno, state, left, out, rest, times, _dropped, _relayed = report
         rec, r = self.rec, self.rec_req
-        if rec is not None and r is not None and r.last_s is not None:
-            for t_s in times:
-                rec.token(r, t_s)
+        if rec is not None and r is not None and r.last_s is not None and times:
+            rec.tokens(r, times)
         if reason == _relay.LIVE:
             return
         self.token = self.owner = None

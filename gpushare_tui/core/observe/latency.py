@@ -39,6 +39,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -281,21 +282,31 @@ class LatencyRecorder:
         self._slot(t_s).sketches[0][sketch_index(ttft)] += 1
 
     def token(self, r: Request, t_s: float) -> None:
-        """A token of a stream whose first has come (`chunk` said so) arrived at `t_s` (a relay that looked at
-        the read itself, as `chunk` does, calls this directly)."""
+        """A token of a stream whose first has come (`chunk` said so) arrived at `t_s`."""
+        self.tokens(r, (t_s,))
+
+    def tokens(self, r: Request, times_s: Iterable[float]) -> None:
+        """Tokens of a stream whose first has come (`chunk` said so) arrived at `times_s`, in order: a relay that
+        looked at its reads itself, as `chunk` does, gives them here in a batch (one call, not one a token)."""
         last = r.last_s
         assert last is not None
-        r.last_s = t_s
-        gap = t_s - last
-        self.itl_counts[bisect_left(ITL_BUCKETS_S, gap)] += 1
-        self.itl_sum_s += gap
-        if t_s >= self._sec_end:
-            self._slot(t_s)
-        if gap > SKETCH_MIN_S:  # sketch_index, inlined: this is the one event per token
-            i = int(_log(gap * _INV_MIN) * _INV_LOG_GAMMA) + 1
-            self._itl_sketch[i if i < _LAST else _LAST] += 1
-        else:
-            self._itl_sketch[0] += 1
+        counts, sketch, sec_end = self.itl_counts, self._itl_sketch, self._sec_end
+        total_s = 0.0
+        for t_s in times_s:
+            gap = t_s - last
+            last = t_s
+            counts[bisect_left(ITL_BUCKETS_S, gap)] += 1
+            total_s += gap
+            if t_s >= sec_end:
+                self._slot(t_s)
+                sketch, sec_end = self._itl_sketch, self._sec_end
+            if gap > SKETCH_MIN_S:  # sketch_index, inlined: this is the one event per token
+                i = int(_log(gap * _INV_MIN) * _INV_LOG_GAMMA) + 1
+                sketch[i if i < _LAST else _LAST] += 1
+            else:
+                sketch[0] += 1
+        self.itl_sum_s += total_s
+        r.last_s = last
 
     def end(self, r: Request, t_s: float) -> None:
         """Its response ended (or either side closed): called once per `begin`, whatever happened."""
