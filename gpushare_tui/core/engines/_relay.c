@@ -400,29 +400,33 @@ static void *relay_thread(void *arg) {
                 break;
             n = 0;
         }
-        pthread_mutex_lock(&self->mu);
-        if (self->closing) {
-            pthread_mutex_unlock(&self->mu);
-            break;
-        }
-        for (int k = 0; k < n; k++) {
+        /* the lock is taken per event, not per batch: the loop's calls (start, cancel, collect) wait at most
+           one read and write, never a batch of them */
+        int closing = 0;
+        for (int k = 0; k < n && !closing; k++) {
             uint64_t d = evs[k].data.u64;
             if (d == UINT64_MAX)
                 continue; /* the quit eventfd */
             int index = (int)(d & 0xffff);
             uint32_t gen = (uint32_t)((d >> 16) & GEN_MASK);
-            if (index >= self->n_streams)
-                continue;
-            Stream *s = &self->streams[index];
-            if (!s->used || s->gen != gen || s->reason != R_LIVE)
-                continue; /* ended or cancelled since epoll_wait returned */
-            if (d >> 63) {
-                if ((evs[k].events & (EPOLLERR | EPOLLHUP)) && !(evs[k].events & EPOLLOUT))
-                    stream_end(self, s, R_CLIENT_GONE, EPIPE, NULL, 0);
-                else
-                    relay_write(self, s, index);
-            } else
-                relay_read(self, s, index);
+            pthread_mutex_lock(&self->mu);
+            closing = self->closing;
+            Stream *s = !closing && index < self->n_streams ? &self->streams[index] : NULL;
+            if (s != NULL && s->used && s->gen == gen && s->reason == R_LIVE) { /* else ended or cancelled since */
+                if (d >> 63) {
+                    if ((evs[k].events & (EPOLLERR | EPOLLHUP)) && !(evs[k].events & EPOLLOUT))
+                        stream_end(self, s, R_CLIENT_GONE, EPIPE, NULL, 0);
+                    else
+                        relay_write(self, s, index);
+                } else
+                    relay_read(self, s, index);
+            }
+            pthread_mutex_unlock(&self->mu);
+        }
+        pthread_mutex_lock(&self->mu);
+        if (self->closing) {
+            pthread_mutex_unlock(&self->mu);
+            break;
         }
         /* the loop is told when a stream ended, or kept read times long enough (or many enough) */
         double now = now_s(), soonest = 0;
