@@ -381,3 +381,90 @@ def test_wakes_as_fast_as_a_client_can_send_them_buy_a_round_per_wake_gap_at_mos
         t.join(5)
         w.close()
     assert 10 <= len(rounds) <= elapsed_us / budgets.PACE_WAKE_GAP_US + 5, len(rounds)
+
+
+def test_a_demand_rise_wakes_the_pace_loop_only_where_it_can_matter() -> None:
+    """The front proxy's DEMAND rise (`demand_rose`) wakes the pace loop where deciding at once can change what the
+    engine may do: a peer with DEMAND, or a v1 member, makes a schedule with us; a stopped engine may be due to run.
+    Alone (or beside idle peers) the engine runs unpaced whatever a round decides, and no round is spent on it (the
+    code before woke one for every request: ~150-300 µs of CPU each, caches cold, beside a busy engine)."""
+    clock = Clock(T0_US)
+    w = World(unique_key(), clock, 1.0, Users())
+    quit_event = threading.Event()
+    stopped = [False]
+    rounds: list[float] = []
+    loop = PaceLoop(
+        w.me,
+        alive=lambda: True,
+        quit_event=quit_event,
+        stop=lambda: None,
+        cont=lambda: None,
+        stopped=lambda: stopped[0],
+        lateness_us=deque(),
+        clock_us=clock,
+    )
+    loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
+    t = threading.Thread(target=loop.run, daemon=True)
+
+    def woke(wait_s: float) -> bool:
+        """A request's DEMAND rises and ends: did a round follow within `wait_s`?"""
+        n = len(rounds)
+        w.me.set_demand(True)
+        loop.demand_rose()
+        w.me.set_demand(False)
+        deadline = time.monotonic() + wait_s
+        while len(rounds) == n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return len(rounds) > n
+
+    try:
+        t.start()
+        deadline = time.monotonic() + 5
+        while not rounds and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rounds
+        assert not woke(0.3)  # alone
+        w.write_peer(1, Peer(1.0, abi.FLAG_EXT1, 0, None))
+        assert not woke(0.3)  # beside an idle Extension-1 peer
+        w.write_peer(2, Peer(1.0, EXT1_DEMAND, 0, None))
+        assert woke(5.0)  # a peer with DEMAND: a schedule with us from now on
+        w.write_peer(2, None)
+        w.write_peer(3, Peer(1.0, 0, 0, None))  # a v1 peer, active (World writes active=1): §5 for everyone
+        assert woke(5.0)
+        w.write_peer(3, None)
+        assert not woke(0.3)
+        stopped[0] = True  # stopped by us (its window ended with work in flight): it may be due to run
+        assert woke(5.0)
+    finally:
+        quit_event.set()
+        loop.wake()
+        t.join(5)
+        w.close()
+    assert not t.is_alive()
+
+
+def test_a_request_between_two_rounds_counts_its_span_as_busy() -> None:
+    """A request that starts and ends between two rounds of the pace loop (no round woken for it: the engine is
+    alone) counts the span it fell in as device time (busy_total_us, the priority meter), as a span with DEMAND
+    at either end does: a lone engine serving short requests is busy, not idle, in what it publishes."""
+    clock = Clock(T0_US)
+    w = World(unique_key(), clock, 1.0, Users())
+    try:
+        loop, _ = flagged_loop(w.me, clock, clock.sleep, demand_exact=True)
+        loop.step()
+        clock.advance_to(clock.t + 25_000)
+        loop.step()
+        assert w.me.busy_total_us == 0  # idle
+        clock.advance_to(clock.t + 10_000)
+        w.me.set_demand(True)
+        loop.demand_rose()
+        clock.advance_to(clock.t + 5_000)
+        w.me.set_demand(False)
+        clock.advance_to(clock.t + 10_000)
+        loop.step()
+        assert w.me.busy_total_us == 25_000
+        clock.advance_to(clock.t + 25_000)
+        loop.step()
+        assert w.me.busy_total_us == 25_000  # idle again: counted once
+    finally:
+        w.close()

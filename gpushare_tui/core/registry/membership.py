@@ -190,6 +190,18 @@ class Membership:
                     return self._segment.read_slots()
                 return ()
 
+    def slots_raw(self) -> tuple[bytes, int] | None:
+        """Every slot's bytes in one unchecked copy (Segment.slots_raw: a cheap look at other slots' words, no
+        seqlock) and the slot size; None when not joined, `lost`, or the read fails (a shrunk segment: the next
+        full read repairs it). Safe from any thread (read_slots says why the lock)."""
+        with self._lock:
+            if self._segment is None or self.lost is not None:
+                return None
+            try:
+                return self._segment.slots_raw(), self._segment.header.slot_size
+            except SegmentError:
+                return None
+
     def peers_alive(self) -> int:
         now = self._clock()
         return sum(1 for r in self.read_slots() if r.is_alive(now))
