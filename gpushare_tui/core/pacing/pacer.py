@@ -35,7 +35,7 @@ class RegistryReader:
     The slots' users (§8.1) come from a UserReader (each re-read from /proc at most once a second)."""
 
     def __init__(self, users: UserReader | None = None) -> None:
-        self.slots: tuple[SlotRecord, ...] = ()
+        self.slots: tuple[SlotRecord, ...] = ()  # the claimed ones (pid set), in slot order
         self._raw = b""
         self._decision: schedule_ext2.Decision | None = None
         self._decided_mono_us = 0
@@ -45,7 +45,9 @@ class RegistryReader:
     def read(self, seg: Segment, now_us: int, mono_us: int, force: bool = False) -> schedule_ext2.Decision:
         raw = seg.slots_raw()
         if raw != self._raw:
-            self.slots, self._raw = seg.read_slots(), raw
+            # the claimed slots only (pid set): a free slot is never alive, and every rule looks at alive slots
+            # alone (a round beside one engine then walks one slot, not sixteen, in each of them)
+            self.slots, self._raw = tuple(s for s in seg.read_slots() if s.pid), raw
             self._decision = None
         d = self._decision
         if d is None or force or mono_us - self._decided_mono_us >= DECIDE_TTL_US:
