@@ -178,7 +178,7 @@ class PaceLoop:
         """One round: account, read, decide, signal. Returns how long to wait before the next (µs), from the
         round's start."""
         m = self._m
-        if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
+        if m.lost is not None and m.say_lost_once():  # beyond repair (Membership.recover): the engine runs unpaced
             self.window_end_us = None
             self._open = None
             self._continue()
@@ -247,8 +247,10 @@ class PaceLoop:
         return even_wait_us(a.until_us - now, RECHECK_US)
 
     def _continue(self) -> None:
-        """SIGCONT: a window stopped but not yet read is not read (the engine runs again)."""
-        self._cont()
+        """SIGCONT, unless not stopped (every unpaced round: nothing to send); a window stopped but not yet read
+        is not read (the engine runs again)."""
+        if self._stopped():
+            self._cont()
         self._closing = self._at_stop = None
 
     def _threads(self, with_wait: bool) -> tuple[int, int | None] | None:

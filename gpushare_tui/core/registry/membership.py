@@ -237,9 +237,13 @@ class Membership:
                 self._write_if_joined()
 
     def set_demand(self, demand: bool) -> None:
-        """Publish DEMAND (work in flight now) at once when it changes (spec §7)."""
+        """Publish DEMAND (work in flight now) at once when it changes (spec §7). Twice a request through a front
+        proxy: set_flags' checks of what it is given are left out (one known bit)."""
         with self._lock:
-            self.set_flags(self._flags | abi.FLAG_DEMAND if demand else self._flags & ~abi.FLAG_DEMAND)
+            flags = self._flags | abi.FLAG_DEMAND if demand else self._flags & ~abi.FLAG_DEMAND
+            if flags != self._flags:
+                self._flags = flags
+                self._write_if_joined()
 
     def set_interactive(self, interactive: bool) -> None:
         """Publish the latency class (INTERACTIVE set: interactive; clear: batch) at once (spec §7). Becoming
