@@ -164,8 +164,8 @@ class PaceLoop:
         the engine is the only member and runs unpaced whatever a round decides: no round is spent on it (a
         pace round costs ~150-300 µs of CPU with the caches cold, and a request alone woke two), and the rise
         counts the span it falls in as busy at the next round. A peer raising DEMAND just as we read it is
-        seen by our next round (at most RECHECK_US), as one raising it just after a woken round always was;
-        and a peer that decides the same way (after publishing its own DEMAND, as we do) sees ours."""
+        seen by our next round (unpaced, UNTHROTTLED_POLL_S apart), as one raising it just after a woken round
+        always was; and a peer that decides the same way (after publishing its own DEMAND, as we do) sees ours."""
         self._rises += 1
         if self._stopped():
             self.wake()
