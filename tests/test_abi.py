@@ -11,6 +11,8 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushare_tui.core.observe.snapshot import build_gpu_snapshot
 from gpushare_tui.core.registry import abi
@@ -363,3 +365,30 @@ def test_c_peer_reads_python_slot_and_python_reads_c_slot(c_prog: str, gpu_key: 
         assert snap.period_ms is not None
     finally:
         m.leave()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 4242]), st.integers(-8_000_000, 8_000_000)),  # (pid, heartbeat - now)
+        max_size=6,
+    ),
+    st.integers(-5_000_000, 5_000_000),
+)
+def test_alive_span_is_where_no_slot_becomes_alive_or_dead(slots: list[tuple[int, int]], shift_us: int) -> None:
+    """abi.alive_span_us: anywhere in [lo, hi) every slot is alive as it is at now, and at each finite end some
+    slot is not (the span is the widest such): what lets a decision made at now be kept while the slots stay."""
+    from gpushare_tui.core.registry.abi import SlotRecord, alive_span_us
+
+    now = 1_800_000_000_000_000
+    recs = [SlotRecord(i, pid, 2, 1, 1.0, 1, now + hb, 0, b"") for i, (pid, hb) in enumerate(slots)]
+    lo, hi = alive_span_us(recs, now)
+    assert lo <= now < hi
+    alive = [r.is_alive(now) for r in recs]
+    t = now + shift_us
+    if lo <= t < hi:
+        assert [r.is_alive(t) for r in recs] == alive
+    if hi < 2**63:
+        assert [r.is_alive(hi) for r in recs] != alive
+    if lo > -(2**63):
+        assert [r.is_alive(lo - 1) for r in recs] != alive

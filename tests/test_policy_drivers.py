@@ -381,3 +381,189 @@ def test_wakes_as_fast_as_a_client_can_send_them_buy_a_round_per_wake_gap_at_mos
         t.join(5)
         w.close()
     assert 10 <= len(rounds) <= elapsed_us / budgets.PACE_WAKE_GAP_US + 5, len(rounds)
+
+
+def test_a_demand_rise_wakes_the_pace_loop_only_where_it_can_matter() -> None:
+    """The front proxy's DEMAND rise (`demand_rose`) wakes the pace loop where deciding at once can change what the
+    engine may do: a peer with DEMAND, or a v1 member, makes a schedule with us; a stopped engine may be due to run.
+    Alone (or beside idle peers) the engine runs unpaced whatever a round decides, and no round is spent on it (the
+    code before woke one for every request: ~150-300 µs of CPU each, caches cold, beside a busy engine)."""
+    clock = Clock(T0_US)
+    w = World(unique_key(), clock, 1.0, Users())
+    quit_event = threading.Event()
+    stopped = [False]
+    rounds: list[float] = []
+    loop = PaceLoop(
+        w.me,
+        alive=lambda: True,
+        quit_event=quit_event,
+        stop=lambda: None,
+        cont=lambda: None,
+        stopped=lambda: stopped[0],
+        lateness_us=deque(),
+        clock_us=clock,
+    )
+    loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
+    t = threading.Thread(target=loop.run, daemon=True)
+
+    def woke(wait_s: float) -> bool:
+        """A request's DEMAND rises and ends: did a round follow within `wait_s`?"""
+        n = len(rounds)
+        w.me.set_demand(True)
+        loop.demand_rose()
+        w.me.set_demand(False)
+        deadline = time.monotonic() + wait_s
+        while len(rounds) == n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return len(rounds) > n
+
+    try:
+        t.start()
+        deadline = time.monotonic() + 5
+        while not rounds and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rounds
+        assert not woke(0.3)  # alone
+        w.write_peer(1, Peer(1.0, abi.FLAG_EXT1, 0, None))
+        assert not woke(0.3)  # beside an idle Extension-1 peer
+        w.write_peer(2, Peer(1.0, EXT1_DEMAND, 0, None))
+        assert woke(5.0)  # a peer with DEMAND: a schedule with us from now on
+        w.write_peer(2, None)
+        w.write_peer(3, Peer(1.0, 0, 0, None))  # a v1 peer, active (World writes active=1): §5 for everyone
+        assert woke(5.0)
+        w.write_peer(3, None)
+        assert not woke(0.3)
+        stopped[0] = True  # stopped by us (its window ended with work in flight): it may be due to run
+        assert woke(5.0)
+    finally:
+        quit_event.set()
+        loop.wake()
+        t.join(5)
+        w.close()
+    assert not t.is_alive()
+
+
+def test_a_request_between_two_rounds_counts_its_span_as_busy() -> None:
+    """A request that starts and ends between two rounds of the pace loop (no round woken for it: the engine is
+    alone) counts the span it fell in as device time (busy_total_us, the priority meter), as a span with DEMAND
+    at either end does: a lone engine serving short requests is busy, not idle, in what it publishes."""
+    clock = Clock(T0_US)
+    w = World(unique_key(), clock, 1.0, Users())
+    try:
+        loop, _ = flagged_loop(w.me, clock, clock.sleep, demand_exact=True)
+        loop.step()
+        clock.advance_to(clock.t + 25_000)
+        loop.step()
+        assert w.me.busy_total_us == 0  # idle
+        clock.advance_to(clock.t + 10_000)
+        w.me.set_demand(True)
+        loop.demand_rose()
+        clock.advance_to(clock.t + 5_000)
+        w.me.set_demand(False)
+        clock.advance_to(clock.t + 10_000)
+        loop.step()
+        assert w.me.busy_total_us == 25_000
+        clock.advance_to(clock.t + 25_000)
+        loop.step()
+        assert w.me.busy_total_us == 25_000  # idle again: counted once
+    finally:
+        w.close()
+
+
+# peers' changes for the reuse test: a new state, None (it leaves) or "beat" (its heartbeat rewritten, nothing
+# else); a peer not named ages (dead 3 s after its last write); a new user for a slot (its bytes unchanged); our
+# DEMAND set, cleared, or as it was; then that many rounds this far apart, nothing written meanwhile
+reuse_steps = st.tuples(
+    st.dictionaries(st.sampled_from(PEER_SLOTS), st.none() | peers | st.just("beat"), max_size=3),
+    st.none() | st.tuples(st.sampled_from(PEER_SLOTS), st.sampled_from([1000, 1001, None])),
+    st.sampled_from([None, True, False]),
+    st.integers(1, 60),
+    st.sampled_from([1_000, 25_000, 90_000, 700_000]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(T0_US, T0_US + 10_000_000), st.lists(reuse_steps, min_size=1, max_size=12), st.booleans())
+def test_a_pace_loop_keeping_its_decision_acts_and_publishes_as_one_deciding_afresh(
+    t0: int, steps: list, interactive: bool
+) -> None:
+    """The reader keeps its decision while the slots, their users and their aliveness stay as they were, and a
+    batch owner's bits are not computed again then: a pace loop doing so decides, acts and publishes exactly as
+    one deciding and publishing afresh at every round (`reuse` False: the code before), through peers joining,
+    leaving, ageing out, coming back, changing users, and our DEMAND rising and falling."""
+    users = Users()
+    ca, cb = Clock(t0), Clock(t0)
+    wa, wb = World(unique_key(), ca, 1.0, users), World(unique_key(), cb, 1.0, users)
+    try:
+        la, _ = flagged_loop(wa.me, ca, ca.sleep, users=users, demand_exact=True)
+        lb, _ = flagged_loop(wb.me, cb, cb.sleep, users=users, demand_exact=True)
+        lb._source.reuse = False
+        for w in (wa, wb):
+            w.me.set_interactive(interactive)
+            w.clock.beating = None  # no heartbeat of ours: the registry stays unchanged between the history's writes
+        for n, (changes, user, demand, rounds, dt) in enumerate(steps):
+            for slot, change in changes.items():
+                peer = wa.present.get(slot) if change == "beat" else change
+                if change == "beat" and peer is None:
+                    continue
+                assert not isinstance(peer, str)
+                users.of[slot] = peer.uid if peer is not None else None
+                wa.write_peer(slot, peer)
+                wb.write_peer(slot, peer)
+            if user is not None:
+                users.of[user[0]] = user[1]
+            if demand is not None:
+                wa.me.set_demand(demand)
+                wb.me.set_demand(demand)
+            for k in range(rounds):
+                ca.advance_to(ca.t + dt)
+                cb.advance_to(cb.t + dt)
+                la.step()
+                lb.step()
+                assert la.decision == lb.decision, f"step {n} round {k}"
+                assert la.action == lb.action, f"step {n} round {k}"
+                assert wa.our_bits() == wb.our_bits(), f"step {n} round {k}"
+                assert la.policy.hold_off.distrusted == lb.policy.hold_off.distrusted, f"step {n} round {k}"
+                assert wa.seg.read_slot(0).busy_ppm == wb.seg.read_slot(0).busy_ppm, f"step {n} round {k}"
+            event(f"mode: {la.decision.mode if la.decision else None}")
+    finally:
+        wa.close()
+        wb.close()
+
+
+def test_an_unchanged_registry_is_not_decided_again_at_each_expiry(monkeypatch) -> None:
+    """Beside an idle peer nothing changes for seconds: the decision made once is kept at each DECIDE_TTL_US
+    expiry (the code before decided afresh every 100 ms), and made again as soon as the peer ages out (3 s after
+    its last heartbeat, within one expiry) or its user changes."""
+    from gpushare_tui.core.pacing import pacer as pacer_
+
+    decided: list[int] = []
+    decide = pacer_.schedule_ext2.decide
+    monkeypatch.setattr(pacer_.schedule_ext2, "decide", lambda *a: decided.append(1) or decide(*a))
+    clock = Clock(T0_US)
+    users = Users()
+    w = World(unique_key(), clock, 1.0, users)
+    try:
+        users.of[1] = 1000
+        w.write_peer(1, Peer(1.0, abi.FLAG_EXT1, 0, 1000))
+        w.me.set_demand(True)
+        loop, _ = flagged_loop(w.me, clock, clock.sleep, users=users, demand_exact=True)
+        clock.beating = None  # our own heartbeat rewrites our slot: a new read, not an expiry
+        loop.step()
+        decided.clear()
+        for _ in range(40):  # 1 s of 25 ms rounds: ten expiries
+            clock.t += 25_000
+            loop.step()
+        assert decided == []
+        users.of[1] = 1001  # its user as read now: decided again at the next expiry
+        for _ in range(4):
+            clock.t += 25_000
+            loop.step()
+        assert len(decided) == 1
+        d = loop.decision
+        assert d is not None and d.members == (0,)
+        clock.t = T0_US + abi.ALIVE_US + 1  # the peer's last heartbeat is now 3 s old: dead
+        loop.step()
+        assert len(decided) == 2
+    finally:
+        w.close()

@@ -8,10 +8,13 @@ import math
 
 import ext1_reference
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushare_tui.core.registry import abi
 from gpushare_tui.core.registry.abi import SlotRecord
 from gpushare_tui.core.schedule import ext1 as schedule_ext1
+from gpushare_tui.core.schedule import ext2 as schedule_ext2
 from gpushare_tui.core.schedule import v1 as schedule
 from testkit.paths import DATA
 
@@ -300,3 +303,80 @@ def test_decide_ignoring_priority_is_section_5_over_every_member() -> None:
     assert fair.mode == schedule_ext1.MODE_EXT1 and fair.priority == () and fair.over_budget == (0,)
     assert fair.schedule == schedule.build_schedule([(0, 1.0), (1, 1.0)])
     assert schedule_ext1.held_off_allowance_us(0.5, 400_000) == 200_000 + schedule_ext1.HELD_OFF_SLACK_US
+
+
+FLAG_BITS = (abi.FLAG_EXT1, abi.FLAG_INTERACTIVE, abi.FLAG_DEMAND, abi.FLAG_PRIORITY, abi.FLAG_USERS)
+
+# -- others_may_share: the front proxy's cheap look before it wakes the pace loop ------------------------------
+
+SHARE_NOW_US = 1_800_000_000_000_000
+
+
+def _raw(slots: dict[int, SlotRecord]) -> bytes:
+    return b"".join(abi.pack_slot(slots[i]) if i in slots else bytes(abi.SLOT_SIZE) for i in range(abi.SLOT_COUNT))
+
+
+def _peer(index: int, flags: int, *, active: int = 0, age_us: int = 0, seq: int = 2, pid: int = 4242) -> SlotRecord:
+    return SlotRecord(index, pid, seq, 1, 1.0, active, SHARE_NOW_US - age_us, 0, b"peer", flags)
+
+
+ME = _peer(3, abi.FLAG_EXT1 | abi.FLAG_DEMAND, active=1, pid=77)
+
+
+@pytest.mark.parametrize(
+    ("peer", "shares"),
+    [
+        (None, False),  # alone
+        (_peer(0, abi.FLAG_EXT1), False),  # an idle Extension-1 peer is no member
+        (_peer(0, abi.FLAG_EXT1 | abi.FLAG_INTERACTIVE | abi.FLAG_PRIORITY, active=1), False),  # nor one without DEMAND
+        (_peer(0, abi.FLAG_EXT1 | abi.FLAG_DEMAND), True),
+        (_peer(0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, age_us=abi.ALIVE_US + 1), False),  # dead
+        (_peer(0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, age_us=-abi.ALIVE_US - 1), False),  # from the future: dead
+        (_peer(0, abi.FLAG_EXT1 | abi.FLAG_DEMAND, pid=0), False),  # free
+        (_peer(0, 0, active=1), True),  # a v1 member: §5 for everyone
+        (_peer(0, 0, active=0), False),  # a v1 peer, idle
+        (_peer(0, abi.FLAG_EXT1, seq=3), True),  # mid-write: it cannot be told
+        (_peer(15, abi.FLAG_EXT1 | abi.FLAG_DEMAND), True),  # the last slot is looked at
+    ],
+)
+def test_others_may_share_says_whether_our_demand_makes_a_schedule(peer: SlotRecord | None, shares: bool) -> None:
+    slots = {ME.index: ME} | ({peer.index: peer} if peer is not None else {})
+    assert schedule_ext1.others_may_share(_raw(slots), abi.SLOT_SIZE, ME.index, SHARE_NOW_US) is shares
+    # our own slot never counts, whatever it says
+    assert not schedule_ext1.others_may_share(_raw({ME.index: ME}), abi.SLOT_SIZE, ME.index, SHARE_NOW_US)
+
+
+_flags = st.lists(st.sampled_from(FLAG_BITS), max_size=5).map(lambda bits: sum(set(bits)))
+_slot_states = st.tuples(
+    st.sampled_from([0, 4242]),  # pid
+    st.sampled_from([2, 3]),  # seq: even, or odd (mid-write)
+    st.sampled_from([0.5, 1.0, 3.0, 0.0, math.nan]),  # weight (0 and NaN: invalid)
+    st.sampled_from([0, 1]),  # active
+    st.sampled_from([0, 1_000_000, abi.ALIVE_US + 1, -abi.ALIVE_US - 1]),  # heartbeat age
+    _flags,
+    st.sampled_from([0, 400_000, 1_000_000]),  # busy_ppm
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, abi.SLOT_COUNT - 1), _slot_states, max_size=6),
+    st.integers(0, abi.SLOT_COUNT - 1),
+    st.booleans(),
+)
+def test_no_other_may_share_means_we_run_unpaced_under_every_rule(
+    others: dict[int, tuple], own: int, interactive: bool
+) -> None:
+    """Where others_may_share says no, every decision (§5, §7, §8 with any users) leaves us, with DEMAND raised,
+    unpaced and never waiting: a wake of our pace loop could change nothing."""
+    mine = abi.FLAG_EXT1 | abi.FLAG_DEMAND | (abi.FLAG_INTERACTIVE | abi.FLAG_PRIORITY if interactive else 0)
+    slots = {own: _peer(own, mine, active=1, pid=77)}
+    for i, (pid, seq, weight, active, age, flags, busy) in others.items():
+        if i != own:
+            slots[i] = SlotRecord(i, pid, seq, 1, weight, active, SHARE_NOW_US - age, busy, b"p", flags)
+    if schedule_ext1.others_may_share(_raw(slots), abi.SLOT_SIZE, own, SHARE_NOW_US):
+        return
+    records = [slots[i] for i in sorted(slots)]
+    for uids in ({}, {i: 1000 for i in slots}, {i: 1000 + i for i in slots}):
+        d = schedule_ext2.decide(records, SHARE_NOW_US, uids)
+        assert not d.paced(own) and not d.waits(own), d

@@ -23,6 +23,7 @@ from ..pacing import policy as policy_
 from ..pacing.pacer import DecisionSource
 from ..registry.membership import Membership
 from ..registry.segment import SegmentError
+from ..schedule import ext1 as schedule_ext1
 from ..schedule import ext2 as schedule_ext2
 from ..schedule import v1 as schedule
 
@@ -100,9 +101,13 @@ class PaceLoop:
     ) -> None:
         self._m, self._alive, self._quit = membership, alive, quit_event
         self._stop, self._cont, self._stopped = stop, cont, stopped
-        self._woken = threading.Event()
+        # held, except while a wake is pending: `wake` releases it, the wait between rounds acquires it (one C call
+        # each: an Event's wait and set run ~40 lines of Python, ~90 µs a round with the caches cold beside an engine)
+        self._woken = threading.Lock()
+        self._woken.acquire()
+        self._rises = self._rises_seen = 0  # DEMAND rises said by `demand_rose` (its thread), and as of the last round
         self._clock, self._mono = clock_us, mono_us
-        self._sleep: Callable[[float], object] = sleep_s if sleep_s is not None else self._woken.wait
+        self._sleep: Callable[[float], object] = sleep_s if sleep_s is not None else self._wait
         self.lateness_us = lateness_us
         self._lead_us = stop_lead_us
         self.policy = policy_.PacingPolicy()
@@ -127,7 +132,7 @@ class PaceLoop:
         before = _raise_priority()
         try:
             while not self._quit.is_set() and self._alive():
-                self._woken.clear()  # a wake-up during the round that follows is not lost: it ends the next wait
+                self._woken.acquire(False)  # a wake-up during the round that follows is not lost: it ends the next wait
                 start = self._mono()
                 wait_us = self.step()
                 # the wait counts from the step's start (its clock): the step's own time (~150-200 µs of Python on 2
@@ -143,26 +148,53 @@ class PaceLoop:
         """Decide again now, or PACE_WAKE_GAP_US after the last round's start (thread-safe): work arrived for an
         engine left running idle and unpaced, which would otherwise run outside its window until the next round
         (up to 25 ms a request: a flood of short requests took ~5 points over its share so)."""
-        self._woken.set()
+        try:
+            self._woken.release()
+        except RuntimeError:  # released already: a wake is pending
+            pass
+
+    def _wait(self, timeout_s: float) -> bool:
+        """Until `wake` or `timeout_s`; True when woken."""
+        return self._woken.acquire(True, timeout_s)
+
+    def demand_rose(self) -> None:
+        """The engine's DEMAND rose (the front proxy's first request in flight; thread-safe, called once it is
+        published): `wake` where deciding at once can change what the engine may do: it is stopped, or another
+        alive slot has DEMAND or is a v1 member (ext1.others_may_share), so our DEMAND makes a schedule. Else
+        the engine is the only member and runs unpaced whatever a round decides: no round is spent on it (a
+        pace round costs ~150-300 µs of CPU with the caches cold, and a request alone woke two), and the rise
+        counts the span it falls in as busy at the next round. A peer raising DEMAND just as we read it is
+        seen by our next round (unpaced, UNTHROTTLED_POLL_S apart), as one raising it just after a woken round
+        always was; and a peer that decides the same way (after publishing its own DEMAND, as we do) sees ours."""
+        self._rises += 1
+        if self._stopped():
+            self.wake()
+            return
+        raw = self._m.slots_raw()
+        if raw is None or schedule_ext1.others_may_share(raw[0], raw[1], self._m.slot, self._clock()):
+            self.wake()
 
     def step(self) -> int:
         """One round: account, read, decide, signal. Returns how long to wait before the next (µs), from the
         round's start."""
         m = self._m
-        if m.say_lost_once():  # the segment is beyond repair (Membership.recover): the engine runs unpaced
+        if m.lost is not None and m.say_lost_once():  # beyond repair (Membership.recover): the engine runs unpaced
             self.window_end_us = None
             self._open = None
             self._continue()
             return int(UNTHROTTLED_POLL_S * 1e6)
+        rises = self._rises  # before DEMAND is read: a rise after this is counted by the next round
         now, mono = self._clock(), self._mono()
         if self._closing is not None and mono - self._closing[2] >= EDGE_SETTLE_US:
             self._close_window(mono)
         working_us = 0  # device time: continued with work in flight (idle between two requests counted as busy,
         if not self._stopped():  # an honest engine lost PRIORITY)
             self.policy.ran(m.slot, self._last_mono, mono, self._last_wall, now)
-            if m.demand or self._had_demand:  # a span with work at either end
+            # a span with work at either end, or one that rose (and maybe ended) within it
+            if m.demand or self._had_demand or rises != self._rises_seen:
                 working_us = mono - self._last_mono
         self._had_demand = m.demand
+        self._rises_seen = rises
         if self._busy is None:  # current at every round: a meter a mark (~50-100 ms) late let a flood overstay
             device_us = working_us
         else:
@@ -215,8 +247,10 @@ class PaceLoop:
         return even_wait_us(a.until_us - now, RECHECK_US)
 
     def _continue(self) -> None:
-        """SIGCONT: a window stopped but not yet read is not read (the engine runs again)."""
-        self._cont()
+        """SIGCONT, unless not stopped (every unpaced round: nothing to send); a window stopped but not yet read
+        is not read (the engine runs again)."""
+        if self._stopped():
+            self._cont()
         self._closing = self._at_stop = None
 
     def _threads(self, with_wait: bool) -> tuple[int, int | None] | None:

@@ -305,7 +305,7 @@ class Supervisor:
         if self.membership is not None:
             self.membership.set_demand(demand)
         if demand and self.pacing is not None:
-            self.pacing.wake()  # re-read before the engine's first step outside its window (spec §7)
+            self.pacing.demand_rose()  # re-read before the engine's first step outside its window (spec §7)
 
     def set_weight(self, weight: float) -> float:
         """Publish a new weight (joined only); the stored (f32) value."""

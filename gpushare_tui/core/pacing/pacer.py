@@ -32,26 +32,42 @@ class RegistryReader:
     again only when the table's bytes changed (one 2 KiB copy to compare, < 1 µs), and the decision is
     re-made when they changed, when asked, or DECIDE_TTL_US after the last one (a heartbeat ageing past
     3 s is then seen within 100 ms). What lets Extension 1's frequent re-reads cost < 2 % of a core.
-    The slots' users (§8.1) come from a UserReader (each re-read from /proc at most once a second)."""
+    The slots' users (§8.1) come from a UserReader (each re-read from /proc at most once a second).
+    At DECIDE_TTL_US the users are read again, and the decision kept where they are the same and no slot
+    became alive or dead since (`holds`): decide reads the time through aliveness alone, so it would say the
+    same (a pace round beside a lone engine decided afresh every 100 ms for nothing). `reuse` False: decide
+    afresh at every expiry, as before (the reference the tests hold it to)."""
 
     def __init__(self, users: UserReader | None = None) -> None:
-        self.slots: tuple[SlotRecord, ...] = ()
+        self.slots: tuple[SlotRecord, ...] = ()  # the claimed ones (pid set), in slot order
         self._raw = b""
         self._decision: schedule_ext2.Decision | None = None
         self._decided_mono_us = 0
         self._users = users if users is not None else UserReader()
         self.uids: dict[int, int | None] = {}  # slot -> its user as of the last decision
+        self.span_us = (0, 0)  # abi.alive_span_us of the slots as of the last decision
+        self.reuse = True
+
+    def holds(self, now_us: int) -> bool:
+        """No slot became alive or dead between the last decision and `now_us` (wall)."""
+        return self.span_us[0] <= now_us < self.span_us[1]
 
     def read(self, seg: Segment, now_us: int, mono_us: int, force: bool = False) -> schedule_ext2.Decision:
         raw = seg.slots_raw()
         if raw != self._raw:
-            self.slots, self._raw = seg.read_slots(), raw
+            # the claimed slots only (pid set): a free slot is never alive, and every rule looks at alive slots
+            # alone (a round beside one engine then walks one slot, not sixteen, in each of them)
+            self.slots, self._raw = tuple(s for s in seg.read_slots() if s.pid), raw
             self._decision = None
         d = self._decision
         if d is None or force or mono_us - self._decided_mono_us >= DECIDE_TTL_US:
-            self.uids = self._users.uids(self.slots, now_us)
-            d = self._decision = schedule_ext2.decide(self.slots, now_us, self.uids)
+            uids = self._users.uids(self.slots, now_us)
             self._decided_mono_us = mono_us
+            if d is not None and not force and self.reuse and uids == self.uids and self.holds(now_us):
+                return d  # the same slots, users and aliveness: the same decision
+            self.uids = uids
+            d = self._decision = schedule_ext2.decide(self.slots, now_us, uids)
+            self.span_us = abi.alive_span_us(self.slots, now_us)
         return d
 
 
@@ -68,20 +84,37 @@ class DecisionSource:
         self.policy = policy
         self._users = users
         self.reader = RegistryReader(users)
+        self.reuse = True  # False (tests' reference): publish afresh at every read, and the reader decide so
+        self._published: tuple[schedule_ext2.Decision, int] | None = None  # (decision, our flags) last published on
 
     def read(self, now_us: int, mono_us: int) -> schedule_ext2.Decision:
         m, reader = self._m, self.reader
+        reader.reuse = self.reuse
         d = reader.read(m.segment, now_us, mono_us)
-        pub = self.policy.publish(d, reader.slots, reader.uids, m.slot, m.weight, m.flags, now_us, mono_us)
-        changed = pub.users is not None and m.set_users(pub.users)  # at once (§8.2)
-        if pub.priority is not None:
-            changed = changed or pub.priority != m.priority
-            m.set_priority(pub.priority, pub.busy_ppm)
-        if changed:  # our own bits changed: decide on what we now publish
-            d = reader.read(m.segment, now_us, mono_us, force=True)
+        flags = m.flags
+        # A batch owner's bits are a function of the decision's slots and users (the same decision object: the
+        # same read of them), our flags and the slots' aliveness (policy.publish): all as when last published on,
+        # they are the same again
+        last = self._published
+        if (
+            last is None
+            or last[0] is not d
+            or last[1] != flags
+            or flags & abi.FLAG_INTERACTIVE
+            or not reader.holds(now_us)
+        ):
+            pub = self.policy.publish(d, reader.slots, reader.uids, m.slot, m.weight, flags, now_us, mono_us)
+            changed = pub.users is not None and m.set_users(pub.users)  # at once (§8.2)
+            if pub.priority is not None:
+                changed = changed or pub.priority != m.priority
+                m.set_priority(pub.priority, pub.busy_ppm)
+            if changed:  # our own bits changed: decide on what we now publish
+                d = reader.read(m.segment, now_us, mono_us, force=True)
+            self._published = (d, m.flags) if self.reuse and reader.holds(now_us) else None
         return self.policy.judge(d, m.slot, reader.slots, now_us, mono_us)
 
     def repair(self, e: SegmentError) -> None:
+        self._published = None
         self.reader = RegistryReader(self._users)
         if not self._m.recover(e):
             self._m.say_lost_once()

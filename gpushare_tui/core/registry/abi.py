@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..host.errors import UsageError
@@ -192,6 +193,24 @@ class SlotRecord:
 
     def is_member(self, now_us: int) -> bool:
         return self.is_alive(now_us) and self.active == 1 and weight_is_valid(self.weight)
+
+
+def alive_span_us(slots: Iterable[SlotRecord], now_us: int) -> tuple[int, int]:
+    """[lo, hi): the wall-clock span around `now_us` in which no slot of `slots` becomes alive or dead (§4: a
+    claimed slot is alive while -ALIVE_US <= now - heartbeat_us <= ALIVE_US). Every rule reads the time only
+    through that, so what it says at `now_us` holds anywhere in the span while the slots stay as they are."""
+    lo, hi = -(2**63), 2**63
+    for s in slots:
+        if not s.pid:
+            continue
+        born, dies = s.heartbeat_us - ALIVE_US, s.heartbeat_us + ALIVE_US + 1
+        if now_us < born:
+            hi = min(hi, born)
+        elif now_us < dies:
+            lo, hi = max(lo, born), min(hi, dies)
+        else:
+            lo = max(lo, dies)
+    return lo, hi
 
 
 def pack_header() -> bytes:

@@ -190,6 +190,18 @@ class Membership:
                     return self._segment.read_slots()
                 return ()
 
+    def slots_raw(self) -> tuple[bytes, int] | None:
+        """Every slot's bytes in one unchecked copy (Segment.slots_raw: a cheap look at other slots' words, no
+        seqlock) and the slot size; None when not joined, `lost`, or the read fails (a shrunk segment: the next
+        full read repairs it). Safe from any thread (read_slots says why the lock)."""
+        with self._lock:
+            if self._segment is None or self.lost is not None:
+                return None
+            try:
+                return self._segment.slots_raw(), self._segment.header.slot_size
+            except SegmentError:
+                return None
+
     def peers_alive(self) -> int:
         now = self._clock()
         return sum(1 for r in self.read_slots() if r.is_alive(now))
@@ -225,9 +237,13 @@ class Membership:
                 self._write_if_joined()
 
     def set_demand(self, demand: bool) -> None:
-        """Publish DEMAND (work in flight now) at once when it changes (spec §7)."""
+        """Publish DEMAND (work in flight now) at once when it changes (spec §7). Twice a request through a front
+        proxy: set_flags' checks of what it is given are left out (one known bit)."""
         with self._lock:
-            self.set_flags(self._flags | abi.FLAG_DEMAND if demand else self._flags & ~abi.FLAG_DEMAND)
+            flags = self._flags | abi.FLAG_DEMAND if demand else self._flags & ~abi.FLAG_DEMAND
+            if flags != self._flags:
+                self._flags = flags
+                self._write_if_joined()
 
     def set_interactive(self, interactive: bool) -> None:
         """Publish the latency class (INTERACTIVE set: interactive; clear: batch) at once (spec §7). Becoming

