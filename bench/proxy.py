@@ -3,7 +3,7 @@ nginx: one engine under `gpushare-tui launch` (its supervisor runs the proxy, as
 ways in one run, in an order that rotates each round (a drift of the machine's load hits all alike):
 
 - direct: the engine's internal port;
-- ours: the public port (the proxy in the supervisor process);
+- ours: the public port (the proxy, in a process of its own beside the supervisor);
 - nginx: nginx 1.22 on the same engine, `proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker (what
   a user would put in front of it otherwise). Without nginx installed this path is skipped (one line says so).
 
@@ -13,10 +13,12 @@ ways in one run, in an order that rotates each round (a drift of the machine's l
 Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
 rate), round and path: tokens/s received by the clients in the window, TTFT p50/p99 (request sent -> first token
 event), and CPU per streamed token: ours the supervisor's whole CPU (its proxy process, pace loop and monitor
-included) and its proxy's alone (its process; a thread named gpushare-proxy before it had one), nginx its
-worker's. Streamed `/completion`s back to back, a new connection per request (--keep-alive: one per
-client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared cores a heavier client would
-measure itself). Prints a table per round and a summary per level; writes bench/results/proxy.json.
+included), its proxy's alone (its process; a thread named gpushare-proxy before it had one), and its proxy's with
+what the supervisor spent over its spend in the same round's direct window (the proxy's whole cost: the pace loop
+and monitor run either way); nginx its worker's. Streamed `/completion`s back to back, a new connection per
+request (--keep-alive: one per client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared
+cores a heavier client would measure itself). Prints a table per round and a summary per level; writes
+bench/results/proxy.json.
 
 Measured here, 2026-12-05 05:34 (2 cores shared with other engineers' jobs, load average 1.6-2.3 through the
 run: not quiet; 6 s windows, 2 rounds, 96 tokens, a new connection per request; medians of the rounds):
@@ -107,6 +109,24 @@ measurement of this change. What is left a request: the kernel's and uvloop's pa
 connect, close: the bare relay's ~165 µs in the harness), ~250 µs more in ~540 Python calls and their syscalls
 (the accept task, the futures a request waits on, the recorder, the DEMAND line), and the supervisor's ~250 µs
 of DEMAND.
+
+2026-12-06 17:45-17:50, the C relay (core/engines/_relay.c: a stream's tokens after its first relayed by a C thread)
+and the supervisor's cheaper DEMAND (a rise wakes the pace loop only where a peer may share; DEMAND falls 5 ms after
+the last request), load 1.2-2.6 (5.4 in the 64-stream rounds), 3 rounds, medians; µs of CPU a token: ours all (the
+supervisor and its proxy process) / its proxy process / the proxy and what the supervisor spent over its spend in
+the direct window (the proxy's own cost: the pace loop and monitor run either way) / nginx:
+
+    streams   ours all / proxy / proxy + supervisor's extra / nginx      tok/s vs direct   TTFT p50 ours − direct
+    1         33.5 / 22.9 / 23.9 / 12.7   (2.64× / 1.81× / 1.88×)      97.0 %            +0.58 ms
+    8         21.2 / 17.5 / 18.3 / 13.1   (1.62× / 1.33× / 1.40×)      101.3 %           +0.57 ms
+    32        23.2 / 19.5 / 19.5 / 16.9   (1.37× / 1.15× / 1.15×)      101.9 %           +2.04 ms
+    64        30.2 / 24.2 / 25.2 / 22.1   (1.37× / 1.10× / 1.14×)      96.2 %            −20.4 ms
+
+Before them (the same day, 16:00, load 0.6-2.2): the proxy alone 39.8 / 21.4 / 23.0 / 26.6 µs (2.84× / 1.62× /
+1.22× / 1.44×), ours all 58.2 / 26.6 / 28.4 / 34.2. At one stream the C relay thread costs ~9.5-12 µs a token (one
+epoll_wait, recv and send, as nginx's worker) and the proxy's loop ~1.2 ms a request (~5 wake-ups: the request, the
+response head, the first token, the relay's report, the connections' ends; perf: half of it the interpreter, 15 %
+the context switches): 12.5 µs a token at 96 tokens, what is left between it and nginx.
 
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
