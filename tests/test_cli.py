@@ -288,3 +288,35 @@ def test_an_error_not_raised_from_a_signal_still_fails_loudly(monkeypatch) -> No
     monkeypatch.setattr(typer_app, "run_app", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["status", "x"])
+
+
+_SWALLOWED = """
+import os, signal
+from gpushare_tui.core.host import lifecycle
+
+lifecycle.guard_startup()
+
+
+class Field:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGTERM)  # the guard's SystemExit, raised in here: Python wraps it
+
+
+try:  # a library's import fallback, as some do: the wrapped SystemExit goes no further
+    class Model:
+        data = Field()
+except Exception:
+    pass
+termination = lifecycle.Termination()
+lifecycle.on_signals(termination)  # the command's own handler: it is told of the signal the guard raised for
+print(termination.event.is_set(), termination.signum, flush=True)
+"""
+
+
+def test_a_signal_whose_exit_a_library_swallowed_reaches_the_commands_handler() -> None:
+    """A SIGTERM right after the start-up guard raised its SystemExit inside an import whose `except Exception`
+    fallback swallowed it (Python 3.11 wraps it in a RuntimeError there): `run` started and served on, told to stop
+    by nobody (test_signals_startup: "still running 40 s after the signal"). The command's own handler is given
+    that signal as it is installed: its loop ends as for a signal that came then."""
+    out = subprocess.run([sys.executable, "-c", _SWALLOWED], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "15"], (out.stdout, out.stderr)

@@ -29,6 +29,11 @@ Handler = Callable[[int], None]
 
 _deferring = 0  # depth of termination_deferred() sections in the main thread
 _pending: list[tuple[Handler, int]] = []  # (handler, signum) that came during one
+# A termination signal the start-up guard raised for. Its exception may not end the start-up: raised inside an
+# import, it can come out of a library's `except Exception` fallback as if nothing happened (Python 3.11 wraps an
+# exception raised in a class body's __set_name__ in a RuntimeError; `run` then started and served on, told to
+# stop by nobody). The next handler installed is given it at once.
+_guarded_signum: int | None = None
 
 
 def on_signals(handler: Handler, signals: tuple[signal.Signals, ...] = TERMINATION_SIGNALS) -> Callable[[], None]:
@@ -42,12 +47,16 @@ def on_signals(handler: Handler, signals: tuple[signal.Signals, ...] = TERMINATI
             return
         handler(signum)
 
+    global _guarded_signum
     previous = {sig: signal.signal(sig, call) for sig in signals}
 
     def restore() -> None:
         for sig, old in previous.items():
             signal.signal(sig, old)
 
+    came, _guarded_signum = _guarded_signum, None
+    if came is not None and handler is not _guard and sys.exc_info()[1] is None:
+        handler(came)  # the start-up guard's signal, whose exception something swallowed: this handler's turn
     return restore
 
 
@@ -67,8 +76,16 @@ def exit_on_termination() -> Callable[[], None]:
 def guard_startup() -> None:
     """The command line's first act: `raise_exit` on every termination signal until a command
     installs its own handlers (a signal meanwhile ends it before it started anything: SystemExit
-    128 + signum, KeyboardInterrupt for SIGINT; never a default death half-way)."""
-    on_signals(raise_exit)
+    128 + signum, KeyboardInterrupt for SIGINT; never a default death half-way). Where that exception
+    was swallowed on its way (an import's fallback), the next handler installed (`on_signals`) is
+    called with the signal as it is installed."""
+    on_signals(_guard)
+
+
+def _guard(signum: int) -> None:
+    global _guarded_signum
+    _guarded_signum = signum
+    raise_exit(signum)
 
 
 def ignore_termination() -> None:
