@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -12,6 +13,7 @@ from ...host.budgets import EDGE_THREADS_READ_MAX
 TREE_REFRESH_S = 1.0  # children(recursive=True) scans every process on the host: at most once a second
 TREE_MAX_PROCESSES = 4096  # a fork bomb under the engine is not walked for ever
 CPU_MIN_SPAN_US = 40_000  # a shorter span reads a burst as a rate (and /proc's CPU times come in 10 ms ticks)
+GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})  # a /proc read of a process or thread that exited
 CPUCLOCK_SCHED = 2  # a process CPU-time clock id's low bits (the kernel's CPUCLOCK_SCHED, not per thread)
 
 
@@ -60,18 +62,25 @@ class ProcessTree:
         self._procs = procs
 
     @staticmethod
-    def children_of(pid: int) -> list[int]:
-        """`pid`'s children now (every thread's: /proc/PID/task/TID/children); [] when gone."""
+    def children_of(pid: int, strict: bool = False) -> list[int]:
+        """`pid`'s children now (every thread's: /proc/PID/task/TID/children); [] when gone. `strict`: an OSError
+        other than the process or thread being gone (EMFILE: out of fds) is raised, not taken for no children."""
         kids: list[int] = []
         try:
             tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
+        except OSError as e:
+            if strict and e.errno not in GONE_ERRNOS:
+                raise
             return kids
         for tid in tids:
             try:
                 with open(f"/proc/{pid}/task/{tid}/children") as f:
                     kids += [int(k) for k in f.read().split()]
-            except (OSError, ValueError):
+            except ValueError:
+                continue
+            except OSError as e:
+                if strict and e.errno not in GONE_ERRNOS:
+                    raise
                 continue
         return kids
 
@@ -152,13 +161,15 @@ def threads_sched_ns(pid: int, max_threads: int = EDGE_THREADS_READ_MAX) -> tupl
 def _descendants(root_pid: int) -> list[int] | None:
     """The descendants of `root_pid` from /proc/PID/task/TID/children (Linux: reads only the tree, where
     psutil's children() reads every process on the host: ~10 ms of CPU a call beside ~150 processes);
-    None where the kernel has no such file (then psutil is asked)."""
+    None where the kernel has no such file (then psutil is asked). OSError where a file cannot be read for another
+    reason than a process gone (EMFILE): the tree stays as last listed (a member read as gone and found again
+    would have its whole CPU time counted twice), and the reader says why."""
     if not os.path.exists(f"/proc/{root_pid}/task/{root_pid}/children"):
         return None
     found: list[int] = []
     todo = [root_pid]
     while todo and len(found) < TREE_MAX_PROCESSES:
-        kids = ProcessTree.children_of(todo.pop())
+        kids = ProcessTree.children_of(todo.pop(), strict=True)
         found += kids
         todo += kids
     return found
