@@ -17,8 +17,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -314,34 +316,28 @@ def test_an_exact_demand_keeps_the_priority_meter_current() -> None:
         w.close()
 
 
-def test_a_wake_ends_the_pace_loops_wait_at_once() -> None:
-    """The front proxy's new request wakes the pace loop (`wake`): it decides again at once rather than at its
-    next round (up to 25 ms later for an idle, unpaced engine, which meanwhile ran outside its window: a flood of
-    short requests took ~5 points over its share so). Here a round asks for a 10 s wait; a wake ends it."""
-    w = World(unique_key(), Clock(T0_US), 1.0, Users())
+@contextmanager
+def _round_counting_loop(
+    w: World, rounds: list[float], stopped: Callable[[], bool] = lambda: False, **kw: Any
+) -> Iterator[PaceLoop]:
+    """A PaceLoop on `w`'s member in a thread of its own, each round noted in `rounds` (its monotonic time) and
+    asking for a 10 s wait; ended (and its world closed) on the way out."""
     quit_event = threading.Event()
+    loop = PaceLoop(
+        w.me,
+        alive=lambda: True,
+        quit_event=quit_event,
+        stop=lambda: None,
+        cont=lambda: None,
+        stopped=stopped,
+        lateness_us=deque(),
+        **kw,
+    )
+    loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
+    t = threading.Thread(target=loop.run, daemon=True)
+    t.start()
     try:
-        loop = PaceLoop(
-            w.me,
-            alive=lambda: True,
-            quit_event=quit_event,
-            stop=lambda: None,
-            cont=lambda: None,
-            stopped=lambda: False,
-            lateness_us=deque(),
-        )
-        rounds: list[float] = []
-        loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
-        t = threading.Thread(target=loop.run, daemon=True)
-        t.start()
-        deadline = time.monotonic() + 5
-        while not rounds and time.monotonic() < deadline:
-            time.sleep(0.01)
-        woken = time.monotonic()
-        loop.wake()
-        while len(rounds) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(rounds) == 2 and rounds[1] - woken < 2.0, rounds
+        yield loop
     finally:
         quit_event.set()
         loop.wake()
@@ -350,36 +346,33 @@ def test_a_wake_ends_the_pace_loops_wait_at_once() -> None:
     assert not t.is_alive()
 
 
+def test_a_wake_ends_the_pace_loops_wait_at_once() -> None:
+    """The front proxy's new request wakes the pace loop (`wake`): it decides again at once rather than at its
+    next round (up to 25 ms later for an idle, unpaced engine, which meanwhile ran outside its window: a flood of
+    short requests took ~5 points over its share so). Here a round asks for a 10 s wait; a wake ends it."""
+    rounds: list[float] = []
+    with _round_counting_loop(World(unique_key(), Clock(T0_US), 1.0, Users()), rounds) as loop:
+        deadline = time.monotonic() + 5
+        while not rounds and time.monotonic() < deadline:
+            time.sleep(0.01)
+        woken = time.monotonic()
+        loop.wake()
+        while len(rounds) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(rounds) == 2 and rounds[1] - woken < 2.0, rounds
+
+
 def test_wakes_as_fast_as_a_client_can_send_them_buy_a_round_per_wake_gap_at_most() -> None:
     """Every request a client starts through the front proxy may wake the pacing thread (real-time priority): a
     thread waking it without pause for 1 s gets at most one round per PACE_WAKE_GAP_US (the code before ran a
     round per wake: tens of thousands here)."""
-    w = World(unique_key(), Clock(T0_US), 1.0, Users())
-    quit_event = threading.Event()
     rounds: list[float] = []
-    try:
-        loop = PaceLoop(
-            w.me,
-            alive=lambda: True,
-            quit_event=quit_event,
-            stop=lambda: None,
-            cont=lambda: None,
-            stopped=lambda: False,
-            lateness_us=deque(),
-        )
-        loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
-        t = threading.Thread(target=loop.run, daemon=True)
-        t.start()
+    with _round_counting_loop(World(unique_key(), Clock(T0_US), 1.0, Users()), rounds) as loop:
         t0 = time.monotonic()
         while time.monotonic() - t0 < 1.0:
             loop.wake()
             time.sleep(0)  # the loop's thread takes the interpreter between wakes, as with the proxy's own thread
         elapsed_us = (time.monotonic() - t0) * 1e6
-    finally:
-        quit_event.set()
-        loop.wake()
-        t.join(5)
-        w.close()
     assert 10 <= len(rounds) <= elapsed_us / budgets.PACE_WAKE_GAP_US + 5, len(rounds)
 
 
@@ -390,21 +383,8 @@ def test_a_demand_rise_wakes_the_pace_loop_only_where_it_can_matter() -> None:
     code before woke one for every request: ~150-300 µs of CPU each, caches cold, beside a busy engine)."""
     clock = Clock(T0_US)
     w = World(unique_key(), clock, 1.0, Users())
-    quit_event = threading.Event()
     stopped = [False]
     rounds: list[float] = []
-    loop = PaceLoop(
-        w.me,
-        alive=lambda: True,
-        quit_event=quit_event,
-        stop=lambda: None,
-        cont=lambda: None,
-        stopped=lambda: stopped[0],
-        lateness_us=deque(),
-        clock_us=clock,
-    )
-    loop.step = lambda: rounds.append(time.monotonic()) or 10_000_000  # type: ignore[method-assign]
-    t = threading.Thread(target=loop.run, daemon=True)
 
     def woke(wait_s: float) -> bool:
         """A request's DEMAND rises and ends: did a round follow within `wait_s`?"""
@@ -417,8 +397,7 @@ def test_a_demand_rise_wakes_the_pace_loop_only_where_it_can_matter() -> None:
             time.sleep(0.005)
         return len(rounds) > n
 
-    try:
-        t.start()
+    with _round_counting_loop(w, rounds, stopped=lambda: stopped[0], clock_us=clock) as loop:
         deadline = time.monotonic() + 5
         while not rounds and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -435,12 +414,6 @@ def test_a_demand_rise_wakes_the_pace_loop_only_where_it_can_matter() -> None:
         assert not woke(0.3)
         stopped[0] = True  # stopped by us (its window ended with work in flight): it may be due to run
         assert woke(5.0)
-    finally:
-        quit_event.set()
-        loop.wake()
-        t.join(5)
-        w.close()
-    assert not t.is_alive()
 
 
 def test_a_request_between_two_rounds_counts_its_span_as_busy() -> None:
