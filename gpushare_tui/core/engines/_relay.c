@@ -13,13 +13,15 @@
    before: a size line of any other form (upper case, zeros, an extension, over 15 digits), a missing CRLF after
    a chunk's data; at the last chunk, gathered while it is `0 CRLF CRLF` (so a stream whose end comes in two
    reads costs the loop one wake-up, not two) and given back unwritten (with its trailers, if any: the loop's);
-   at the engine's EOF or a read error; when the client's socket fails a write; when the loop cancels it. Its memory per stream is bounded:
-   a size line begun (at most 16 bytes), what the client has not taken (reading the engine pauses above
-   `out_max` bytes), and the read times not yet collected (at most TIMES_MAX; the rest are counted as dropped).
+   at the engine's EOF or a read error; when the client's socket fails a write; when the loop cancels it. Its
+   memory per stream is bounded: a size line begun (at most 16 bytes), what the client has not taken (reading
+   the engine pauses above `out_max` bytes), and the read times not yet collected (at most TIMES_MAX; the rest
+   are counted as dropped).
 
    Read times: where the stream is timed, each read whose event (after a size line that begins the read) does
-   not begin with one of the `not_tokens` prefixes, and that is not of the last chunk, is a token's arrival (CLOCK_MONOTONIC, time.monotonic's
-   clock); the loop collects them (`collect`), told on the eventfd when a stream has kept any for `flush_s`. */
+   not begin with one of the `not_tokens` prefixes, and that is not of the last chunk, is a token's arrival
+   (CLOCK_MONOTONIC, time.monotonic's clock); the loop collects them (`collect`), told on the eventfd when a
+   stream has kept any for `flush_s` (or TIMES_NOTIFY of them). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -54,7 +56,7 @@ typedef struct {
     int timed;
     int reason;    /* R_LIVE while relaying */
     int err;       /* errno of a read or write that failed */
-    int state;     /* S_SIZE, S_DATA, S_CRLF */
+    int state;     /* S_SIZE, S_DATA, S_CRLF, S_LAST */
     uint64_t left; /* S_DATA: bytes of the chunk's data to come; S_CRLF: bytes of its CRLF to come (1 or 2) */
     /* S_SIZE: the size line so far (digits, their value, whether its CR came); `carry`: its bytes that came in
        an earlier read (not yet relayed: a line is relayed whole) */
