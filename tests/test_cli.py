@@ -320,3 +320,37 @@ def test_a_signal_whose_exit_a_library_swallowed_reaches_the_commands_handler() 
     that signal as it is installed: its loop ends as for a signal that came then."""
     out = subprocess.run([sys.executable, "-c", _SWALLOWED], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["True", "15"], (out.stdout, out.stderr)
+
+
+_UNRAISABLE = """
+import os, signal, weakref
+from gpushare_tui.core.host import lifecycle
+
+lifecycle.guard_startup()
+
+
+class Module:
+    pass
+
+
+def dropped(_ref):  # as importlib's module-lock callback: what it raises, Python prints and drops
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):  # the handler runs here, inside the callback
+        pass
+
+
+m = Module()
+ref = weakref.ref(m, dropped)
+del m
+termination = lifecycle.Termination()
+lifecycle.on_signals(termination)
+print(termination.event.is_set(), termination.signum, flush=True)
+"""
+
+
+def test_a_signal_whose_exit_python_could_not_raise_prints_nothing_and_reaches_the_handler() -> None:
+    """The guard's SystemExit raised inside a weakref callback (importlib's module lock, during an import: seen
+    under `serve`) is one Python prints as "Exception ignored in" with a traceback, and drops: nothing is printed
+    now, and the command's own handler gets the signal as it is installed."""
+    out = subprocess.run([sys.executable, "-c", _UNRAISABLE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "15"] and out.stderr == "", (out.stdout, out.stderr)

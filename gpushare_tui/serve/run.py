@@ -30,9 +30,11 @@ def serve(listen: str, gpu_key: str | None = None, all_owners: bool = False) -> 
     def stop(_signum: int) -> None:
         raise KeyboardInterrupt
 
-    on_signals(stop)  # until the loop handles them; at the end of the start-up's section if it comes then
     server: ExporterServer | None = None
     try:
+        # until the loop handles them; at the end of the start-up's section if it comes then (at once: a signal
+        # whose start-up exit was swallowed, lifecycle.guard_startup)
+        on_signals(stop)
         with termination_deferred():
             server = open_server(listen, gpu_key, all_owners)
             host = server.server_address[0]

@@ -77,9 +77,26 @@ def guard_startup() -> None:
     """The command line's first act: `raise_exit` on every termination signal until a command
     installs its own handlers (a signal meanwhile ends it before it started anything: SystemExit
     128 + signum, KeyboardInterrupt for SIGINT; never a default death half-way). Where that exception
-    was swallowed on its way (an import's fallback), the next handler installed (`on_signals`) is
-    called with the signal as it is installed."""
+    was swallowed on its way (an import's fallback, or Python itself where it cannot raise: a weakref
+    callback in an import, printed as "Exception ignored in"), the next handler installed
+    (`on_signals`) is called with the signal as it is installed, and nothing is printed of it."""
+    global _unraisable_before
+    if _unraisable_before is None:
+        _unraisable_before = sys.unraisablehook
+        sys.unraisablehook = _quiet_guard_exit
     on_signals(_guard)
+
+
+_unraisable_before: Callable[[sys.UnraisableHookArgs], object] | None = None
+
+
+def _quiet_guard_exit(unraisable: sys.UnraisableHookArgs) -> None:
+    """sys.unraisablehook: the guard's own exit, raised where Python could not raise it, is not printed (its
+    signal goes to the next handler installed); anything else as before."""
+    if _guarded_signum is not None and unraisable.exc_type in (SystemExit, KeyboardInterrupt):
+        return
+    assert _unraisable_before is not None
+    _unraisable_before(unraisable)
 
 
 def _guard(signum: int) -> None:
