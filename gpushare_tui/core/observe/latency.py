@@ -267,7 +267,7 @@ class LatencyRecorder:
         if last is not None:
             if not r.streamed or data.startswith(NOT_TOKENS, at):
                 return  # a reply's rest, an SSE comment (a ping) or the stream's end: no token
-            self.token(r, t_s)
+            self.tokens(r, (t_s,))
             return
         if not r.ok or not data:
             return
@@ -280,10 +280,6 @@ class LatencyRecorder:
         self.ttft_counts[bisect_left(TTFT_BUCKETS_S, ttft)] += 1
         self.ttft_sum_s += ttft
         self._slot(t_s).sketches[0][sketch_index(ttft)] += 1
-
-    def token(self, r: Request, t_s: float) -> None:
-        """A token of a stream whose first has come (`chunk` said so) arrived at `t_s`."""
-        self.tokens(r, (t_s,))
 
     def tokens(self, r: Request, times_s: Iterable[float]) -> None:
         """Tokens of a stream whose first has come (`chunk` said so) arrived at `times_s`, in order: a relay that
