@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpushare_tui.core.engines import front_proxy as fp
-from gpushare_tui.core.host.budgets import PROXY_RELAY_OUT_MAX_BYTES
+from gpushare_tui.core.host.budgets import PROXY_RELAY_HOLD_MAX_BYTES, PROXY_RELAY_OUT_MAX_BYTES
 from gpushare_tui.core.observe.latency import NOT_TOKENS
 from testkit.wait import wait_for
 
@@ -54,13 +54,14 @@ class _Pairs:
     """A Relayer relaying from `engine` (our end: we write) to `client` (our end: we read); `up` is the loop's
     end of the engine's connection (the relayer has its own copy until the stream ends there)."""
 
-    def __init__(self, relayer: _relay.Relayer, efd: int, timed: bool = True) -> None:
+    def __init__(self, relayer: _relay.Relayer, efd: int, timed: bool = True, hold_max: int = -1) -> None:
         self.relayer, self.efd = relayer, efd
         self.engine, self.up = socket.socketpair()
         to_client, self.client = socket.socketpair()
-        self.token = relayer.start(self.up.fileno(), to_client.fileno(), timed)
+        self.token = relayer.start(self.up.fileno(), to_client.fileno(), timed, hold_max)
         to_client.close()
         self.times: list[float] = []
+        self.held: list[tuple[float, int, bytes]] = []
 
     def report(self, timeout_s: float = 5.0) -> tuple | None:
         """The stream's final report, once it ended in the relayer (None: still relaying at the timeout)."""
@@ -74,9 +75,25 @@ class _Pairs:
             for r in self.relayer.collect():
                 if r[0] == self.token:
                     self.times += r[7]
+                    self.held += r[10]
                     if r[1] != _relay.LIVE:
                         return r
         return None
+
+    def held_now(self, n: int, timeout_s: float = 5.0) -> list[tuple[float, int, bytes]]:
+        """The reads held, once there are `n` of them (the relayer tells of each at once)."""
+        end = time.monotonic() + timeout_s
+        while len(self.held) < n and time.monotonic() < end:
+            select.select([self.efd], [], [], 0.05)
+            try:
+                os.eventfd_read(self.efd)
+            except BlockingIOError:
+                pass
+            for r in self.relayer.collect():
+                if r[0] == self.token:
+                    self.times += r[7]
+                    self.held += r[10]
+        return self.held
 
     def received(self) -> bytes:
         return _drain(self.client)
@@ -120,6 +137,7 @@ def _stream(n_events: int = 6, tail: bytes = b"0\r\nx-t: 1\r\n\r\n") -> bytes:
         [
             b"0\r\nx-t: 1\r\n\r\n",
             b"A\r\n0123456789\r\n0\r\n\r\n",
+            b"0\r\n\r\nafter",
             b"5;e=1\r\nhello\r\n",
             b"00a\r\n",
             b"zz\r\n",
@@ -133,7 +151,8 @@ def _stream(n_events: int = 6, tail: bytes = b"0\r\nx-t: 1\r\n\r\n") -> bytes:
 def test_what_it_relays_and_gives_back_is_what_it_read(relayer, cuts: list[int], odd: bytes) -> None:
     """However the engine's writes are cut, the client gets a prefix of the stream, the report gives back what was
     read and not relayed, and the loop reads the rest from the socket: together, the stream. The stop is at the
-    last chunk (LAST) or the first element it does not relay (ODD), never inside a size line."""
+    last chunk with trailers (LAST) or the first element it does not relay (ODD), never inside a size line; a last
+    chunk without trailers is relayed and ends the reply there (DONE)."""
     data = _stream(tail=odd)
     pairs = _Pairs(*relayer)
     try:
@@ -148,6 +167,9 @@ def test_what_it_relays_and_gives_back_is_what_it_read(relayer, cuts: list[int],
         _tok, reason, _err, _state, _left, out, rest, *_ = report
         got = pairs.received() + out
         assert got + rest + _drain(pairs.up) == data, (got, rest)
+        if odd.startswith(b"0\r\n\r\n"):  # a last chunk without trailers
+            assert reason == _relay.DONE and got == data[: len(_stream(tail=b"0\r\n\r\n"))], (got, rest)
+            return
         assert reason in (_relay.LAST, _relay.ODD)
         stop = len(_stream(tail=b""))  # where the odd or last element begins: all before it relayed, nothing after
         assert got == data[: len(got)] and (reason == _relay.ODD and odd == b"5\r\nhelloXX" or len(got) == stop)
@@ -199,8 +221,85 @@ def test_tokens_are_timed_by_their_reads_and_pings_are_not(relayer) -> None:
             pairs.engine.sendall(w)
             time.sleep(0.02)  # a read each
         report = pairs.report()
-        assert report is not None and report[1] == _relay.LAST
+        assert report is not None and report[1] == _relay.DONE
         assert len(pairs.times) == 2 and before <= pairs.times[0] < pairs.times[1] <= time.monotonic()
+        assert pairs.received() == b"".join(writes)  # its last chunk too: the reply ended there
+    finally:
+        pairs.close()
+
+
+def test_reads_are_held_for_the_loop_until_it_has_found_the_first_token(relayer) -> None:
+    """Relayed at once and held, each with its time and where its event begins, up to the first that may be a
+    token; `seen` without found lets holding begin again, with found it ends (reads are timed from then on)."""
+    r, _efd = relayer
+    pairs = _Pairs(*relayer, hold_max=PROXY_RELAY_HOLD_MAX_BYTES)
+    try:
+        ping, role = _chunk(b": ping\n\n"), _chunk(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n')
+        before = time.monotonic()
+        pairs.engine.sendall(ping)
+        time.sleep(0.02)
+        pairs.engine.sendall(role)
+        held = pairs.held_now(2)
+        assert [(at, data) for _t, at, data in held] == [(ping.index(b":"), ping), (role.index(b"data:"), role)]
+        assert before <= held[0][0] < held[1][0] <= time.monotonic()
+        assert pairs.received() == ping + role  # relayed, not waiting for the loop
+        assert r.seen(pairs.token, False) == ()  # not found: holding begins again
+        pairs.engine.sendall(_chunk(EVENT))
+        held = pairs.held_now(3)
+        assert held[2][2] == _chunk(EVENT) and not pairs.times
+        assert r.seen(pairs.token, True) == ()  # found: reads are timed, no longer held
+        pairs.engine.sendall(_chunk(EVENT))
+        time.sleep(0.05)
+        pairs.engine.sendall(b"0\r\n\r\n")
+        report = pairs.report()
+        assert report is not None and report[1] == _relay.DONE
+        assert len(pairs.held) == 3 and len(pairs.times) == 1 and pairs.times[0] > held[2][0]
+        assert pairs.received() == _chunk(EVENT) * 2 + b"0\r\n\r\n"
+    finally:
+        pairs.close()
+
+
+def test_reads_after_one_that_may_be_the_first_token_are_timed_and_kept_aside(relayer) -> None:
+    """The reads after the first that may be a token are timed as tokens and kept aside: dropped when the loop
+    found the token, given to it (their times forgotten) when it did not."""
+    r, _efd = relayer
+    for found in (True, False):
+        pairs = _Pairs(*relayer, hold_max=PROXY_RELAY_HOLD_MAX_BYTES)
+        try:
+            role = _chunk(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n')
+            for w in (role, _chunk(EVENT), _chunk(EVENT)):
+                pairs.engine.sendall(w)
+                time.sleep(0.02)
+            held = pairs.held_now(1)
+            assert [data for _t, _at, data in held] == [role] and len(pairs.times) == 2, found
+            aside = r.seen(pairs.token, found)
+            assert [data for _t, _at, data in aside] == ([] if found else [_chunk(EVENT)] * 2)
+            if not found:
+                assert [t for t, _at, _d in aside] == pairs.times  # the same reads: their times are forgotten
+            pairs.engine.sendall(b"0\r\n\r\n")
+            report = pairs.report()
+            assert report is not None and report[1] == _relay.DONE and report[7] == ()
+        finally:
+            pairs.close()
+
+
+def test_reads_held_past_the_budget_wait_for_the_loop_to_look(relayer) -> None:
+    """Reads held above `hold_max` bytes pause the engine's reading (what the relay keeps for the loop is bounded:
+    it is told at half of it); the loop's `seen` resumes it."""
+    r, _efd = relayer
+    pairs = _Pairs(*relayer, hold_max=64)
+    try:
+        for _ in range(3):  # over 64 bytes held in the first two reads: the third waits in the socket
+            pairs.engine.sendall(_chunk(EVENT))
+            time.sleep(0.05)
+        assert pairs.received() == _chunk(EVENT) * 2
+        reports = r.collect()  # the first read, held; the second kept aside: the relay waits for the loop's word
+        assert [data for _t, _at, data in reports[0][10]] == [_chunk(EVENT)] and len(reports[0][7]) == 1
+        time.sleep(0.05)
+        assert pairs.received() == b""
+        assert r.seen(pairs.token, True) == ()
+        time.sleep(0.05)
+        assert pairs.received() == _chunk(EVENT)
     finally:
         pairs.close()
 
@@ -362,6 +461,51 @@ def test_a_client_gets_the_same_bytes_through_the_c_relay_as_through_the_loop(ho
                 wait_for(lambda: not p._relayed, 5, what="the stream to come back from the C relay")
     assert got[True] == got[False], tail
     assert got[True].startswith(b"HTTP/1.1 200 ") and TOKENS[-1] in got[True]
+
+
+ROLE_FIRST_GAP_S = 0.08
+
+
+def _role_first_engine() -> tuple[socket.socket, int]:
+    """An engine answering one streamed chat: a role-only delta (no token), ROLE_FIRST_GAP_S later its tokens."""
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            while b"\r\n\r\n" not in conn.recv(65536):
+                pass
+            conn.sendall(HEAD + _chunk(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'))
+            time.sleep(ROLE_FIRST_GAP_S)
+            for i in range(6):
+                conn.sendall(_chunk(b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i))
+                time.sleep(0.01)
+            conn.sendall(b"0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    return sock, sock.getsockname()[1]
+
+
+def test_the_first_token_and_the_gaps_through_the_c_relay_are_the_loops() -> None:
+    """A stream handed to the C relay at its head (its role-only first chunk relayed there, held for the loop):
+    the recorder finds the first token where the loop's own scan finds it, and counts the same gaps."""
+    seen = {}
+    for c_relay in (True, False):
+        sock, port = _role_first_engine()
+        try:
+            with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", port), c_relay=c_relay) as p:
+                got = _fetch(p.port, "v1/chat/completions")
+                assert got.endswith(b"0\r\n\r\n") and got.count(b"data:") == 7
+                if c_relay:
+                    assert p.relayed_in_c_total == 1
+                wait_for(lambda: p.in_flight == 0, 5, what="the exchange to end")
+                rec = p.latency
+                seen[c_relay] = (sum(rec.ttft_counts), sum(rec.itl_counts), rec.ttft_sum_s)
+        finally:
+            sock.close()
+    for c_relay, (n_ttft, n_itl, ttft_s) in seen.items():
+        assert (n_ttft, n_itl) == (1, 5), c_relay
+        assert ROLE_FIRST_GAP_S <= ttft_s < ROLE_FIRST_GAP_S + 2.0, c_relay  # the first content, not the role
 
 
 def test_a_client_that_leaves_mid_stream_ends_the_engines_connection(hostile_engine) -> None:

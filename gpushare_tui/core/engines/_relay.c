@@ -9,19 +9,30 @@
    eventfd the loop watches. It never takes the interpreter's lock while it relays.
 
    What it relays, byte for byte as it came: whole chunk-size lines of lowercase hex digits without a leading
-   zero (`SIZE CRLF`, what llama-server and every common server writes), the chunk's data, its CRLF. It stops
-   before: a size line of any other form (upper case, zeros, an extension, over 15 digits), a missing CRLF after
-   a chunk's data; at the last chunk, gathered while it is `0 CRLF CRLF` (so a stream whose end comes in two
-   reads costs the loop one wake-up, not two) and given back unwritten (with its trailers, if any: the loop's);
-   at the engine's EOF or a read error; when the client's socket fails a write; when the loop cancels it. Its
-   memory per stream is bounded: a size line begun (at most 16 bytes), what the client has not taken (reading
-   the engine pauses above `out_max` bytes), and the read times not yet collected (at most TIMES_MAX; the rest
-   are counted as dropped).
+   zero (`SIZE CRLF`, what llama-server and every common server writes), the chunk's data, its CRLF, and the
+   last chunk where it is `0 CRLF CRLF` (the reply ends there: DONE; gathered across reads, so a stream whose end
+   comes in two reads ends with one report). It stops before: a size line of any other form (upper case, zeros,
+   an extension, over 15 digits), a missing CRLF after a chunk's data; a last chunk with trailers (given back
+   unwritten: LAST, the trailers are the loop's to filter); at the engine's EOF or a read error; when the
+   client's socket fails a write; when the loop cancels it. Its memory per stream is bounded: a size line begun
+   (at most 16 bytes), what the client has not taken (reading the engine pauses above `out_max` bytes), the read
+   times not yet collected (at most TIMES_MAX; the rest are counted as dropped), and the reads held (below).
 
    Read times: where the stream is timed, each read whose event (after a size line that begins the read) does
    not begin with one of the `not_tokens` prefixes, and that is not of the last chunk, is a token's arrival
    (CLOCK_MONOTONIC, time.monotonic's clock); the loop collects them (`collect`), told on the eventfd when a
-   stream has kept any for `flush_s` (or TIMES_NOTIFY of them). */
+   stream has kept any for `flush_s` (or TIMES_NOTIFY of them).
+
+   Held reads: a stream handed over before the loop has seen its first token (at its response head, so the first
+   token is relayed here too) starts with `hold_max` >= 0: each read is relayed and also kept whole with its time
+   and where its event begins (H_FIRST), for the loop to look at as it looks at its own reads (what is a token is
+   its rule, not this file's), up to the first read that may be a token (its event not one of `not_tokens`; any
+   read of a stream not timed). The reads after it are timed as above and kept aside (H_AFTER) until the loop
+   says (`seen`): found, they are dropped (their times are the tokens); not found, they are given to the loop
+   (their times forgotten) and holding begins again. So a stream whose first read is its first token costs the
+   loop that read's bytes, whenever it collects; the loop is told of held reads as of read times (within
+   `flush_s`), or at once above half of `hold_max` bytes; reading the engine pauses above `hold_max`. A stream
+   that ended or was cancelled with reads kept aside stays until the loop's `seen` (its collect says so). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -47,7 +58,8 @@
 
 /* S_LAST: a size line began with 0 (the last chunk): its bytes gathered in `carry` while they are `0 CRLF CRLF` */
 enum { S_SIZE = 0, S_DATA = 1, S_CRLF = 2, S_LAST = 3 };
-enum { R_LIVE = 0, R_LAST = 1, R_ODD = 2, R_EOF = 3, R_READ_ERROR = 4, R_CLIENT_GONE = 5, R_CANCELLED = 6 };
+enum { H_FIRST = 1, H_AFTER = 2 };
+enum { R_LIVE = 0, R_LAST = 1, R_ODD = 2, R_EOF = 3, R_READ_ERROR = 4, R_CLIENT_GONE = 5, R_CANCELLED = 6, R_DONE = 7 };
 
 typedef struct {
     int used;
@@ -72,9 +84,19 @@ typedef struct {
     int paused;    /* up_fd is out of the epoll set: out over out_max */
     double *times; /* times_cap of them, grown as they come (up to TIMES_MAX) */
     Py_ssize_t n_times, times_cap, dropped;
-    double pending_since; /* the oldest uncollected read time, 0 when none */
+    double pending_since; /* the oldest uncollected read time or held read, 0 when none */
+    int holding;          /* H_FIRST, H_AFTER (see the module's comment), 0 */
+    size_t hold_max;
+    char *held;           /* records: HeldHead, then its bytes; H_AFTER: the first `first_len` bytes are H_FIRST's */
+    size_t held_len, held_cap, first_len;
+    int reported;         /* ended, its report collected: kept for the loop's `seen` */
     unsigned long long relayed; /* bytes written to the client */
 } Stream;
+
+typedef struct {
+    double t;
+    uint32_t at, len;
+} HeldHead;
 
 typedef struct {
     PyObject_HEAD
@@ -126,6 +148,7 @@ static void stream_free(Stream *s) {
     free(s->rest);
     free(s->out);
     free(s->times);
+    free(s->held);
     memset(s, 0, sizeof(*s));
     s->up_fd = s->client_fd = -1;
 }
@@ -203,7 +226,7 @@ static void watch(Relayer *self, Stream *s, int index) {
         epoll_ctl(self->ep, want_out ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, s->client_fd, &ev);
         s->want_out = want_out;
     }
-    int pause = s->out_len > self->out_max;
+    int pause = s->out_len > self->out_max || (s->holding && s->held_len > s->hold_max);
     if (pause != s->paused) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(index, s->gen, 0)};
         epoll_ctl(self->ep, pause ? EPOLL_CTL_DEL : EPOLL_CTL_ADD, s->up_fd, &ev);
@@ -211,14 +234,17 @@ static void watch(Relayer *self, Stream *s, int index) {
     }
 }
 
-static void note_time(Relayer *self, Stream *s, const char *p, size_t n, size_t at) {
-    if (at > n)
-        return; /* no event */
+/* whether a read's event (at `at`) begins with one of `not_tokens` (a ping, the stream's end: no token) */
+static int not_token(Relayer *self, const char *p, size_t n, size_t at) {
     for (int k = 0; k < self->n_prefixes; k++) {
         size_t len = (size_t)self->prefix_len[k];
         if (n >= at + len && memcmp(p + at, self->prefixes[k], len) == 0)
-            return; /* a ping, the stream's end: no token */
+            return 1;
     }
+    return 0;
+}
+
+static void note_time(Stream *s, double t) {
     if (s->n_times >= s->times_cap) {
         Py_ssize_t cap = s->times_cap ? s->times_cap * 2 : TIMES_NOTIFY;
         double *grown = cap <= TIMES_MAX ? realloc(s->times, (size_t)cap * sizeof(double)) : NULL;
@@ -229,10 +255,32 @@ static void note_time(Relayer *self, Stream *s, const char *p, size_t n, size_t 
         s->times = grown;
         s->times_cap = cap;
     }
-    double t = now_s();
     s->times[s->n_times++] = t;
     if (s->pending_since == 0)
         s->pending_since = t;
+}
+
+/* Keep a read for the loop (see the module's comment); one that cannot be kept is counted as dropped. */
+static void hold(Stream *s, const char *p, size_t n, size_t at, double t) {
+    size_t need = s->held_len + sizeof(HeldHead) + n;
+    if (need > s->held_cap) {
+        size_t cap = s->held_cap ? s->held_cap : 4096;
+        while (cap < need)
+            cap *= 2;
+        char *grown = realloc(s->held, cap);
+        if (grown == NULL) {
+            s->dropped++;
+            return;
+        }
+        s->held = grown;
+        s->held_cap = cap;
+    }
+    HeldHead h = {.t = t, .at = (uint32_t)at, .len = (uint32_t)n};
+    memcpy(s->held + s->held_len, &h, sizeof h);
+    memcpy(s->held + s->held_len + sizeof h, p, n);
+    s->held_len = need;
+    if (s->pending_since == 0)
+        s->pending_since = h.t;
 }
 
 static int hex_value(char c) {
@@ -253,15 +301,18 @@ static void relay_bytes(Relayer *self, Stream *s, const char *p, size_t n) {
         run = n; /* nothing of the last chunk is written here */
     while (i < n) {
         if (s->state == S_LAST) {
-            /* the last chunk is the loop's to write: gathered whole (`0 CRLF CRLF`: the stream ends with this
-               read, not one later) or, at the first byte that differs (trailers, a size with zeros), given back */
+            /* the last chunk: gathered whole (`0 CRLF CRLF`, written: the stream ends with this read, not one
+               later) or, at the first byte that differs (trailers, a size with zeros), given back unwritten */
             if (p[i] != last_chunk[s->carry_len]) {
                 stream_end(self, s, R_LAST, 0, p + i, n - i);
                 return;
             }
             s->carry[s->carry_len++] = p[i++];
-            if (s->carry_len == (int)sizeof last_chunk - 1) {
-                stream_end(self, s, R_LAST, 0, p + i, n - i);
+            if (s->carry_len == (int)sizeof last_chunk - 1) { /* no trailers: the reply ends here */
+                if (client_write(self, s, s->carry, (size_t)s->carry_len) < 0)
+                    return;
+                s->carry_len = 0;
+                stream_end(self, s, R_DONE, 0, p + i, n - i);
                 return;
             }
             continue;
@@ -357,7 +408,7 @@ static void relay_read(Relayer *self, Stream *s, int index) {
         stream_end(self, s, R_EOF, 0, NULL, 0);
         return;
     }
-    if (s->timed && s->state != S_LAST) { /* the last chunk's reads are no token */
+    if ((s->timed || s->holding) && s->state != S_LAST) { /* the last chunk's reads are no token */
         size_t at = 0;
         if (s->state == S_SIZE && !s->digits && !s->cr && !s->carry_len) {
             /* a read that begins a chunk: its event after the size line (as the loop's recorder looks); the last
@@ -370,7 +421,21 @@ static void relay_read(Relayer *self, Stream *s, int index) {
                     break;
                 }
         }
-        note_time(self, s, self->in, (size_t)n, at);
+        if (at <= (size_t)n) { /* else no event */
+            int token = !not_token(self, self->in, (size_t)n, at);
+            double t = now_s();
+            if (s->holding == H_FIRST) {
+                hold(s, self->in, (size_t)n, at, t);
+                s->first_len = s->held_len;
+                if (token || !s->timed)
+                    s->holding = H_AFTER;
+            } else {
+                if (s->holding == H_AFTER && s->timed)
+                    hold(s, self->in, (size_t)n, at, t);
+                if (token && s->timed)
+                    note_time(s, t);
+            }
+        }
     }
     relay_bytes(self, s, self->in, (size_t)n);
     if (s->reason == R_LIVE)
@@ -435,9 +500,9 @@ static void *relay_thread(void *arg) {
         int tell = 0;
         for (int i = 0; i < self->n_streams; i++) {
             Stream *s = &self->streams[i];
-            if (!s->used)
+            if (!s->used || s->reported)
                 continue;
-            if (s->reason != R_LIVE || s->n_times >= TIMES_NOTIFY)
+            if (s->reason != R_LIVE || s->n_times >= TIMES_NOTIFY || s->held_len > s->hold_max / 2)
                 tell = 1;
             else if (s->pending_since != 0) {
                 double due = s->pending_since + self->flush_s;
@@ -590,11 +655,13 @@ static int lock(Relayer *self) {
     return 0;
 }
 
-/* start(up_fd, client_fd, timed) -> token: relay from here, at a chunk boundary; both fds are dup'ed (ours
-   until the stream ends here, whatever the loop does with its own) */
+/* start(up_fd, client_fd, timed, hold_max=-1) -> token: relay from here, at a chunk boundary; both fds are
+   dup'ed (ours until the stream ends here, whatever the loop does with its own); hold_max >= 0: reads are held
+   for the loop until it calls `seen` with found */
 static PyObject *Relayer_start(Relayer *self, PyObject *args) {
     int up_fd, client_fd, timed;
-    if (!PyArg_ParseTuple(args, "iip", &up_fd, &client_fd, &timed))
+    Py_ssize_t hold_max = -1;
+    if (!PyArg_ParseTuple(args, "iip|n", &up_fd, &client_fd, &timed, &hold_max))
         return NULL;
     if (lock(self) < 0)
         return NULL;
@@ -641,6 +708,8 @@ static PyObject *Relayer_start(Relayer *self, PyObject *args) {
     }
     s->used = 1;
     s->timed = timed;
+    s->holding = hold_max >= 0;
+    s->hold_max = hold_max >= 0 ? (size_t)hold_max : 0;
     s->gen = self->next_gen = (self->next_gen + 1) & GEN_MASK;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(index, s->gen, 0)};
     if (epoll_ctl(self->ep, EPOLL_CTL_ADD, s->up_fd, &ev) < 0) {
@@ -683,23 +752,68 @@ static PyObject *take_times(Stream *s) {
     return t;
 }
 
-/* (token, reason, errno, state, left, out, rest, times, dropped, relayed): reason 0 while it relays (then
-   out and rest are empty) */
+/* The first `len` bytes of the held reads, as a tuple of (time, at, bytes): they are the loop's now. */
+static PyObject *take_held(Stream *s, size_t len) {
+    Py_ssize_t n = 0;
+    for (size_t at = 0; at < len; n++) {
+        HeldHead h;
+        memcpy(&h, s->held + at, sizeof h);
+        at += sizeof h + h.len;
+    }
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    size_t at = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        HeldHead h;
+        memcpy(&h, s->held + at, sizeof h);
+        PyObject *one = Py_BuildValue("(dIy#)", h.t, h.at, s->held + at + sizeof h, (Py_ssize_t)h.len);
+        if (one == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, k, one);
+        at += sizeof h + h.len;
+    }
+    memmove(s->held, s->held + len, s->held_len - len);
+    s->held_len -= len;
+    s->first_len = s->first_len > len ? s->first_len - len : 0;
+    if (!s->n_times && !s->held_len)
+        s->pending_since = 0;
+    return t;
+}
+
+/* (token, reason, errno, state, left, out, rest, times, dropped, relayed, held): reason 0 while it relays (then
+   out and rest are empty). A report with held reads is followed by the loop's `seen`. */
 static PyObject *report(long long token, Stream *s) {
     PyObject *times = take_times(s);
     if (times == NULL)
         return NULL;
+    /* the reads that may hold the first token; those kept aside wait for `seen` */
+    PyObject *held = take_held(s, s->holding == H_AFTER ? s->first_len : s->held_len);
+    if (held == NULL) {
+        Py_DECREF(times);
+        return NULL;
+    }
     int ended = s->reason != R_LIVE;
-    PyObject *r = Py_BuildValue("(LiiiKy#y#NnK)", token, s->reason, s->err, s->state, (unsigned long long)s->left,
+    PyObject *r = Py_BuildValue("(LiiiKy#y#NnKN)", token, s->reason, s->err, s->state, (unsigned long long)s->left,
                                 ended && s->out ? s->out : "", (Py_ssize_t)(ended && s->out ? s->out_len : 0),
                                 ended && s->rest ? s->rest : "", (Py_ssize_t)(ended && s->rest ? s->rest_len : 0),
-                                times, s->dropped,
-                                s->relayed);
+                                times, s->dropped, s->relayed, held);
     s->dropped = 0;
     return r;
 }
 
-/* collect() -> [report]: every stream that ended here (then forgotten) or holds read times */
+/* An ended stream whose report was taken: forgotten, unless reads it kept aside wait for the loop's `seen`. */
+static void forget(Stream *s) {
+    if (s->holding == H_AFTER && s->held_len)
+        s->reported = 1;
+    else
+        stream_free(s);
+}
+
+/* collect() -> [report]: every stream that ended here (then forgotten, see `forget`), holds read times or reads
+   that may hold its first token */
 static PyObject *Relayer_collect(Relayer *self, PyObject *unused) {
     PyObject *list = PyList_New(0);
     if (list == NULL)
@@ -711,7 +825,7 @@ static PyObject *Relayer_collect(Relayer *self, PyObject *unused) {
     self->notified = 0;
     for (int i = 0; i < self->n_streams; i++) {
         Stream *s = &self->streams[i];
-        if (!s->used || (s->reason == R_LIVE && !s->n_times && !s->dropped))
+        if (!s->used || s->reported || (s->reason == R_LIVE && !s->n_times && !s->dropped && !s->first_len))
             continue;
         PyObject *r = report(token_of(i, s->gen), s);
         if (r == NULL || PyList_Append(list, r) < 0) {
@@ -722,7 +836,7 @@ static PyObject *Relayer_collect(Relayer *self, PyObject *unused) {
         }
         Py_DECREF(r);
         if (s->reason != R_LIVE)
-            stream_free(s);
+            forget(s);
     }
     pthread_mutex_unlock(&self->mu);
     return list;
@@ -743,14 +857,53 @@ static PyObject *Relayer_cancel(Relayer *self, PyObject *arg) {
     }
     if (s->reason == R_LIVE)
         stream_end(self, s, R_CANCELLED, 0, NULL, 0);
-    PyObject *r = report(token, s);
-    stream_free(s);
+    PyObject *r = s->reported ? Py_NewRef(Py_None) : report(token, s); /* reported: the loop has had it */
+    if (r != NULL)
+        forget(s);
     pthread_mutex_unlock(&self->mu);
     return r;
 }
 
+/* seen(token, found) -> reads: the loop looked at the held reads of a report. Found (it knows the first token):
+   the reads held since that may be a token are given (as tokens: after it), those kept aside dropped (their times
+   are the tokens), holding ends. Not found: every read held since is given (the times taken of them forgotten) and
+   holding begins again. An ended stream is forgotten. () where the stream is not known. */
+static PyObject *Relayer_seen(Relayer *self, PyObject *args) {
+    long long token;
+    int found;
+    if (!PyArg_ParseTuple(args, "Lp", &token, &found))
+        return NULL;
+    if (lock(self) < 0)
+        return NULL;
+    Stream *s = find(self, token);
+    if (s == NULL || !s->holding) {
+        pthread_mutex_unlock(&self->mu);
+        return PyTuple_New(0);
+    }
+    PyObject *held = take_held(s, found && s->holding == H_AFTER ? s->first_len : s->held_len);
+    if (held != NULL) {
+        if (found) {
+            s->held_len = s->first_len = 0;
+            s->holding = 0;
+        } else {
+            if (s->holding == H_AFTER)
+                s->n_times = 0;
+            s->holding = H_FIRST;
+        }
+        if (!s->n_times)
+            s->pending_since = 0;
+        if (s->reason != R_LIVE)
+            stream_free(s);
+        else
+            watch(self, s, (int)(token & 0xffff));
+    }
+    pthread_mutex_unlock(&self->mu);
+    return held;
+}
+
 static PyMethodDef Relayer_methods[] = {
-    {"start", (PyCFunction)Relayer_start, METH_VARARGS, "start(up_fd, client_fd, timed) -> token"},
+    {"start", (PyCFunction)Relayer_start, METH_VARARGS, "start(up_fd, client_fd, timed, hold_max=-1) -> token"},
+    {"seen", (PyCFunction)Relayer_seen, METH_VARARGS, "seen(token, found) -> held reads"},
     {"collect", (PyCFunction)Relayer_collect, METH_NOARGS, "collect() -> [report]"},
     {"cancel", (PyCFunction)Relayer_cancel, METH_O, "cancel(token) -> report | None"},
     {"close", (PyCFunction)Relayer_close, METH_NOARGS, "close(): the thread ends; every stream is dropped"},
@@ -788,7 +941,8 @@ PyMODINIT_FUNC PyInit__relay(void) {
     } consts[] = {{"LIVE", R_LIVE},         {"LAST", R_LAST},
                   {"ODD", R_ODD},           {"EOF", R_EOF},
                   {"READ_ERROR", R_READ_ERROR}, {"CLIENT_GONE", R_CLIENT_GONE},
-                  {"CANCELLED", R_CANCELLED}, {"IN_SIZE", S_SIZE},
+                  {"CANCELLED", R_CANCELLED}, {"DONE", R_DONE},
+                  {"IN_SIZE", S_SIZE},
                   {"IN_DATA", S_DATA},      {"IN_CRLF", S_CRLF},
                   {"IN_LAST", S_LAST}};
     for (size_t k = 0; k < sizeof consts / sizeof consts[0]; k++)

@@ -9,17 +9,21 @@ EOF: int
 READ_ERROR: int
 CLIENT_GONE: int
 CANCELLED: int
+DONE: int
 IN_SIZE: int
 IN_DATA: int
 IN_CRLF: int
 IN_LAST: int
 
-# (token, reason, errno, state, left, out, rest, times, dropped, relayed)
-Report = tuple[int, int, int, int, int, bytes, bytes, tuple[float, ...], int, int]
+# a read held for the loop: (time, where its event begins, its bytes)
+Held = tuple[float, int, bytes]
+# (token, reason, errno, state, left, out, rest, times, dropped, relayed, held)
+Report = tuple[int, int, int, int, int, bytes, bytes, tuple[float, ...], int, int, tuple[Held, ...]]
 
 class Relayer:
     def __init__(self, notify_fd: int, not_tokens: Sequence[bytes], out_max: int, flush_s: float) -> None: ...
-    def start(self, up_fd: int, client_fd: int, timed: bool) -> int: ...
+    def start(self, up_fd: int, client_fd: int, timed: bool, hold_max: int = -1) -> int: ...
+    def seen(self, token: int, found: bool) -> tuple[Held, ...]: ...
     def collect(self) -> list[Report]: ...
     def cancel(self, token: int) -> Report | None: ...
     def close(self) -> None: ...

@@ -31,11 +31,13 @@ The response's body is relayed as the engine's reads come, on the event loop's c
 wakes per chunk, one write per read): a chunked body to an HTTP/1.1 client (every stream) passes unchanged, its
 chunk-size lines scanned (never re-encoded) to find its end (a read that is one whole chunk, a token's usual
 read, is checked and written in one step); the last chunk and trailers (hop-by-hop ones dropped) are written
-at its end. Once a stream's first token has been relayed so (and timed), the stream goes to the C relay
-(core/engines/_relay.c: a thread with its own epoll, no interpreter lock) at a chunk boundary: the per-token
-Python was most of what the proxy cost a stream (~35 µs of CPU a token at one stream, nginx's whole cost ~14);
-it comes back at its last chunk, at anything that relay does not check itself, or at the engine's EOF, and
-this scan goes on where it stopped. Other bodies go to the client a read
+at its end. A stream goes to the C relay (core/engines/_relay.c: a thread with its own epoll, no interpreter
+lock) at its first chunk boundary, its response head written: the per-token Python was most of what the proxy
+cost a stream (~35 µs of CPU a token at one stream, nginx's whole cost ~14), and the wake-up of the loop for
+the first token most of the rest of what a request cost but its head. Until the loop has found the first token
+(`LatencyRecorder.chunk`) in the reads it holds for the loop, the C relay keeps them; it writes a last chunk
+without trailers itself (the reply's end); it gives the stream back at trailers, at anything it does not check
+itself, or at the engine's EOF, and this scan goes on where it stopped. Other bodies go to the client a read
 at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked to HTTP/1.1 when the
 engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection: close`). The loop is
 uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already
@@ -92,6 +94,7 @@ from ..host.budgets import (
     PROXY_MAX_HEAD_BYTES,
     PROXY_PIPELINE_BUFFER_BYTES,
     PROXY_PROPS_MAX_BYTES,
+    PROXY_RELAY_HOLD_MAX_BYTES,
     PROXY_RELAY_OUT_MAX_BYTES,
     PROXY_RELAY_TIMES_FLUSH_S,
     PROXY_RESEND_MAX_BYTES,
@@ -715,12 +718,12 @@ class _Relay:
     for the client (`_Client.body`) after `head`, or goes into `held` (a /props reply; `release` sends it as it
     came). `done` resolves at the body's end, or fails with _Cut or ConnectionResetError. `extra`: bytes came after
     the body. `offload`: where set (with `up`, the engine's connection), a stream relayed raw goes to the C relay
-    (FrontProxy._offload) at the first chunk boundary after its first token was relayed and timed here (measured:
-    no cheaper three reads later); it comes back (`taken_back`) at its last chunk, at anything the C relay leaves
-    to this scan, or at the engine's EOF; `unload` takes it back at once."""
+    (FrontProxy._offload) at its first chunk boundary (its head written); it comes back (`taken_back`) at its end
+    (`last_written`: the C relay wrote its last chunk), at anything the C relay leaves to this scan, or at the
+    engine's EOF; `unload` takes it back at once."""
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
-                 "raw", "held", "held_bytes", "trailers", "done", "extra", "ended",
+                 "raw", "held", "held_bytes", "trailers", "done", "extra", "ended", "last_written",
                  "rec", "rec_req", "clock", "quick", "up", "offload", "owner", "token")  # fmt: skip
 
     def __init__(
@@ -742,6 +745,7 @@ class _Relay:
         self.done: asyncio.Future[None] = cl.conn.loop.create_future()
         self.extra = False
         self.ended = False
+        self.last_written = False
         self.rec: LatencyRecorder | None = None  # set with `rec_req` when the request is timed
         self.rec_req: Request | None = None
         self.clock: Callable[[], float] = time.monotonic
@@ -764,7 +768,7 @@ class _Relay:
                         if r is not None:  # one clock read per read relayed: the per-token cost
                             self.rec.chunk(r, self.clock(), data, nl + 2)  # type: ignore[union-attr]
                         t.write(data)
-                        if self.offload is not None and (r is None or r.last_s is not None):
+                        if self.offload is not None:
                             self.offload(self)
                     except Exception as e:  # as in `_feed`: the exchange ends with it, never the loop's callback
                         self.fail(e)
@@ -820,13 +824,16 @@ class _Relay:
             self.owner._unload(self)
 
     def taken_back(self, report: _relay.Report) -> None:
-        """A report of the C relay on this stream (`Relayer.collect`, `cancel`): the arrival times of its tokens;
-        where it ended there, the scan goes on here from where it stopped, with what it left unrelayed (or the
-        exchange fails: the client left)."""
-        _token, reason, _errno, state, left, out, rest, times, _dropped, _relayed = report
+        """A report of the C relay on this stream (`Relayer.collect`, `cancel`): the reads it held for the first
+        token, the arrival times of its tokens; where it ended there, the scan goes on here from where it stopped,
+        with what it left unrelayed (or the exchange fails: the client left)."""
+        token, reason, _errno, state, left, out, rest, times, _dropped, _relayed, held = report
         rec, r = self.rec, self.rec_req
-        if rec is not None and r is not None and r.last_s is not None and times:
-            rec.tokens(r, times)
+        if rec is not None and r is not None:
+            if held and not self._look(rec, r, token, held):
+                times = ()  # the reads they were taken of were told as reads
+            if r.last_s is not None and times:
+                rec.tokens(r, times)
         if reason == _relay.LIVE:
             return
         self.token = self.owner = None
@@ -846,6 +853,12 @@ class _Relay:
         except Exception as e:
             self.fail(e)
             return
+        if reason == _relay.DONE:  # the last chunk, without trailers, was written there: the body ended
+            self.last_written = True
+            self.end()
+            if rest:
+                self.feed(rest)  # bytes after the body (`extra`)
+            return
         if state == _relay.IN_DATA:
             self.left = left
         elif state == _relay.IN_CRLF:
@@ -855,6 +868,28 @@ class _Relay:
             self.feed(rest)
         if up_eof:
             self.feed(b"")
+
+    def _look(self, rec: LatencyRecorder, r: Request, token: int, held: tuple[_relay.Held, ...]) -> bool:
+        """The reads the C relay relayed and held until the first token is known, told to the recorder as this
+        scan tells its own (`_timed`), and the C relay told whether it was found (`Relayer.seen`, which gives the
+        reads held since); whether the report's read times are still the tokens (False: the reads they were
+        taken of were given and told here instead)."""
+        relayer = self.owner._relayer if self.owner is not None else None
+        rec.reads(r, held)
+        if relayer is None:
+            return True
+        found = r.last_s is not None
+        more = relayer.seen(token, found)
+        while not found and more:
+            rec.reads(r, more)
+            found = r.last_s is not None
+            more = relayer.seen(token, found)
+            if found:
+                rec.reads(r, more)
+                return False
+        if found:
+            rec.reads(r, more)
+        return found
 
     def fail(self, e: BaseException) -> None:
         self.unload()
@@ -1172,9 +1207,10 @@ class FrontProxy:
         if t.is_closing() or up.transport.is_closing() or t.get_write_buffer_size():
             return False  # (a closing transport's fd may be closed, its number another socket's, any moment)
         r = relay.rec_req
+        hold = PROXY_RELAY_HOLD_MAX_BYTES if r is not None and r.last_s is None else -1
         up.transport.pause_reading()
         try:
-            token = relayer.start(up.fd, relay.cl.conn.fd, r is not None and r.streamed)
+            token = relayer.start(up.fd, relay.cl.conn.fd, r is not None and r.streamed, hold)
         except (OSError, RuntimeError):  # out of fds or memory: this stream stays here
             up.transport.resume_reading()
             relay.offload = None
@@ -1205,6 +1241,8 @@ class FrontProxy:
         for report in self._relayer.collect():
             relay = self._relayed.get(report[0])
             if relay is None:
+                if report[10]:  # (no exchange to tell: what it keeps for one goes)
+                    self._relayer.seen(report[0], True)
                 continue
             if report[1] != _relay.LIVE:
                 del self._relayed[report[0]]
@@ -1662,6 +1700,8 @@ class FrontProxy:
                 relay.feed(rest)
             if up.conn.eof:
                 relay.feed(b"")
+            elif relay.offload is not None and relay.quick:  # at the head: the first token is the C relay's too
+                relay.offload(relay)
         try:
             await relay.done
         finally:
@@ -1676,7 +1716,9 @@ class FrontProxy:
             else:
                 headers = _with_length(hop_filtered(ev.headers), len(added))
                 cl.conn.write(cl.response_head(ev.status_code, ev.reason, headers) + cl.body(added))
-        cl.conn.write(cl.end(hop_filtered(relay.trailers)))  # trailers only where the reply is chunked
+        tail = cl.end(hop_filtered(relay.trailers))  # trailers only where the reply is chunked
+        if not relay.last_written:  # (the C relay writes `0 CRLF CRLF`, what this is without trailers)
+            cl.conn.write(tail)
         await cl.conn.drain()
 
     async def _seed(self) -> dict:

@@ -163,12 +163,16 @@ PROXY_SEED_VIEW_MAX_AGE_S = 0.25  # /gpu/peers and /props share one read of the 
 # answered 503 at once). Loading a model from a local disk takes seconds to a few minutes; the waiting connections
 # count against PROXY_MAX_CONNECTIONS like any other.
 PROXY_ENGINE_WAIT_S = 300.0
-# A streamed reply is relayed by a C thread (core/engines/_relay.c) once its first token has come: what the client
+# A streamed reply is relayed by a C thread (core/engines/_relay.c) from its response head on: what the client
 # has not taken yet is kept up to this much per stream, then the engine is not read until the client takes some
 # (TCP back-pressure, as the loop's transports do at their high-water mark).
 PROXY_RELAY_OUT_MAX_BYTES = 64 * 2**10
 # ... and the arrival times it records (a token each) reach the latency figures within this (or at 256 kept).
 PROXY_RELAY_TIMES_FLUSH_S = 0.25
+# ... and until the loop has found the stream's first token in them, its reads are also kept for it (what is a
+# token is the latency recorder's rule): up to this many bytes per stream (and the read that passed it, at most
+# 64 KiB), then the engine is not read until the loop has looked (it is told of the first at once).
+PROXY_RELAY_HOLD_MAX_BYTES = 64 * 2**10
 
 # -- latency as clients see it (core/observe/latency.py: fed by the front proxy; the `status` reply's `latency`) --
 

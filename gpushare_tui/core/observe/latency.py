@@ -39,7 +39,7 @@ import threading
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -280,6 +280,17 @@ class LatencyRecorder:
         self.ttft_counts[bisect_left(TTFT_BUCKETS_S, ttft)] += 1
         self.ttft_sum_s += ttft
         self._slot(t_s).sketches[0][sketch_index(ttft)] += 1
+
+    def reads(self, r: Request, reads: Sequence[tuple[float, int, bytes]]) -> None:
+        """Reads a relay relayed and kept for this, in order (the C relay's held reads: time, where the event
+        begins, bytes): each told as `chunk` is told until the first token, the tokens after it in one batch."""
+        i, n = 0, len(reads)
+        while i < n and r.last_s is None:
+            t_s, at, data = reads[i]
+            self.chunk(r, t_s, data, at)
+            i += 1
+        if i < n and r.last_s is not None and r.streamed:  # as `chunk` counts a token once the first has come
+            self.tokens(r, [t_s for t_s, at, data in reads[i:] if not data.startswith(NOT_TOKENS, at)])
 
     def tokens(self, r: Request, times_s: Iterable[float]) -> None:
         """Tokens of a stream whose first has come (`chunk` said so) arrived at `times_s`, in order: a relay that
