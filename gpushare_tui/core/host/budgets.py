@@ -171,7 +171,8 @@ PROXY_RELAY_OUT_MAX_BYTES = 64 * 2**10
 PROXY_RELAY_TIMES_FLUSH_S = 0.25
 # ... and until the loop has found the stream's first token in them, its reads are also kept for it (what is a
 # token is the latency recorder's rule): up to this many bytes per stream (and the read that passed it, at most
-# 64 KiB), then the engine is not read until the loop has looked (it is told of the first at once).
+# 64 KiB), then the engine is not read until the loop has looked (it is told within PROXY_RELAY_TIMES_FLUSH_S, or
+# at half of this). A 96-token stream of llama-server's (~14 KiB) is looked at once, at its end.
 PROXY_RELAY_HOLD_MAX_BYTES = 64 * 2**10
 
 # -- latency as clients see it (core/observe/latency.py: fed by the front proxy; the `status` reply's `latency`) --
