@@ -8,8 +8,10 @@ is given back."""
 from __future__ import annotations
 
 import os
+import random
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,13 +20,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpushare_tui.core.engines import front_proxy as fp
 from gpushare_tui.core.host.budgets import PROXY_RELAY_HOLD_MAX_BYTES, PROXY_RELAY_OUT_MAX_BYTES
+from gpushare_tui.core.host.sockets import free_port
 from gpushare_tui.core.observe.latency import NOT_TOKENS
+from testkit.engines import engine_command
 from testkit.wait import wait_for
 
 
@@ -283,6 +288,26 @@ def test_reads_after_one_that_may_be_the_first_token_are_timed_and_kept_aside(re
             pairs.close()
 
 
+def test_a_stream_that_ends_before_the_loop_says_still_gives_its_last_report(relayer) -> None:
+    """The loop looks at a report's held reads while the stream goes on: if it ends meanwhile, the loop's `seen`
+    does not forget it; its last report (the end, what it left) is still collected (a stream whose end the loop
+    never heard of would never end for its client's next request)."""
+    r, _efd = relayer
+    role = _chunk(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n')
+    for found in (True, False):
+        pairs = _Pairs(*relayer, hold_max=PROXY_RELAY_HOLD_MAX_BYTES)
+        try:
+            pairs.engine.sendall(role)
+            assert [data for _t, _at, data in pairs.held_now(1)] == [role]
+            pairs.engine.sendall(_chunk(EVENT) + b"0\r\n\r\n")  # it ends before the loop's word
+            wait_for(lambda p=pairs: p.received().endswith(b"0\r\n\r\n"), 5, what="the stream's end relayed")
+            r.seen(pairs.token, found)
+            report = pairs.report()
+            assert report is not None and report[1] == _relay.DONE, found
+        finally:
+            pairs.close()
+
+
 def test_reads_held_past_the_budget_wait_for_the_loop_to_look(relayer) -> None:
     """Reads held above `hold_max` bytes pause the engine's reading (what the relay keeps for the loop is bounded:
     it is told at half of it); the loop's `seen` resumes it."""
@@ -506,6 +531,59 @@ def test_the_first_token_and_the_gaps_through_the_c_relay_are_the_loops() -> Non
     for c_relay, (n_ttft, n_itl, ttft_s) in seen.items():
         assert (n_ttft, n_itl) == (1, 5), c_relay
         assert ROLE_FIRST_GAP_S <= ttft_s < ROLE_FIRST_GAP_S + 2.0, c_relay  # the first content, not the role
+
+
+def test_kept_alive_clients_of_a_paced_engine_each_get_every_reply(procs) -> None:
+    """Two clients, each on one kept-alive connection, stream chats back to back from an engine stopped and
+    continued every few ms (as the pacer does): the C relay takes each stream at its head, ends it there and keeps
+    the reads for the first token while the loop looks at them (its reports crossing the engine's writes and the
+    streams' ends): every reply comes whole, in time, and nothing stays in flight or in the C relay after."""
+    port = free_port()
+    argv = engine_command("openai_engine", "--port", str(port), "--ttft-ms", "250", "--itl-ms", "2", "--tokens", "2")
+    engine = procs.start(argv, stdout=subprocess.PIPE)
+    assert engine.stdout is not None and engine.stdout.readline().split() == ["ready", str(port)]
+    stop = threading.Event()
+
+    def pace() -> None:  # stop and continue the engine at random, as a time-division schedule would
+        rng = random.Random(7)
+        while not stop.is_set():
+            os.kill(engine.pid, signal.SIGSTOP)
+            time.sleep(rng.uniform(0, 0.01))
+            os.kill(engine.pid, signal.SIGCONT)
+            time.sleep(rng.uniform(0, 0.01))
+
+    failures: list[str] = []
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", port)) as p:
+
+        def load(n: int) -> None:
+            with httpx.Client(timeout=10) as c:
+                for _ in range(n):
+                    try:
+                        with c.stream("POST", f"http://127.0.0.1:{p.port}/v1/chat/completions", json=chat) as r:
+                            body = b"".join(r.iter_raw())
+                        if r.status_code != 200 or not body.endswith(b"data: [DONE]\n\n"):
+                            failures.append(f"{r.status_code} {body[-80:]!r}")
+                    except httpx.HTTPError as e:
+                        failures.append(repr(e))
+                        return
+
+        pacer = threading.Thread(target=pace, daemon=True)
+        clients = [threading.Thread(target=load, args=(12,)) for _ in range(2)]
+        pacer.start()
+        try:
+            for t in clients:
+                t.start()
+            for t in clients:
+                t.join(60)
+        finally:
+            stop.set()
+            pacer.join(5)
+            os.kill(engine.pid, signal.SIGCONT)
+        assert not failures, failures
+        assert p.relayed_in_c_total == 24
+        wait_for(lambda: p.in_flight == 0 and not p._relayed, 5, what="every exchange ended, nothing in the C relay")
+        assert sum(p.latency.ttft_counts) == 24
 
 
 def test_a_client_that_leaves_mid_stream_ends_the_engines_connection(hostile_engine) -> None:

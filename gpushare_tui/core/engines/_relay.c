@@ -857,7 +857,12 @@ static PyObject *Relayer_cancel(Relayer *self, PyObject *arg) {
     }
     if (s->reason == R_LIVE)
         stream_end(self, s, R_CANCELLED, 0, NULL, 0);
-    PyObject *r = s->reported ? Py_NewRef(Py_None) : report(token, s); /* reported: the loop has had it */
+    if (s->reported) { /* the loop has had its report, and is done with it */
+        stream_free(s);
+        pthread_mutex_unlock(&self->mu);
+        Py_RETURN_NONE;
+    }
+    PyObject *r = report(token, s);
     if (r != NULL)
         forget(s);
     pthread_mutex_unlock(&self->mu);
@@ -867,7 +872,7 @@ static PyObject *Relayer_cancel(Relayer *self, PyObject *arg) {
 /* seen(token, found) -> reads: the loop looked at the held reads of a report. Found (it knows the first token):
    the reads held since that may be a token are given (as tokens: after it), those kept aside dropped (their times
    are the tokens), holding ends. Not found: every read held since is given (the times taken of them forgotten) and
-   holding begins again. An ended stream is forgotten. () where the stream is not known. */
+   holding begins again. A stream whose last report was taken is forgotten. () where the stream is not known. */
 static PyObject *Relayer_seen(Relayer *self, PyObject *args) {
     long long token;
     int found;
@@ -892,10 +897,11 @@ static PyObject *Relayer_seen(Relayer *self, PyObject *args) {
         }
         if (!s->n_times)
             s->pending_since = 0;
-        if (s->reason != R_LIVE)
+        if (s->reported) /* its last report was taken: done with it */
             stream_free(s);
-        else
+        else if (s->reason == R_LIVE)
             watch(self, s, (int)(token & 0xffff));
+        /* else it ended since the report the loop looked at: its last report is still to be collected */
     }
     pthread_mutex_unlock(&self->mu);
     return held;

@@ -34,12 +34,13 @@ read, is checked and written in one step); the last chunk and trailers (hop-by-h
 at its end. A stream goes to the C relay (core/engines/_relay.c: a thread with its own epoll, no interpreter
 lock) at its first chunk boundary, its response head written: the per-token Python was most of what the proxy
 cost a stream (~35 µs of CPU a token at one stream, nginx's whole cost ~14), and the wake-up of the loop for
-the first token most of the rest of what a request cost but its head. Until the loop has found the first token
-(`LatencyRecorder.chunk`) in the reads it holds for the loop, the C relay keeps them; it writes a last chunk
-without trailers itself (the reply's end); it gives the stream back at trailers, at anything it does not check
-itself, or at the engine's EOF, and this scan goes on where it stopped. Other bodies go to the client a read
-at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked to HTTP/1.1 when the
-engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection: close`). The loop is
+the first token most of the rest of what a request cost but its head. It keeps the reads for the latency
+recorder until the recorder has found the first token in them (by its rule: `LatencyRecorder.chunk`); it
+writes a last chunk without trailers itself (the reply's end); it gives the stream back at trailers, at
+anything it does not check itself, or at the engine's EOF, and this scan goes on where it stopped. Other bodies
+go to the client a read at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked
+to HTTP/1.1 when the engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection:
+close`). The loop is
 uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already
 are (one clock read there costs ~0.1 µs).
 
@@ -1207,7 +1208,8 @@ class FrontProxy:
         if t.is_closing() or up.transport.is_closing() or t.get_write_buffer_size():
             return False  # (a closing transport's fd may be closed, its number another socket's, any moment)
         r = relay.rec_req
-        hold = PROXY_RELAY_HOLD_MAX_BYTES if r is not None and r.last_s is None else -1
+        # its reads kept for the recorder while it may find the first token in them (none in a reply not 2xx)
+        hold = PROXY_RELAY_HOLD_MAX_BYTES if r is not None and r.ok and r.last_s is None else -1
         up.transport.pause_reading()
         try:
             token = relayer.start(up.fd, relay.cl.conn.fd, r is not None and r.streamed, hold)
