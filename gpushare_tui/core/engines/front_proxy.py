@@ -40,9 +40,8 @@ writes a last chunk without trailers itself (the reply's end); it gives the stre
 anything it does not check itself, or at the engine's EOF, and this scan goes on where it stopped. Other bodies
 go to the client a read at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked
 to HTTP/1.1 when the engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection:
-close`). The loop is
-uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and `_Relay.feed` already
-are (one clock read there costs ~0.1 µs).
+close`). The loop is uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and
+`_Relay.feed` already are (one clock read there costs ~0.1 µs).
 
 DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
 the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
