@@ -128,6 +128,30 @@ epoll_wait, recv and send, as nginx's worker) and the proxy's loop ~1.2 ms a req
 response head, the first token, the relay's report, the connections' ends; perf: half of it the interpreter, 15 %
 the context switches): 12.5 µs a token at 96 tokens, what is left between it and nginx.
 
+2026-12-06 19:55-21:05, the stream handed to the C relay at its response head (the first token relayed there, its
+reads kept for the recorder until it has found the first token) and the last chunk written there, 3 rounds, medians
+(µs of CPU a token: ours all / proxy / proxy + supervisor's extra / nginx):
+
+    19:55, load 0.9-3.7   streams 1: 33.5 / 22.7 / 22.7 / 14.5 (2.32× / 1.57× / 1.57×)  100.5 %  TTFT +0.44 ms
+                                  8: 21.2 / 17.3 / 17.3 / 13.6 (1.56× / 1.27× / 1.27×)  101.0 %        +0.69 ms
+                                 32: 27.1 / 22.0 / 22.5 / 17.6 (1.54× / 1.25× / 1.28×)  100.6 %        +1.82 ms
+                                 64: 31.7 / 25.4 / 26.1 / 22.8 (1.39× / 1.11× / 1.15×)   94.8 %       +28.7 ms
+    21:00, load 0.6-4.9   streams 1: 39.9 / 27.4 / 27.4 / 16.7 (2.39× / 1.64× / 1.64×)   99.4 %  TTFT +0.68 ms
+                                  8: 24.0 / 19.2 / 19.2 / 15.5 (1.56× / 1.24× / 1.24×)  103.4 %        +0.65 ms
+                                 32: 28.6 / 22.7 / 22.7 / 19.0 (1.51× / 1.20× / 1.20×)   99.7 %        +4.52 ms
+                                 64: 31.1 / 23.7 / 23.7 / 21.4 (1.46× / 1.11× / 1.11×)   98.4 %        -1.58 ms
+
+(the machine itself ran slower in the second: nginx and the engine too; A/Bs of the proxy's threads in one job,
+alternating with the code before, showed no change between the two commits). In the proxy's own setup (the loop
+thread's CPU a token, 1 stream, 3 rounds each, alternating, load 1.1-1.5): 13.5 / 14.1 / 14.5 µs before, 12.7 /
+12.6 / 12.5 after, its wake-ups 81-82 a second -> 57-59; the C relay's thread 11.5-13.7 -> 11.9-15.4 (noise: its
+one wake-up a token is the same). With 400 tokens a request (19:58, 2 rounds, load 1.1-2.2) the proxy is 18.4 µs a
+token at 1 stream (1.32× nginx's 13.9) and 18.3 at 8 (1.15×): at 96 tokens, one stream, the proxy's ~1 ms of CPU a
+request is what stands between it and 1.5× (nginx's is ~0.2-0.3 ms). Where that 1 ms goes (perf: the interpreter
+half, the kernel 30 %: accept, connect and close of two connections, three sends, ~4.5 wake-ups a request;
+uvloop 10 %, llhttp 3 %); tried and not kept: a connect without uvloop's create_connection (82-116 against 93-108 µs
+a connect), accepts from a reader left on the listening socket instead of sock_accept (43-65 against 58-73 µs).
+
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
 stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's
