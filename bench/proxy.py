@@ -141,7 +141,7 @@ reads kept for the recorder until it has found the first token) and the last chu
                                  32: 28.6 / 22.7 / 22.7 / 19.0 (1.51× / 1.20× / 1.20×)   99.7 %        +4.52 ms
                                  64: 31.1 / 23.7 / 23.7 / 21.4 (1.46× / 1.11× / 1.11×)   98.4 %        -1.58 ms
 
-(the machine itself ran slower in the second: nginx and the engine too; A/Bs of the proxy's threads in one job,
+(the machine itself ran slower in the second: nginx too; A/Bs of the proxy's threads in one job,
 alternating with the code before, showed no change between the two commits). In the proxy's own setup (the loop
 thread's CPU a token, 1 stream, 3 rounds each, alternating, load 1.1-1.5): 13.5 / 14.1 / 14.5 µs before, 12.7 /
 12.6 / 12.5 after, its wake-ups 81-82 a second -> 57-59; the C relay's thread 11.5-13.7 -> 11.9-15.4 (noise: its
