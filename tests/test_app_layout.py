@@ -79,8 +79,12 @@ def plots(app: DashboardApp) -> list[SharePlot]:
 
 
 async def loaded(pilot, app: DashboardApp) -> None:
+    """The first model shown and the screen laid out for it (on a loaded host a fixed pause is not enough for the
+    layout: a widget's region is empty until it is)."""
     await until(pilot, lambda: app.models_seen, what="first model")
     await pilot.pause(0.1)
+    await until(pilot, lambda: app.query_one(Timeline).region.height and app.query_one(PeersTable).region.height,
+                what="the screen laid out")  # fmt: skip
 
 
 # -- p at 80×24 ----------------------------------------------------------

@@ -49,6 +49,7 @@ def test_L_shows_the_log_of_a_managed_engine_and_follows_it_at_80x24(gpu_key, pr
             pane = await until(pilot, lambda: isinstance(app.screen, LogPane) and app.screen, what="log pane")
             lines = pane.query_one(Log)
             await until(pilot, lambda: lines.line_count, what="lines shown")
+            await until(pilot, lambda: lines.region.height, what="the pane laid out")  # a frame later when loaded
             assert list(lines.lines) == [f"line {i}" for i in range(300 - FIRST_LINES, 300)]
             # it fits: the whole pane, its title, path and hint are on the 80x24 screen
             for part in (pane.query_one("Vertical"), pane.query_one(".title"), pane.query_one("#log-hint"), lines):

@@ -578,7 +578,9 @@ def test_plots_follow_the_terminal_height_unless_toggled():
             await until(pilot, lambda: not plots.display, what="plots hidden when short again")
             await pilot.press("p")  # shown on request, the GPU panels make room (compact, timeline kept)
             await until(pilot, lambda: plots.display, what="plots shown by p")
-            assert app.has_class("-compact") and app.query_one(Timeline).region.height == 2
+            # (shown is said before the screen is laid out anew: on a loaded host the regions come a frame later)
+            await until(pilot, lambda: app.query_one(Timeline).region.height == 2, 2, what="the timeline kept")
+            assert app.has_class("-compact")
             await pilot.resize_terminal(120, 40)
             await pilot.pause(0.1)
             assert plots.display and not app.has_class("-compact")
