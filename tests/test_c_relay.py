@@ -68,36 +68,35 @@ class _Pairs:
         self.times: list[float] = []
         self.held: list[tuple[float, int, bytes]] = []
 
+    def _collect(self) -> tuple | None:
+        """One wait on the eventfd (at most 50 ms) and a collect: this stream's times and held reads added; its
+        report where it ended."""
+        select.select([self.efd], [], [], 0.05)
+        try:
+            os.eventfd_read(self.efd)
+        except BlockingIOError:
+            pass
+        for r in self.relayer.collect():
+            if r[0] == self.token:
+                self.times += r[7]
+                self.held += r[10]
+                if r[1] != _relay.LIVE:
+                    return r
+        return None
+
     def report(self, timeout_s: float = 5.0) -> tuple | None:
         """The stream's final report, once it ended in the relayer (None: still relaying at the timeout)."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
-            select.select([self.efd], [], [], 0.05)
-            try:
-                os.eventfd_read(self.efd)
-            except BlockingIOError:
-                pass
-            for r in self.relayer.collect():
-                if r[0] == self.token:
-                    self.times += r[7]
-                    self.held += r[10]
-                    if r[1] != _relay.LIVE:
-                        return r
+            if (r := self._collect()) is not None:
+                return r
         return None
 
     def held_now(self, n: int, timeout_s: float = 5.0) -> list[tuple[float, int, bytes]]:
-        """The reads held, once there are `n` of them (the relayer tells of each at once)."""
+        """The reads held, once there are `n` of them (the relayer tells of them within its flush time)."""
         end = time.monotonic() + timeout_s
         while len(self.held) < n and time.monotonic() < end:
-            select.select([self.efd], [], [], 0.05)
-            try:
-                os.eventfd_read(self.efd)
-            except BlockingIOError:
-                pass
-            for r in self.relayer.collect():
-                if r[0] == self.token:
-                    self.times += r[7]
-                    self.held += r[10]
+            self._collect()
         return self.held
 
     def received(self) -> bytes:
