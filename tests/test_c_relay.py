@@ -26,7 +26,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpushare_tui.core.engines import front_proxy as fp
-from gpushare_tui.core.host.budgets import PROXY_RELAY_HOLD_MAX_BYTES, PROXY_RELAY_OUT_MAX_BYTES
+from gpushare_tui.core.host.budgets import (
+    LATENCY_FIRST_TOKEN_SCAN_MAX_BYTES,
+    PROXY_RELAY_HOLD_MAX_BYTES,
+    PROXY_RELAY_OUT_MAX_BYTES,
+)
 from gpushare_tui.core.host.sockets import free_port
 from gpushare_tui.core.observe.latency import NOT_TOKENS
 from testkit.engines import engine_command
@@ -490,8 +494,12 @@ def test_a_client_gets_the_same_bytes_through_the_c_relay_as_through_the_loop(ho
 ROLE_FIRST_GAP_S = 0.08
 
 
-def _role_first_engine() -> tuple[socket.socket, int]:
-    """An engine answering one streamed chat: a role-only delta (no token), ROLE_FIRST_GAP_S later its tokens."""
+ROLE = _chunk(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
+
+
+def _role_first_engine(n_roles: int = 1) -> tuple[socket.socket, int]:
+    """An engine answering one streamed chat: `n_roles` role-only deltas (no token), ROLE_FIRST_GAP_S later its
+    tokens."""
     sock = socket.create_server(("127.0.0.1", 0))
 
     def answer() -> None:
@@ -499,7 +507,9 @@ def _role_first_engine() -> tuple[socket.socket, int]:
         with conn:
             while b"\r\n\r\n" not in conn.recv(65536):
                 pass
-            conn.sendall(HEAD + _chunk(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'))
+            conn.sendall(HEAD + ROLE)
+            for _ in range(n_roles - 1):
+                conn.sendall(ROLE)
             time.sleep(ROLE_FIRST_GAP_S)
             for i in range(6):
                 conn.sendall(_chunk(b'data: {"choices":[{"delta":{"content":"%d"}}]}\n\n' % i))
@@ -583,6 +593,25 @@ def test_kept_alive_clients_of_a_paced_engine_each_get_every_reply(procs) -> Non
         assert p.relayed_in_c_total == 24
         wait_for(lambda: p.in_flight == 0 and not p._relayed, 5, what="every exchange ended, nothing in the C relay")
         assert sum(p.latency.ttft_counts) == 24
+
+
+def test_an_engine_that_sends_no_token_past_every_budget_is_relayed_whole_and_timed_once() -> None:
+    """Role-only deltas past both the recorder's first-token scan and the C relay's hold budget: the client gets
+    every byte (the relay's holding pauses the engine only until the loop has looked, and ends where the scan's
+    budget ends it), and one first token is counted, as the loop alone counts it."""
+    n_roles = 3 * max(PROXY_RELAY_HOLD_MAX_BYTES, LATENCY_FIRST_TOKEN_SCAN_MAX_BYTES) // len(ROLE)
+    seen = {}
+    for c_relay in (True, False):
+        sock, port = _role_first_engine(n_roles)
+        try:
+            with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", port), c_relay=c_relay) as p:
+                got = _fetch(p.port, "v1/chat/completions")
+                assert got.endswith(b"0\r\n\r\n") and got.count(b"data:") == n_roles + 6, c_relay
+                wait_for(lambda p=p: p.in_flight == 0 and not p._relayed, 5, what="the exchange to end")
+                seen[c_relay] = sum(p.latency.ttft_counts)
+        finally:
+            sock.close()
+    assert seen == {True: 1, False: 1}
 
 
 def test_a_client_that_leaves_mid_stream_ends_the_engines_connection(hostile_engine) -> None:
