@@ -9,6 +9,8 @@ import os
 import select
 import socket
 import socketserver
+import subprocess
+import sys
 import threading
 import time
 
@@ -443,6 +445,60 @@ def test_the_cap_keeps_fds_for_the_rest_of_the_process(monkeypatch) -> None:
     assert fp.connection_cap(512) == (1024 - fp.PROXY_FD_HEADROOM) // 2 < 512
     monkeypatch.setattr(resource, "getrlimit", lambda _r: (100_000, 100_000))
     assert fp.connection_cap(512) == 512
+
+
+OUT_OF_FDS = """
+import os, sys, time
+from gpushare_tui.core.engines.front_proxy import FrontProxy
+p = FrontProxy(("127.0.0.1", 0), ("127.0.0.1", int(sys.argv[1]))).start()
+print(p.port, flush=True)
+sys.stdin.readline()
+filler = []
+try:
+    while True:
+        filler.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:  # EMFILE: no fd left for an accept
+    pass
+print("full", len(filler), flush=True)
+sys.stdin.readline()
+for fd in filler:
+    os.close(fd)
+print("freed", flush=True)
+sys.stdin.readline()
+print("errors", p.errors_total, flush=True)
+"""
+
+
+def test_out_of_fds_accept_backs_off_and_the_waiting_client_is_served_once_they_are_back(upstream, procs) -> None:
+    """The proxy's process out of fds (another thread's): accept() fails with EMFILE while a client waits in the
+    backlog. The loop backs off (no spin) and serves that client once fds are back."""
+    import psutil
+
+    p = procs.start([sys.executable, "-c", OUT_OF_FDS, str(upstream.port)], stdin=subprocess.PIPE)
+    assert p.stdin is not None and p.stdout is not None
+    port = int(p.stdout.readline())
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline().startswith("full ")
+    got: list[int] = []
+    client = threading.Thread(
+        target=lambda: got.append(httpx.get(f"http://127.0.0.1:{port}/len", timeout=30).status_code)
+    )
+    client.start()
+    time.sleep(0.3)  # its connection waits in the backlog, each accept failing
+    proc = psutil.Process(p.pid)
+    proc.cpu_percent(None)
+    cpu = proc.cpu_percent(interval=1.5)
+    print(f"accepting out of fds: {cpu:.1f}% CPU over 1.5 s")
+    assert cpu < 25.0 and got == []
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == "freed\n"
+    client.join(30)
+    assert got == [200]
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == "errors 0\n"  # EMFILE is no bug: nothing said
 
 
 def test_a_head_that_drips_gets_408_and_a_silent_connection_is_closed(upstream, monkeypatch) -> None:

@@ -4,6 +4,7 @@ its last-minute percentiles are to the exact ones. Pure: times are passed in."""
 from __future__ import annotations
 
 import math
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from gpushare_tui.core.observe.latency import (
     LatencyRecorder,
     carries_token,
     is_stream_content_type,
+    nonzero_span,
     sketch_index,
     sketch_value,
 )
@@ -323,3 +325,10 @@ def test_the_windows_count_what_a_plain_list_of_samples_would(reqs, later_s: flo
                     got is not None
                     and abs(got - inside[math.ceil(0.99 * len(inside)) - 1]) <= inside[-1] * 0.011 + 1e-5
                 )
+
+
+@given(st.lists(st.integers(0, 3), max_size=40))
+def test_a_sketch_span_runs_from_its_first_non_zero_count_to_its_last(counts: list[int]) -> None:
+    a = array("I", counts)
+    nonzero = [i for i, n in enumerate(counts) if n]
+    assert nonzero_span(a) == (range(nonzero[0], nonzero[-1] + 1) if nonzero else range(0))

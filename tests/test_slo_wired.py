@@ -6,6 +6,7 @@ proxy process's latency snapshot as the supervisor parses it (hostile lines drop
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -22,7 +23,13 @@ from gpushare_tui.core.engines.latency_link import parse_snapshot, snapshot_line
 from gpushare_tui.core.engines.slo_keeper import SloKeeper
 from gpushare_tui.core.observe.latency import LATENCY_SKETCH_BUCKETS, LatencyRecorder
 from gpushare_tui.core.pacing.control import control_handlers
-from gpushare_tui.core.pacing.governor import GOVERNOR_MANUAL_HOLD_S, GovernorBounds, SloTarget
+from gpushare_tui.core.pacing.governor import (
+    GOVERNOR_MANUAL_HOLD_S,
+    GOVERNOR_WINDOW_S,
+    GovernorBounds,
+    SloTarget,
+    figures_of,
+)
 
 
 class Engine:
@@ -281,3 +288,22 @@ def test_a_snapshot_round_trips_and_its_report_is_typed() -> None:
     doc["report"]["ttft_p99_ms"] = "\x1b[2J"  # text where a number goes: that field is None, the rest stays
     odd = parse_snapshot(json.dumps(doc).encode(), 0.0)
     assert odd is not None and odd.report.ttft_p99_ms is None and odd.report.requests == 20
+
+
+def test_a_snapshot_line_says_what_the_recorder_reports() -> None:
+    """The line is built with one merge of the minute and no deep copy: it says exactly what the recorder's own
+    readers say (its report, the governor's window, the minute's sketches, every non-zero bucket)."""
+    rec = recorder_missing(0.25)
+    for i in range(30):  # ITL gaps spread over many buckets, and seconds that left the governor's window
+        r = rec.begin(40.0 + i)
+        rec.head(r, 40.0 + i, 200, True)
+        rec.chunk(r, 40.1 + i, b'data: {"content":"x"}\n\n')
+        rec.tokens(r, [40.1 + i + 0.001 * k * (1 + k % 7) for k in range(1, 40)])
+        rec.end(r, 41.0 + i)
+    doc = json.loads(snapshot_line(rec, 100.0)[8:])
+    minute = rec.window(100.0)
+    assert doc["report"] == json.loads(json.dumps(asdict(rec.report(100.0))))
+    assert doc["recent"] == asdict(figures_of(rec.window(100.0, GOVERNOR_WINDOW_S)))
+    for figure in ("ttft", "itl"):
+        assert doc["minute"][figure] == [[i, n] for i, n in enumerate(minute.sketches[figure]) if n]
+    assert len(doc["minute"]["itl"]) > 20 and doc["minute"]["requests"] == minute.requests == 50

@@ -1271,18 +1271,40 @@ class FrontProxy:
                         self._evict()
                     await room.wait()  # the evicted one's end, or any other's
                 continue
-            try:
-                conn, _addr = await loop.sock_accept(sock)
-            except OSError as e:  # out of fds after all (another thread's), an aborted handshake
-                if e.errno in FD_ERRNOS:
-                    await asyncio.sleep(PROXY_ACCEPT_BACKOFF_S)
-                continue
-            except Exception as e:  # a bug: said, and the port keeps accepting
-                self._unexpected("accept", e)
-                await asyncio.sleep(PROXY_ACCEPT_BACKOFF_S)
-                continue
-            self._open += 1
-            asyncio.create_task(self._client(conn))
+            backoff_s = await self._accept_while_room(loop, sock)
+            if backoff_s:
+                await asyncio.sleep(backoff_s)
+
+    async def _accept_while_room(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> float:
+        """Accept each newcomer as the listening socket turns readable (one reader for as long as there is room:
+        no wait object or epoll change per accept), until the cap is reached (0 returned) or accept() fails for
+        want of fds, or by a bug (the backoff returned: the port is not polled meanwhile)."""
+        stop: asyncio.Future[float] = loop.create_future()
+
+        def ready() -> None:
+            while self._open < self.max_connections and not stop.done():
+                try:
+                    conn, _addr = sock.accept()
+                except BlockingIOError:
+                    return
+                except OSError as e:  # out of fds after all (another thread's), an aborted handshake
+                    if e.errno in FD_ERRNOS:
+                        stop.set_result(PROXY_ACCEPT_BACKOFF_S)
+                    return  # (else the next readiness: never a spin inside this callback)
+                except Exception as e:  # a bug: said, and the port keeps accepting
+                    self._unexpected("accept", e)
+                    stop.set_result(PROXY_ACCEPT_BACKOFF_S)
+                    return
+                self._open += 1
+                asyncio.create_task(self._client(conn))
+            if not stop.done():
+                stop.set_result(0.0)
+
+        loop.add_reader(sock.fileno(), ready)
+        try:
+            return await stop
+        finally:
+            loop.remove_reader(sock.fileno())
 
     def _evict(self) -> bool:
         """Close the client connection with no request in flight for longest; False when every one has one."""
@@ -1341,11 +1363,7 @@ class FrontProxy:
                 self._room.set()
 
     async def _serve_client(self, sock: socket.socket) -> None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-        try:
+        try:  # (uvloop's TCP transports set TCP_NODELAY: each response head is written at once)
             _transport, conn = await asyncio.get_running_loop().connect_accepted_socket(_Conn, sock)
         except (OSError, asyncio.CancelledError):
             sock.close()

@@ -14,9 +14,17 @@ from __future__ import annotations
 
 import json
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
 
-from ..observe.latency import FIGURES, LATENCY_SKETCH_BUCKETS, LatencyRecorder, LatencyReport, WindowStats
+from ..observe.latency import (
+    FIGURES,
+    LATENCY_SKETCH_BUCKETS,
+    LatencyRecorder,
+    LatencyReport,
+    WindowStats,
+    nonzero_span,
+)
 from ..pacing.control import StatusReply
 from ..pacing.governor import GOVERNOR_WINDOW_S, Figures, figures_of
 
@@ -36,20 +44,28 @@ class LatencySnapshot:
 
 
 def snapshot_line(rec: LatencyRecorder, now_s: float) -> bytes:
-    """The recorder's figures as one line (`latency JSON`)."""
-    report = asdict(rec.report(now_s))
-    recent = figures_of(rec.window(now_s, GOVERNOR_WINDOW_S))
+    """The recorder's figures as one line (`latency JSON`). Taken once a second on the proxy's process, beside
+    its loop: the minute is merged once, and only the sketches' non-zero spans are walked."""
     minute = rec.window(now_s)
+    recent = figures_of(rec.window(now_s, GOVERNOR_WINDOW_S))
     doc = {
-        "report": report,
-        "recent": asdict(recent),
+        "report": _plain(rec.report(now_s, minute)),
+        "recent": _plain(recent),
         "minute": {
             "span_s": minute.span_s,
             "requests": minute.requests,
-            **{f: [[i, n] for i, n in enumerate(minute.sketches[f]) if n] for f in SKETCHED},
+            **{
+                f: [[i, n] for i in nonzero_span(s) if (n := s[i])] for f, s in minute.sketches.items() if f in SKETCHED
+            },
         },
     }
     return b"latency " + json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _plain(obj: Any) -> dict:
+    """A dataclass as JSON's objects, its fields' values as they are (no copy: `asdict` deep-copies each count
+    of the histograms)."""
+    return {f.name: _plain(v) if is_dataclass(v := getattr(obj, f.name)) else v for f in fields(obj)}
 
 
 def parse_snapshot(payload: bytes, received_s: float) -> LatencySnapshot | None:

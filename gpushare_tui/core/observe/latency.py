@@ -42,6 +42,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from operator import add, sub
 
 from ..host.budgets import LATENCY_FIRST_TOKEN_SCAN_MAX_BYTES, LATENCY_WINDOW_S
 
@@ -370,10 +371,10 @@ class LatencyRecorder:
         counts = {"ttft": self.ttft_counts, "itl": self.itl_counts, "e2e": self.e2e_counts}
         return {f: HistogramReport(BUCKETS_S[f], tuple(accumulate(list(counts[f]))), sums[f]) for f in FIGURES}
 
-    def report(self, now_s: float | None = None) -> LatencyReport:
-        """The `status` reply's `latency`: the last minute's figures, what is in flight, the counters and the
-        cumulative histograms."""
-        w = self.window(now_s)
+    def report(self, now_s: float | None = None, minute: WindowStats | None = None) -> LatencyReport:
+        """The `status` reply's `latency`: the last minute's figures (`minute`: `window(now_s)`, taken already),
+        what is in flight, the counters and the cumulative histograms."""
+        w = minute if minute is not None else self.window(now_s)
         ms = {}
         for f in FIGURES:
             ms[f"{f}_p50_ms"], ms[f"{f}_p99_ms"] = (_ms(x) for x in w.percentiles(f, (0.5, 0.99)))
@@ -392,21 +393,24 @@ class LatencyRecorder:
         return LatencyReport(**fields)  # type: ignore[arg-type]
 
 
-def _add(acc: array, part: array, sign: int = 1) -> None:
-    """acc += sign * part, over part's non-zero span only (found by C-level byte scans: latencies cluster in a
-    few dozen of the sketch's buckets, so a merge costs microseconds, not a walk of every bucket)."""
-    raw = part.tobytes()
+def nonzero_span(counts: array) -> range:
+    """The indices from a sketch's first non-zero count to its last (empty when all are zero), found by C-level
+    byte scans: latencies cluster in a few dozen of the sketch's buckets, so a walk of them costs microseconds,
+    not a walk of every bucket."""
+    raw = counts.tobytes()
     stripped = raw.lstrip(b"\0")
     if not stripped:
+        return range(0)
+    return range((len(raw) - len(stripped)) // counts.itemsize, -(-len(raw.rstrip(b"\0")) // counts.itemsize))
+
+
+def _add(acc: array, part: array, sign: int = 1) -> None:
+    """acc += sign * part, over part's non-zero span only."""
+    span = nonzero_span(part)
+    if not span:
         return
-    lo = (len(raw) - len(stripped)) // part.itemsize
-    hi = -(-len(raw.rstrip(b"\0")) // part.itemsize)
-    if sign > 0:
-        for i in range(lo, hi):
-            acc[i] += part[i]
-    else:
-        for i in range(lo, hi):
-            acc[i] -= part[i]
+    lo, hi = span.start, span.stop
+    acc[lo:hi] = array(acc.typecode, map(add if sign > 0 else sub, acc[lo:hi], part[lo:hi]))
 
 
 def _ms(s: float | None) -> float | None:
