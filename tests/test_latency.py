@@ -3,6 +3,7 @@ its last-minute percentiles are to the exact ones. Pure: times are passed in."""
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare_tui.core.host import budgets
+from gpushare_tui.core.observe import latency
 from gpushare_tui.core.observe.latency import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
@@ -332,3 +334,28 @@ def test_a_sketch_span_runs_from_its_first_non_zero_count_to_its_last(counts: li
     a = array("I", counts)
     nonzero = [i for i, n in enumerate(counts) if n]
     assert nonzero_span(a) == (range(nonzero[0], nonzero[-1] + 1) if nonzero else range(0))
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=40).map(lambda b: b"{" + b),
+        st.text().map(lambda t: ("{" + t).encode("utf-8", "surrogatepass")),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(),
+            lambda c: st.lists(c) | st.dictionaries(st.text(), c),
+        ).map(lambda d: json.dumps({"content": d}).encode() + b" \r\n"),
+    )
+)
+@settings(max_examples=500)
+def test_an_events_json_is_read_as_json_loads_reads_it(payload: bytes) -> None:
+    """The first-token check reads an event's JSON object without json.loads' Python layers: the same value,
+    or a ValueError where json.loads raises one."""
+    try:
+        want = ("value", json.loads(payload))
+    except ValueError:
+        want = ("error", None)
+    try:
+        got = ("value", latency._json_of(payload))
+    except ValueError:
+        got = ("error", None)
+    assert repr(got) == repr(want)

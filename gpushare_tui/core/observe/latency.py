@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import add, sub
+from typing import Any
 
 from ..host.budgets import LATENCY_FIRST_TOKEN_SCAN_MAX_BYTES, LATENCY_WINDOW_S
 
@@ -132,12 +133,31 @@ def carries_token(data: bytes) -> bool:
         if not payload or payload == b"[DONE]":
             continue
         try:
-            doc = json.loads(payload)
+            doc = _json_of(payload)
         except (ValueError, RecursionError):
             return True
         if not isinstance(doc, dict) or _has_text(doc):
             return True
     return False
+
+
+_scan_json = json.JSONDecoder().scan_once  # the C scanner json.loads ends in
+
+
+def _json_of(payload: bytes) -> Any:
+    """json.loads(payload), ValueError as it raises: an object in UTF-8 (an event's usual payload; no NUL in its
+    first bytes, where json.loads would read UTF-16 or -32) is scanned at once, without json.loads' layers of
+    Python (this runs once a stream, on the proxy's loop, with every cache cold)."""
+    if payload[:1] != b"{" or b"\0" in payload[:4]:
+        return json.loads(payload)
+    text = payload.decode("utf-8", "surrogatepass")  # as json.loads decodes
+    try:
+        doc, end = _scan_json(text, 0)
+    except StopIteration:
+        raise ValueError("no JSON value") from None
+    if end != len(text) and text[end:].strip(" \t\n\r"):
+        raise ValueError("data after the JSON value")
+    return doc
 
 
 def _has_text(doc: dict) -> bool:
