@@ -141,7 +141,7 @@ def carries_token(data: bytes) -> bool:
     return False
 
 
-_scan_json = json.JSONDecoder().scan_once  # the C scanner json.loads ends in
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the C scanner json.loads ends in
 
 
 def _json_of(payload: bytes) -> Any:
