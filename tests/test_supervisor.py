@@ -395,7 +395,15 @@ def test_busy_total_counts_continued_work_only(engines):
     assert db > 0 and 1.4 <= da / db <= 2.8, (da, db)  # continued time follows the 2:1 windows
     assert da + db <= elapsed_us * 1.05 + 1_000_000  # one at a time (heartbeat lag: 0.5 s at each end)
     assert da + db >= elapsed_us * 0.4  # they had work all along (a loaded box loses some)
-    time.sleep(0.7)  # the last heartbeat with the work's end
+    # busy_total_us as of a heartbeat after the work wound down (a request the client left ends at the engine's
+    # next token, within a period): the heartbeat thread runs late on a loaded box, so it is waited for, not
+    # slept for (0.7 s was 2 ms short beside a CPU hog)
+    wound_down_us = (time.time() + 0.3) * 1e6
+    wait_for(
+        lambda: all(engines.slot_of(p).heartbeat_us >= wound_down_us for p in (a, b)),
+        10,
+        what="a heartbeat after the work's end",
+    )
     stopped = {p: engines.slot_of(p).busy_total_us for p in (a, b)}
     wait_for(lambda: not engines.slot_of(a).active and not engines.slot_of(b).active, 8, what="both idle")
     time.sleep(1.0)
