@@ -448,7 +448,8 @@ def test_the_cap_keeps_fds_for_the_rest_of_the_process(monkeypatch) -> None:
 
 
 OUT_OF_FDS = """
-import os, sys, time
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))  # filled fast
 from gpushare_tui.core.engines.front_proxy import FrontProxy
 p = FrontProxy(("127.0.0.1", 0), ("127.0.0.1", int(sys.argv[1]))).start()
 print(p.port, flush=True)
