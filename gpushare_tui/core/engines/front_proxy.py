@@ -881,18 +881,13 @@ class _Relay:
         rec.reads(r, held)
         if relayer is None:
             return True
-        found = r.last_s is not None
-        more = relayer.seen(token, found)
-        while not found and more:
-            rec.reads(r, more)
-            found = r.last_s is not None
+        first = found = r.last_s is not None
+        while True:  # not found: the reads held since are given, until the first token is in them or none are
             more = relayer.seen(token, found)
-            if found:
-                rec.reads(r, more)
-                return False
-        if found:
             rec.reads(r, more)
-        return found
+            if found or not more:
+                return first
+            found = r.last_s is not None
 
     def fail(self, e: BaseException) -> None:
         self.unload()
