@@ -7,7 +7,9 @@ setup(
     ext_modules=[
         Extension(
             "gpushare_tui.core.engines._relay",
-            sources=["gpushare_tui/core/engines/_relay.c"],
+            # picohttpparser (h2o/picohttpparser f832609, MIT): the engine's response heads the relay reads
+            sources=["gpushare_tui/core/engines/_relay.c", "gpushare_tui/core/engines/picohttpparser.c"],
+            depends=["gpushare_tui/core/engines/picohttpparser.h"],
             extra_compile_args=["-O2", "-Wall"],
             optional=True,
         )

@@ -697,3 +697,188 @@ def test_closing_the_proxy_with_a_stream_in_the_c_relay_ends_both_connections(ho
         s.close()
         p.close()
     wait_for(lambda: _sockets() <= sockets, 5, what="every socket of it closed")
+
+
+# -- requests the C relay makes: the engine's response head read and written there ----------------------------
+
+
+class _ScriptedEngine:
+    """An engine that answers each request with `reply` (its first 256 bytes written in pieces `cut` bytes long,
+    2 ms apart), then closes; `requests` counts the requests it read whole."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.reply = b""
+        self.cut = 0
+        self.requests = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            got = b""
+            while b"\r\n\r\n" not in got:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                got += data
+            self.requests += 1
+            reply, cut = self.reply, self.cut or len(self.reply) or 1
+            try:
+                for i in range(0, min(len(reply), 256), cut):  # its first 256 bytes cut, the rest at once
+                    conn.sendall(reply[i : min(i + cut, 256)])
+                    time.sleep(0.002)
+                conn.sendall(reply[256:])
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def scripted_engine() -> Iterator[_ScriptedEngine]:
+    e = _ScriptedEngine()
+    yield e
+    e.close()
+
+
+_STATUS_LINES = [
+    b"HTTP/1.1 200 OK",
+    b"HTTP/1.1 201 Created",
+    b"HTTP/1.1 404 Not Found",
+    b"HTTP/1.1 200",
+    b"HTTP/1.0 200 OK",
+    b"HTTP/1.1 204 No Content",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK",
+    b"HTTP/1.1 200 \xc3\x96K",
+    b"HTTP/1.1 200 OK ",
+    b"HTTP/1.1 999 Odd",
+    b"HTTP/1.1 20 Short",
+    b"HTTP/2 200",
+]
+_HEADERS = [
+    b"Transfer-Encoding: chunked",
+    b"transfer-encoding: CHUNKED",
+    b"Transfer-Encoding:chunked  ",
+    b"Transfer-Encoding: gzip, chunked",
+    b"Content-Length: 12",
+    b"Connection: close",
+    b"Connection: x-a",
+    b"X-A: 1",
+    b"Keep-Alive: timeout=5, max=100",
+    b"TE: trailers",
+    b"Upgrade: h2c",
+    b"Proxy-Connection: keep-alive",
+    b"Trailer: x-t",
+    b"Content-Type: text/event-stream",
+    b"Content-Type: Application/X-NDJSON; charset=utf-8",
+    b"Server: llama.cpp",
+    b"Access-Control-Allow-Origin: ",
+    b"X-Tab: a\tb",
+    b"X-Utf8: \xc3\xa9",
+    b"X-Control: a\x01b",
+    b" X-Folded: a",
+    b"Bad Name: x",
+    b"X-Long: " + b"v" * 9000,
+]
+_BODIES = [
+    b"5\r\nhello\r\n7\r\n world!\r\n0\r\n\r\n",
+    b"5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n",
+    b"5;e=1\r\nhello\r\n0\r\n\r\n",
+    b"C\r\nhello world!\r\n0\r\n\r\n",
+    b"hello world!",
+    b"5\r\nhello\r\n0\r\n\r\nextra",
+    b"5\r\nhel",
+    b"",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    status=st.sampled_from(_STATUS_LINES),
+    headers=st.lists(st.sampled_from(_HEADERS), max_size=6),
+    bare_lf=st.integers(min_value=-1, max_value=7),
+    body=st.sampled_from(_BODIES),
+    cut=st.sampled_from([0, 1, 7, 64]),
+)
+def test_any_response_head_comes_the_same_through_the_c_relays_request_as_through_the_loop(
+    scripted_engine, status, headers, bare_lf, body, cut
+) -> None:
+    """A new engine connection's request is made by the C relay, which writes a plain response head itself and
+    hands any other to the loop: whatever head an engine sends, however its writes are cut, the client gets what
+    the loop alone would have written (a 502 included), and the engine reads the request once."""
+    lines = [status, *headers]
+    head = b"".join(line + (b"\n" if i == bare_lf else b"\r\n") for i, line in enumerate(lines)) + b"\r\n"
+    scripted_engine.reply, scripted_engine.cut = head + body, cut
+    got = {}
+    for c_relay in (True, False):
+        before = scripted_engine.requests
+        with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", scripted_engine.port), c_relay=c_relay) as p:
+            got[c_relay] = _fetch(p.port, "x")
+            assert p.requests_in_c_total == (1 if c_relay else 0)
+            wait_for(lambda: not p._relayed, 5, what="the request to come back from the C relay")
+        assert scripted_engine.requests == before + 1
+    assert got[True] == got[False], (head[:300], body)
+
+
+def test_a_plain_streamed_head_is_written_by_the_c_relay_as_the_loop_writes_it(scripted_engine) -> None:
+    """llama-server's head for a stream, through the C relay's request and through the loop: the same bytes, the
+    head written there (the stream relayed in C from its first byte)."""
+    scripted_engine.reply = (
+        b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
+        b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n"
+        + b"".join(TOKENS)
+        + b"0\r\n\r\n"
+    )
+    scripted_engine.cut = 0
+    got = {}
+    for c_relay in (True, False):
+        with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", scripted_engine.port), c_relay=c_relay) as p:
+            got[c_relay] = _fetch(p.port, "x")
+            assert p.relayed_in_c_total == (1 if c_relay else 0) and p.requests_in_c_total == p.relayed_in_c_total
+    assert got[True] == got[False]
+    head, body = got[True].split(b"\r\n\r\n", 1)
+    assert head.endswith(b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close")
+    assert b"Keep-Alive" not in head and body == b"".join(TOKENS) + b"0\r\n\r\n"
+
+
+def test_an_engine_that_refuses_or_does_not_answer_the_connect_gets_a_502(scripted_engine) -> None:
+    """The engine's port closed: 502 at once. Its backlog full (the SYN dropped): 502 after the connect budget,
+    the C relay's deadline, the proxy serving meanwhile."""
+    from gpushare_tui.core.host.budgets import PROXY_UPSTREAM_CONNECT_S
+
+    dead = free_port()
+    with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", dead)) as p:
+        reply = _fetch(p.port, "x")
+        assert reply.startswith(b"HTTP/1.1 502 ") and b"engine unreachable" in reply, reply[:200]
+        assert p.requests_in_c_total == 1
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = []
+    try:
+        for _ in range(8):  # past the accept queue: the next SYN is dropped
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(full.getsockname())
+            fillers.append(s)
+        time.sleep(0.1)
+        with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", full.getsockname()[1])) as p:
+            t0 = time.monotonic()
+            reply = _fetch(p.port, "x")
+            took = time.monotonic() - t0
+        assert reply.startswith(b"HTTP/1.1 502 ") and b"engine unreachable" in reply, reply[:200]
+        assert PROXY_UPSTREAM_CONNECT_S - 0.1 <= took <= PROXY_UPSTREAM_CONNECT_S + 3, took
+    finally:
+        for s in fillers:
+            s.close()
+        full.close()

@@ -34,6 +34,7 @@ class _Upstream(socketserver.ThreadingTCPServer):
         self.props = b'{"a": 1}'
         self.raw_body: list[bytes] = []  # /raw: a chunked reply's body bytes as the test made them, a write each
         self.raw_head = b""  # /head: the whole reply as the test made it (then the origin closes)
+        self.connections = 0  # accepted
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -47,6 +48,7 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         srv: _Upstream = self.server  # type: ignore[assignment]
+        srv.connections += 1
         while True:
             head = b""
             while not head.endswith(b"\r\n\r\n"):
@@ -231,6 +233,16 @@ def test_bad_framing_closes_the_connection_and_leaves_no_demand(proxy) -> None:
     time.sleep(DEMAND_FALL_GRACE_S + 0.05)
     assert proxy.changes in ([], [True, False])
     assert httpx.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"  # still serving
+
+
+def test_an_engine_connection_is_free_for_the_next_client_once_its_reply_ended(proxy, upstream) -> None:
+    """A kept-alive client that stays connected does not keep the engine connection its reply came on: the next
+    client's request goes on it (one engine connection for both), and the first client's next one too."""
+    with httpx.Client() as kept:
+        assert kept.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
+        assert httpx.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"  # another client, meanwhile
+        assert kept.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
+    assert upstream.connections == 1 and proxy.requests_total == 3
 
 
 def test_the_engine_closing_an_idle_keepalive_connection_is_reconnected(proxy, upstream) -> None:

@@ -184,6 +184,8 @@ SURFACES = (
             "test_c_relay.py::test_a_client_gets_the_same_bytes_through_the_c_relay_as_through_the_loop",
             "test_c_relay.py::test_a_client_that_stops_reading_holds_a_bounded_part_of_the_proxys_memory",
             "test_c_relay.py::test_a_client_that_leaves_mid_stream_ends_the_engines_connection",
+            "test_c_relay.py::test_any_response_head_comes_the_same_through_the_c_relays_request_as_through_the_loop",
+            "test_c_relay.py::test_an_engine_that_refuses_or_does_not_answer_the_connect_gets_a_502",
         ),
     ),
     Surface(

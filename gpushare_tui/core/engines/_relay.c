@@ -32,7 +32,20 @@
    (their times forgotten) and holding begins again. So a stream whose first read is its first token costs the
    loop that read's bytes, whenever it collects; the loop is told of held reads as of read times (within
    `flush_s`), or at once above half of `hold_max` bytes; reading the engine pauses above `hold_max`. A stream
-   that ended or was cancelled with reads kept aside stays until the loop's `seen` (its collect says so). */
+   that ended or was cancelled with reads kept aside stays until the loop's `seen` (its collect says so).
+
+   Requests (`request`): a request whose whole bytes the loop has, on a new engine connection it has begun to
+   connect, is the thread's from the connect on: it waits for the connect (at most `connect_s`: else
+   CONNECT_FAILED with ETIMEDOUT, as a refused one), writes the request, reads the response head (at most
+   `head_max` bytes) and parses it (picohttpparser). A plain head - HTTP/1.1, a final status with a body, one
+   `Transfer-Encoding: chunked` and no Content-Length, no Connection header, printable ASCII, CRLF line ends - is
+   written to the client as the loop writes one (`HTTP/1.1 STATUS REASON`, its headers less the hop-by-hop ones and
+   the transfer coding, then `Transfer-Encoding: chunked`, and `Connection: close` where the client's connection
+   ends after it), and its body is relayed as above, held for the first token where the reply is 2xx and the
+   request timed, its reads timed where its Content-Type is one of `stream_types`. Any other head, a head over
+   `head_max`, one that does not parse: HEAD, with all that was read (nothing written to the client), for the
+   loop to parse and answer as it does its own. The report says what came: (status, first byte's time, head's
+   time, streamed, written) once a head was parsed. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -49,17 +62,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "picohttpparser.h"
+
 #define READ_BYTES 65536
 #define CARRY_MAX 16 /* a size line's part that ends a read: at most 15 hex digits and its CR */
 #define TIMES_MAX 65536
 #define TIMES_NOTIFY 256 /* a stream holding this many read times is collected without waiting flush_s */
 #define EVENTS_MAX 64
 #define PREFIX_MAX 8
+#define HEADERS_MAX 100 /* a plain head has at most this many headers (more: the loop's to parse) */
+#define HEAD_FIRST_BYTES 4096 /* a response head's first buffer (a real one fits), grown to head_max + 1 */
+#define HEAD_OUT_BYTES 8192 /* a plain head as written to the client is at most this long (longer: the loop's) */
 
 /* S_LAST: a size line began with 0 (the last chunk): its bytes gathered in `carry` while they are `0 CRLF CRLF` */
 enum { S_SIZE = 0, S_DATA = 1, S_CRLF = 2, S_LAST = 3 };
 enum { H_FIRST = 1, H_AFTER = 2 };
-enum { R_LIVE = 0, R_LAST = 1, R_ODD = 2, R_EOF = 3, R_READ_ERROR = 4, R_CLIENT_GONE = 5, R_CANCELLED = 6, R_DONE = 7 };
+enum { R_LIVE = 0, R_LAST = 1, R_ODD = 2, R_EOF = 3, R_READ_ERROR = 4, R_CLIENT_GONE = 5, R_CANCELLED = 6, R_DONE = 7,
+       R_HEAD = 8, R_CONNECT_FAILED = 9 };
+/* a request's phase (P_BODY: the body, as a stream `start` hands over) */
+enum { P_BODY = 0, P_CONNECT = 1, P_SEND = 2, P_HEAD = 3 };
 
 typedef struct {
     int used;
@@ -91,6 +112,17 @@ typedef struct {
     size_t held_len, held_cap, first_len;
     int reported;         /* ended, its report collected: kept for the loop's `seen` */
     unsigned long long relayed; /* bytes written to the client */
+    /* a request's (see `request`) */
+    int phase;
+    char *req;            /* P_CONNECT, P_SEND: the request, req_off of it written */
+    size_t req_len, req_off;
+    char *head;           /* P_HEAD: what came of the reply so far (head_cap: grown as it comes, to head_max + 1) */
+    size_t head_len, head_cap;
+    double deadline;      /* P_CONNECT: connected by then */
+    int close_client, want_timed, shut_up;
+    Py_ssize_t want_hold;
+    int status, streamed, head_written, head_parsed;
+    double first_byte_t, head_t;
 } Stream;
 
 typedef struct {
@@ -103,7 +135,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_t thread;
     int thread_started, mu_ready;
-    int ep, notify_fd, quit_fd;
+    int ep, notify_fd, quit_fd, kick_fd; /* kick_fd: a request's connect deadline is new (the wait is cut short) */
     int notified; /* the eventfd was written since the last collect */
     int closing;
     size_t out_max;
@@ -115,6 +147,10 @@ typedef struct {
     char prefixes[PREFIX_MAX][32];
     int prefix_len[PREFIX_MAX];
     int n_prefixes;
+    char stream_types[PREFIX_MAX][32]; /* Content-Types (lower case, prefixes) whose chunks are tokens */
+    int stream_type_len[PREFIX_MAX];
+    int n_stream_types;
+    size_t head_max;
 } Relayer;
 
 static double now_s(void) {
@@ -145,6 +181,8 @@ static void stream_release_fds(Relayer *self, Stream *s) {
 }
 
 static void stream_free(Stream *s) {
+    free(s->req);
+    free(s->head);
     free(s->rest);
     free(s->out);
     free(s->times);
@@ -397,6 +435,41 @@ static void relay_bytes(Relayer *self, Stream *s, const char *p, size_t n) {
     client_write(self, s, p + run, n - run);
 }
 
+/* A read of the body `p[0:n]` (at `t`): timed or held (see the module's comment), then relayed. */
+static void relay_got(Relayer *self, Stream *s, int index, const char *p, size_t n, double t) {
+    if ((s->timed || s->holding) && s->state != S_LAST) { /* the last chunk's reads are no token */
+        size_t at = 0;
+        if (s->state == S_SIZE && !s->digits && !s->cr && !s->carry_len) {
+            /* a read that begins a chunk: its event after the size line (as the loop's recorder looks); the last
+               chunk is no token */
+            if (n >= 3 && memcmp(p, "0\r\n", 3) == 0)
+                at = n + 1;
+            for (size_t k = 1; at == 0 && k + 1 < n && k <= 20; k++)
+                if (p[k] == '\r' && p[k + 1] == '\n') {
+                    at = k + 2;
+                    break;
+                }
+        }
+        if (at <= n) { /* else no event */
+            int token = !not_token(self, p, n, at);
+            if (s->holding == H_FIRST) {
+                hold(s, p, n, at, t);
+                s->first_len = s->held_len;
+                if (token || !s->timed)
+                    s->holding = H_AFTER;
+            } else {
+                if (s->holding == H_AFTER && s->timed)
+                    hold(s, p, n, at, t);
+                if (token && s->timed)
+                    note_time(s, t);
+            }
+        }
+    }
+    relay_bytes(self, s, p, n);
+    if (s->reason == R_LIVE)
+        watch(self, s, index);
+}
+
 static void relay_read(Relayer *self, Stream *s, int index) {
     ssize_t n = recv(s->up_fd, self->in, READ_BYTES, MSG_DONTWAIT);
     if (n < 0) {
@@ -408,38 +481,183 @@ static void relay_read(Relayer *self, Stream *s, int index) {
         stream_end(self, s, R_EOF, 0, NULL, 0);
         return;
     }
-    if ((s->timed || s->holding) && s->state != S_LAST) { /* the last chunk's reads are no token */
-        size_t at = 0;
-        if (s->state == S_SIZE && !s->digits && !s->cr && !s->carry_len) {
-            /* a read that begins a chunk: its event after the size line (as the loop's recorder looks); the last
-               chunk is no token */
-            if (n >= 3 && memcmp(self->in, "0\r\n", 3) == 0)
-                at = (size_t)n + 1;
-            for (size_t k = 1; at == 0 && k + 1 < (size_t)n && k <= 20; k++)
-                if (self->in[k] == '\r' && self->in[k + 1] == '\n') {
-                    at = k + 2;
-                    break;
-                }
-        }
-        if (at <= (size_t)n) { /* else no event */
-            int token = !not_token(self, self->in, (size_t)n, at);
-            double t = now_s();
-            if (s->holding == H_FIRST) {
-                hold(s, self->in, (size_t)n, at, t);
-                s->first_len = s->held_len;
-                if (token || !s->timed)
-                    s->holding = H_AFTER;
-            } else {
-                if (s->holding == H_AFTER && s->timed)
-                    hold(s, self->in, (size_t)n, at, t);
-                if (token && s->timed)
-                    note_time(s, t);
+    relay_got(self, s, index, self->in, (size_t)n, (s->timed || s->holding) ? now_s() : 0);
+}
+
+/* -- requests ---------------------------------------------------------------------------------------------- */
+
+static int lower_eq(const char *p, size_t n, const char *lower) {
+    size_t k = 0;
+    for (; k < n && lower[k]; k++)
+        if ((p[k] >= 'A' && p[k] <= 'Z' ? p[k] + 32 : p[k]) != lower[k])
+            return 0;
+    return k == n && !lower[k];
+}
+
+/* The client's head for a plain head (see the module's comment), into `out` (its size `cap`); its length, or 0
+   where the head is not plain. Sets the stream's status and streamed. */
+static size_t plain_head(Relayer *self, Stream *s, const char *head, size_t head_len, char *out, size_t cap) {
+    for (size_t k = 0; k < head_len; k++) { /* printable ASCII, tabs, CRLF line ends */
+        unsigned char c = (unsigned char)head[k];
+        if (c >= 0x7f || (c < 0x20 && c != '\t' && c != '\r' && c != '\n'))
+            return 0;
+        if (c == '\n' && (k == 0 || head[k - 1] != '\r'))
+            return 0;
+        if (c == '\r' && (k + 1 >= head_len || head[k + 1] != '\n'))
+            return 0;
+    }
+    int minor = -1, status = 0;
+    const char *msg;
+    size_t msg_len, n_headers = HEADERS_MAX;
+    struct phr_header headers[HEADERS_MAX];
+    if (phr_parse_response(head, head_len, &minor, &status, &msg, &msg_len, headers, &n_headers, 0) != (int)head_len)
+        return 0;
+    if (minor != 1 || status < 200 || status > 599 || status == 204 || status == 304)
+        return 0;
+    int chunked = 0, streamed = 0, ctype = 0;
+    for (size_t k = 0; k < n_headers; k++) {
+        const struct phr_header *h = &headers[k];
+        if (h->name == NULL)
+            return 0; /* a folded line */
+        if (lower_eq(h->name, h->name_len, "transfer-encoding")) {
+            if (chunked++ || !lower_eq(h->value, h->value_len, "chunked"))
+                return 0;
+        } else if (lower_eq(h->name, h->name_len, "content-length") || lower_eq(h->name, h->name_len, "connection"))
+            return 0;
+        else if (!ctype && lower_eq(h->name, h->name_len, "content-type")) {
+            ctype = 1;
+            for (int j = 0; j < self->n_stream_types && !streamed; j++) {
+                size_t len = (size_t)self->stream_type_len[j];
+                streamed = h->value_len >= len && lower_eq(h->value, len, self->stream_types[j]);
             }
         }
     }
-    relay_bytes(self, s, self->in, (size_t)n);
-    if (s->reason == R_LIVE)
+    if (!chunked)
+        return 0;
+    size_t n = (size_t)snprintf(out, cap, "HTTP/1.1 %d %.*s\r\n", status, (int)msg_len, msg);
+    for (size_t k = 0; k < n_headers && n < cap; k++) {
+        const struct phr_header *h = &headers[k];
+        if (lower_eq(h->name, h->name_len, "transfer-encoding") || lower_eq(h->name, h->name_len, "keep-alive") ||
+            lower_eq(h->name, h->name_len, "proxy-connection") || lower_eq(h->name, h->name_len, "te") ||
+            lower_eq(h->name, h->name_len, "upgrade"))
+            continue; /* hop-by-hop (the loop's HOP_HEADERS), the transfer coding: written last */
+        n += (size_t)snprintf(out + n, cap - n, "%.*s: %.*s\r\n", (int)h->name_len, h->name, (int)h->value_len,
+                              h->value);
+    }
+    if (n < cap)
+        n += (size_t)snprintf(out + n, cap - n, "Transfer-Encoding: chunked\r\n%s\r\n",
+                              s->close_client ? "Connection: close\r\n" : "");
+    if (n >= cap)
+        return 0;
+    s->status = status;
+    s->streamed = streamed;
+    return n;
+}
+
+/* P_CONNECT, P_SEND: the engine's socket is writable (or failed) */
+static void request_write(Relayer *self, Stream *s, int index, uint32_t events) {
+    if (s->phase == P_CONNECT) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (getsockopt(s->up_fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+            err = errno;
+        if (!err && (events & (EPOLLERR | EPOLLHUP)))
+            err = ECONNRESET;
+        if (err) {
+            stream_end(self, s, R_CONNECT_FAILED, err, NULL, 0);
+            return;
+        }
+        s->phase = P_SEND;
+    }
+    while (s->req_off < s->req_len) {
+        ssize_t w = send(s->up_fd, s->req + s->req_off, s->req_len - s->req_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                return;
+            stream_end(self, s, R_READ_ERROR, errno, NULL, 0);
+            return;
+        }
+        s->req_off += (size_t)w;
+    }
+    free(s->req);
+    s->req = NULL;
+    if (s->shut_up)
+        shutdown(s->up_fd, SHUT_WR);
+    s->phase = P_HEAD;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(index, s->gen, 0)};
+    if (epoll_ctl(self->ep, EPOLL_CTL_MOD, s->up_fd, &ev) < 0)
+        stream_end(self, s, R_READ_ERROR, errno, NULL, 0);
+}
+
+/* P_HEAD: a read of the reply; at its head's end, the head written (plain) or handed back */
+static void head_read(Relayer *self, Stream *s, int index) {
+    if (s->head_len == s->head_cap) { /* grown as the head comes, up to a byte past head_max */
+        size_t cap = s->head_cap * 4 < self->head_max + 1 ? s->head_cap * 4 : self->head_max + 1;
+        char *grown = realloc(s->head, cap);
+        if (grown == NULL) {
+            stream_end(self, s, R_READ_ERROR, ENOMEM, NULL, 0);
+            return;
+        }
+        s->head = grown;
+        s->head_cap = cap;
+    }
+    ssize_t n = recv(s->up_fd, s->head + s->head_len, s->head_cap - s->head_len, MSG_DONTWAIT);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            stream_end(self, s, R_READ_ERROR, errno, NULL, 0);
+        return;
+    }
+    if (n == 0) {
+        stream_end(self, s, R_EOF, 0, NULL, 0);
+        return;
+    }
+    double t = now_s();
+    if (!s->head_len)
+        s->first_byte_t = t;
+    /* the head ends at its blank line: LF LF or LF CR LF (a bare LF is not plain: the loop says what it is) */
+    size_t from = s->head_len > 2 ? s->head_len - 2 : 0;
+    s->head_len += (size_t)n;
+    const char *end = NULL;
+    for (size_t k = from; k < s->head_len && end == NULL; k++)
+        if (s->head[k] == '\n') {
+            if (k + 1 < s->head_len && s->head[k + 1] == '\n')
+                end = s->head + k + 2;
+            else if (k + 2 < s->head_len && s->head[k + 1] == '\r' && s->head[k + 2] == '\n')
+                end = s->head + k + 3;
+        }
+    if (end == NULL) {
+        if (s->head_len <= self->head_max)
+            return; /* more to come */
+        stream_end(self, s, R_HEAD, 0, s->head, s->head_len);
+        return;
+    }
+    size_t head_len = (size_t)(end - s->head);
+    char out[HEAD_OUT_BYTES];
+    size_t out_len = head_len <= self->head_max ? plain_head(self, s, s->head, head_len, out, sizeof out) : 0;
+    if (!out_len) {
+        stream_end(self, s, R_HEAD, 0, s->head, s->head_len);
+        return;
+    }
+    s->head_parsed = 1;
+    s->head_t = t;
+    s->phase = P_BODY;
+    int ok = s->status >= 200 && s->status < 300;
+    s->timed = s->want_timed && s->streamed;
+    s->holding = s->want_timed && ok && s->want_hold >= 0 ? H_FIRST : 0;
+    s->hold_max = s->holding ? (size_t)s->want_hold : 0;
+    if (client_write(self, s, out, out_len) < 0)
+        return;
+    s->head_written = 1;
+    size_t body = s->head_len - head_len;
+    if (body)
+        relay_got(self, s, index, end, body, t);
+    else
         watch(self, s, index);
+    if (s->reason != R_LIVE || s->phase != P_BODY)
+        return;
+    free(s->head);
+    s->head = NULL;
+    s->head_len = 0;
 }
 
 static void relay_write(Relayer *self, Stream *s, int index) {
@@ -474,6 +692,13 @@ static void *relay_thread(void *arg) {
             uint64_t d = evs[k].data.u64;
             if (d == UINT64_MAX)
                 continue; /* the quit eventfd */
+            if (d == UINT64_MAX - 1) { /* a connect's deadline: the wait is recomputed below */
+                uint64_t kicks;
+                if (read(self->kick_fd, &kicks, sizeof kicks) < 0) {
+                    /* EAGAIN: read by an earlier wake */
+                }
+                continue;
+            }
             int index = (int)(d & 0xffff);
             uint32_t gen = (uint32_t)((d >> 16) & GEN_MASK);
             pthread_mutex_lock(&self->mu);
@@ -485,7 +710,11 @@ static void *relay_thread(void *arg) {
                         stream_end(self, s, R_CLIENT_GONE, EPIPE, NULL, 0);
                     else
                         relay_write(self, s, index);
-                } else
+                } else if (s->phase == P_CONNECT || s->phase == P_SEND)
+                    request_write(self, s, index, evs[k].events);
+                else if (s->phase == P_HEAD)
+                    head_read(self, s, index);
+                else
                     relay_read(self, s, index);
             }
             pthread_mutex_unlock(&self->mu);
@@ -496,12 +725,18 @@ static void *relay_thread(void *arg) {
             break;
         }
         /* the loop is told when a stream ended, or kept read times long enough (or many enough) */
-        double now = now_s(), soonest = 0;
+        double now = now_s(), soonest = 0, deadline = 0;
         int tell = 0;
         for (int i = 0; i < self->n_streams; i++) {
             Stream *s = &self->streams[i];
             if (!s->used || s->reported)
                 continue;
+            if (s->reason == R_LIVE && s->phase == P_CONNECT) { /* an engine that does not answer the connect */
+                if (s->deadline <= now)
+                    stream_end(self, s, R_CONNECT_FAILED, ETIMEDOUT, NULL, 0);
+                else if (deadline == 0 || s->deadline < deadline)
+                    deadline = s->deadline;
+            }
             if (s->reason != R_LIVE || s->n_times >= TIMES_NOTIFY || s->held_len > s->hold_max / 2)
                 tell = 1;
             else if (s->pending_since != 0) {
@@ -518,7 +753,11 @@ static void *relay_thread(void *arg) {
                 self->notified = 1;
         }
         timeout_ms = -1;
-        if (!self->notified && soonest != 0)
+        if (self->notified)
+            soonest = 0; /* (the loop collects what it was told of; flushes wait for that) */
+        if (deadline != 0 && (soonest == 0 || deadline < soonest))
+            soonest = deadline;
+        if (soonest != 0)
             timeout_ms = (int)((soonest - now) * 1000) + 1;
         pthread_mutex_unlock(&self->mu);
     }
@@ -528,12 +767,13 @@ static void *relay_thread(void *arg) {
 /* ---- the Python type ---------------------------------------------------------------------------------- */
 
 static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"notify_fd", "not_tokens", "out_max", "flush_s", NULL};
+    static char *names[] = {"notify_fd", "not_tokens", "out_max", "flush_s", "stream_types", "head_max", NULL};
     int notify_fd;
-    PyObject *not_tokens;
-    Py_ssize_t out_max;
+    PyObject *not_tokens, *stream_types = NULL;
+    Py_ssize_t out_max, head_max = 64 * 1024;
     double flush_s;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOnd", names, &notify_fd, &not_tokens, &out_max, &flush_s))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOnd|On", names, &notify_fd, &not_tokens, &out_max, &flush_s,
+                                     &stream_types, &head_max))
         return -1;
     if (self->thread_started || self->mu_ready) {
         PyErr_SetString(PyExc_RuntimeError, "a Relayer is initialised once");
@@ -562,6 +802,38 @@ static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
     }
     self->n_prefixes = (int)np;
     Py_DECREF(seq);
+    if (stream_types != NULL) {
+        seq = PySequence_Fast(stream_types, "stream_types: a sequence of bytes");
+        if (seq == NULL)
+            return -1;
+        np = PySequence_Fast_GET_SIZE(seq);
+        if (np > PREFIX_MAX) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "stream_types: too many");
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < np; k++) {
+            char *b;
+            Py_ssize_t len;
+            if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(seq, k), &b, &len) < 0 || len > 31) {
+                Py_DECREF(seq);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "stream_types: one over 31 bytes");
+                return -1;
+            }
+            for (Py_ssize_t j = 0; j < len; j++) /* compared with values lowered */
+                self->stream_types[k][j] = b[j] >= 'A' && b[j] <= 'Z' ? (char)(b[j] + 32) : b[j];
+            self->stream_types[k][len] = 0;
+            self->stream_type_len[k] = (int)len;
+        }
+        self->n_stream_types = (int)np;
+        Py_DECREF(seq);
+    }
+    if (head_max < 1 || head_max > 16 * 1024 * 1024) {
+        PyErr_SetString(PyExc_ValueError, "head_max: 1 byte to 16 MiB");
+        return -1;
+    }
+    self->head_max = (size_t)head_max;
     self->notify_fd = notify_fd;
     self->out_max = out_max > 0 ? (size_t)out_max : 1;
     self->flush_s = flush_s;
@@ -582,6 +854,13 @@ static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
     }
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = UINT64_MAX};
     epoll_ctl(self->ep, EPOLL_CTL_ADD, self->quit_fd, &ev);
+    self->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (self->kick_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    struct epoll_event kick = {.events = EPOLLIN, .data.u64 = UINT64_MAX - 1};
+    epoll_ctl(self->ep, EPOLL_CTL_ADD, self->kick_fd, &kick);
     pthread_mutex_init(&self->mu, NULL);
     self->mu_ready = 1;
     int err = pthread_create(&self->thread, NULL, relay_thread, self);
@@ -597,7 +876,7 @@ static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
 static PyObject *Relayer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Relayer *self = (Relayer *)type->tp_alloc(type, 0);
     if (self != NULL)
-        self->ep = self->quit_fd = -1;
+        self->ep = self->quit_fd = self->kick_fd = -1;
     return (PyObject *)self;
 }
 
@@ -632,6 +911,8 @@ static void Relayer_dealloc(Relayer *self) {
         close(self->ep);
     if (self->quit_fd >= 0)
         close(self->quit_fd);
+    if (self->kick_fd >= 0)
+        close(self->kick_fd);
     if (self->mu_ready)
         pthread_mutex_destroy(&self->mu);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -658,13 +939,9 @@ static int lock(Relayer *self) {
 /* start(up_fd, client_fd, timed, hold_max=-1) -> token: relay from here, at a chunk boundary; both fds are
    dup'ed (ours until the stream ends here, whatever the loop does with its own); hold_max >= 0: reads are held
    for the loop until it calls `seen` with found */
-static PyObject *Relayer_start(Relayer *self, PyObject *args) {
-    int up_fd, client_fd, timed;
-    Py_ssize_t hold_max = -1;
-    if (!PyArg_ParseTuple(args, "iip|n", &up_fd, &client_fd, &timed, &hold_max))
-        return NULL;
-    if (lock(self) < 0)
-        return NULL;
+/* A free stream, with dups of both fds, marked used and given its generation (the lock held); NULL with the
+   Python error set (the lock released) where none can be had. */
+static Stream *claim(Relayer *self, int up_fd, int client_fd, int *index_out) {
     int index = -1;
     for (int i = 0; i < self->n_streams; i++)
         if (!self->streams[i].used) {
@@ -683,7 +960,8 @@ static PyObject *Relayer_start(Relayer *self, PyObject *args) {
         Stream *grown = realloc(self->streams, (size_t)n * sizeof(Stream));
         if (grown == NULL) {
             pthread_mutex_unlock(&self->mu);
-            return PyErr_NoMemory();
+            PyErr_NoMemory();
+            return NULL;
         }
         for (int i = self->n_streams; i < n; i++) {
             memset(&grown[i], 0, sizeof(Stream));
@@ -704,14 +982,19 @@ static PyObject *Relayer_start(Relayer *self, PyObject *args) {
         s->up_fd = s->client_fd = -1;
         pthread_mutex_unlock(&self->mu);
         errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
+        PyErr_SetFromErrno(PyExc_OSError);
+        return NULL;
     }
     s->used = 1;
-    s->timed = timed;
-    s->holding = hold_max >= 0;
-    s->hold_max = hold_max >= 0 ? (size_t)hold_max : 0;
     s->gen = self->next_gen = (self->next_gen + 1) & GEN_MASK;
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ev_data(index, s->gen, 0)};
+    *index_out = index;
+    return s;
+}
+
+/* The stream's engine socket into the epoll set (`events`); its token, or NULL (the stream dropped, the lock
+   released, the Python error set). */
+static PyObject *watched(Relayer *self, Stream *s, int index, uint32_t events) {
+    struct epoll_event ev = {.events = events, .data.u64 = ev_data(index, s->gen, 0)};
     if (epoll_ctl(self->ep, EPOLL_CTL_ADD, s->up_fd, &ev) < 0) {
         int err = errno;
         stream_release_fds(self, s);
@@ -723,6 +1006,105 @@ static PyObject *Relayer_start(Relayer *self, PyObject *args) {
     long long token = token_of(index, s->gen);
     pthread_mutex_unlock(&self->mu);
     return PyLong_FromLongLong(token);
+}
+
+static PyObject *Relayer_start(Relayer *self, PyObject *args) {
+    int up_fd, client_fd, timed, index;
+    Py_ssize_t hold_max = -1;
+    if (!PyArg_ParseTuple(args, "iip|n", &up_fd, &client_fd, &timed, &hold_max))
+        return NULL;
+    if (lock(self) < 0)
+        return NULL;
+    Stream *s = claim(self, up_fd, client_fd, &index);
+    if (s == NULL)
+        return NULL;
+    s->timed = timed;
+    s->holding = hold_max >= 0;
+    s->hold_max = hold_max >= 0 ? (size_t)hold_max : 0;
+    return watched(self, s, index, EPOLLIN);
+}
+
+/* request(up_fd, client_fd, data, close_client, timed, hold_max, connect_s) -> token: `data` (the whole request)
+   on the engine socket `up_fd`, whose connect has begun; its reply to `client_fd` (see the module's comment).
+   timed: the request is timed (its reads are, where the reply's Content-Type is a stream's); hold_max >= 0:
+   a 2xx reply's reads are held for the first token, as `start`'s. */
+static PyObject *Relayer_request(Relayer *self, PyObject *args) {
+    int up_fd, client_fd, close_client, timed, index;
+    Py_buffer data;
+    Py_ssize_t hold_max;
+    double connect_s;
+    if (!PyArg_ParseTuple(args, "iiy*ppnd", &up_fd, &client_fd, &data, &close_client, &timed, &hold_max,
+                          &connect_s))
+        return NULL;
+    size_t head_cap = self->head_max + 1 < HEAD_FIRST_BYTES ? self->head_max + 1 : HEAD_FIRST_BYTES;
+    char *req = malloc(data.len ? (size_t)data.len : 1), *head = malloc(head_cap);
+    if (req == NULL || head == NULL) {
+        free(req);
+        free(head);
+        PyBuffer_Release(&data);
+        return PyErr_NoMemory();
+    }
+    memcpy(req, data.buf, (size_t)data.len);
+    size_t req_len = (size_t)data.len;
+    PyBuffer_Release(&data);
+    if (lock(self) < 0) {
+        free(req);
+        free(head);
+        return NULL;
+    }
+    Stream *s = claim(self, up_fd, client_fd, &index);
+    if (s == NULL) {
+        free(req);
+        free(head);
+        return NULL;
+    }
+    s->phase = P_CONNECT;
+    s->req = req;
+    s->req_len = req_len;
+    s->head = head;
+    s->head_cap = head_cap;
+    s->deadline = now_s() + connect_s;
+    s->close_client = close_client;
+    s->want_timed = timed;
+    s->want_hold = hold_max;
+    /* a connect to a local engine is often done by now: the request goes at once (no wake of the thread for the
+       connect; else it waits for the socket to be writable, and says why where the connect failed) */
+    ssize_t w = send(s->up_fd, req, req_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+        s->phase = P_SEND;
+        s->req_off = (size_t)w;
+        if (s->req_off == req_len) {
+            free(s->req);
+            s->req = NULL;
+            s->phase = P_HEAD;
+            return watched(self, s, index, EPOLLIN);
+        }
+    }
+    uint64_t one = 1; /* the thread's wait ends by the connect's deadline */
+    if (write(self->kick_fd, &one, sizeof one) < 0) {
+        /* cannot fail on an eventfd below its maximum */
+    }
+    return watched(self, s, index, EPOLLOUT);
+}
+
+static Stream *find(Relayer *self, long long token);
+
+/* half_close(token): the client's EOF, passed on to the engine (once the request is written) */
+static PyObject *Relayer_half_close(Relayer *self, PyObject *arg) {
+    long long token = PyLong_AsLongLong(arg);
+    if (token == -1 && PyErr_Occurred())
+        return NULL;
+    if (lock(self) < 0)
+        return NULL;
+    Stream *s = find(self, token);
+    if (s != NULL && s->reason == R_LIVE) {
+        if (s->phase == P_CONNECT || s->phase == P_SEND)
+            s->shut_up = 1;
+        else
+            shutdown(s->up_fd, SHUT_WR);
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
 }
 
 static Stream *find(Relayer *self, long long token) {
@@ -783,8 +1165,10 @@ static PyObject *take_held(Stream *s, size_t len) {
     return t;
 }
 
-/* (token, reason, errno, state, left, out, rest, times, dropped, relayed, held): reason 0 while it relays (then
-   out and rest are empty). A report with held reads is followed by the loop's `seen`. */
+/* (token, reason, errno, state, left, out, rest, times, dropped, relayed, held, head): reason 0 while it relays
+   (then out and rest are empty). A report with held reads is followed by the loop's `seen`. head: a request's,
+   from its first byte: (first byte's time, status, head's time, streamed, written), status 0 until its head was
+   parsed; else None. */
 static PyObject *report(long long token, Stream *s) {
     PyObject *times = take_times(s);
     if (times == NULL)
@@ -796,10 +1180,21 @@ static PyObject *report(long long token, Stream *s) {
         return NULL;
     }
     int ended = s->reason != R_LIVE;
-    PyObject *r = Py_BuildValue("(LiiiKy#y#NnKN)", token, s->reason, s->err, s->state, (unsigned long long)s->left,
+    PyObject *head = Py_None;
+    Py_INCREF(head);
+    if (s->first_byte_t != 0) {
+        Py_DECREF(head);
+        head = Py_BuildValue("(didii)", s->first_byte_t, s->status, s->head_t, s->streamed, s->head_written);
+        if (head == NULL) {
+            Py_DECREF(times);
+            Py_DECREF(held);
+            return NULL;
+        }
+    }
+    PyObject *r = Py_BuildValue("(LiiiKy#y#NnKNN)", token, s->reason, s->err, s->state, (unsigned long long)s->left,
                                 ended && s->out ? s->out : "", (Py_ssize_t)(ended && s->out ? s->out_len : 0),
                                 ended && s->rest ? s->rest : "", (Py_ssize_t)(ended && s->rest ? s->rest_len : 0),
-                                times, s->dropped, s->relayed, held);
+                                times, s->dropped, s->relayed, held, head);
     s->dropped = 0;
     return r;
 }
@@ -909,6 +1304,9 @@ static PyObject *Relayer_seen(Relayer *self, PyObject *args) {
 
 static PyMethodDef Relayer_methods[] = {
     {"start", (PyCFunction)Relayer_start, METH_VARARGS, "start(up_fd, client_fd, timed, hold_max=-1) -> token"},
+    {"request", (PyCFunction)Relayer_request, METH_VARARGS,
+     "request(up_fd, client_fd, data, close_client, timed, hold_max, connect_s) -> token"},
+    {"half_close", (PyCFunction)Relayer_half_close, METH_O, "half_close(token)"},
     {"seen", (PyCFunction)Relayer_seen, METH_VARARGS, "seen(token, found) -> held reads"},
     {"collect", (PyCFunction)Relayer_collect, METH_NOARGS, "collect() -> [report]"},
     {"cancel", (PyCFunction)Relayer_cancel, METH_O, "cancel(token) -> report | None"},
@@ -948,6 +1346,7 @@ PyMODINIT_FUNC PyInit__relay(void) {
                   {"ODD", R_ODD},           {"EOF", R_EOF},
                   {"READ_ERROR", R_READ_ERROR}, {"CLIENT_GONE", R_CLIENT_GONE},
                   {"CANCELLED", R_CANCELLED}, {"DONE", R_DONE},
+                  {"HEAD", R_HEAD},         {"CONNECT_FAILED", R_CONNECT_FAILED},
                   {"IN_SIZE", S_SIZE},
                   {"IN_DATA", S_DATA},      {"IN_CRLF", S_CRLF},
                   {"IN_LAST", S_LAST}};

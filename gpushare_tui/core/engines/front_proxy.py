@@ -37,7 +37,11 @@ cost a stream (~35 µs of CPU a token at one stream, nginx's whole cost ~14), an
 the first token most of the rest of what a request cost but its head. It keeps the reads for the latency
 recorder until the recorder has found the first token in them (by its rule: `LatencyRecorder.chunk`); it
 writes a last chunk without trailers itself (the reply's end); it gives the stream back at trailers, at
-anything it does not check itself, or at the engine's EOF, and this scan goes on where it stopped. Other bodies
+anything it does not check itself, or at the engine's EOF, and this scan goes on where it stopped. A whole
+request on a new engine connection (every stream: llama-server closes a stream's connection) goes to the C relay
+from its connect (`_request_in_c`): it writes the request, reads the response head and, where the head is plain,
+writes it to the client as `_Client.response_head` would and relays the body, the loop woken only at the reply's
+end; any other head comes to the loop with the engine's socket, read here as its own. Other bodies
 go to the client a read at a time, framed for it (`_Client.body`): as they came with a Content-Length, chunked
 to HTTP/1.1 when the engine delimits the body by closing, delimited by closing to HTTP/1.0 (with `Connection:
 close`). The loop is uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and
@@ -103,7 +107,7 @@ from ..host.budgets import (
 )
 from ..host.errors import GpushareError
 from ..host.listen_fds import ListenFdError, bind_listening
-from ..observe.latency import NOT_TOKENS, LatencyRecorder, Request, is_stream_content_type
+from ..observe.latency import NOT_TOKENS, STREAM_CONTENT_TYPES, LatencyRecorder, Request, is_stream_content_type
 
 try:  # the per-token relay in C (setup.py builds it where a compiler is; else streams are relayed on the loop)
     from . import _relay
@@ -670,6 +674,14 @@ class _Client:
         self.responded = True
         return b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, reason, _header_lines(headers))
 
+    def head_written_chunked(self) -> None:
+        """A final response head with a chunked body was written for this client's request (by the C relay, as
+        `response_head` writes one for an HTTP/1.1 client: `Connection: close` where the request asked)."""
+        req = self.req
+        self.keep_alive = req is not None and req.keep_alive
+        self.out_framing = "chunked"
+        self.responded = True
+
     def body(self, data: bytes) -> bytes:
         """A piece of the response body as written to this client."""
         if self.out_framing == "chunked":
@@ -727,7 +739,8 @@ class _Relay:
 
     __slots__ = ("cl", "transport", "head", "framing", "left", "crlf", "line", "in_trailers", "trailer_bytes",
                  "raw", "held", "held_bytes", "trailers", "done", "extra", "ended", "last_written",
-                 "rec", "rec_req", "clock", "quick", "up", "offload", "owner", "token")  # fmt: skip
+                 "rec", "rec_req", "clock", "quick", "up", "offload", "owner", "token",
+                 "engine_sock", "on_head")  # fmt: skip
 
     def __init__(
         self, cl: _Client, head: ResponseHead, framing: str, length: int, raw: bool, held: list[bytes] | None
@@ -745,7 +758,8 @@ class _Relay:
         self.held = held
         self.held_bytes = 0
         self.trailers: list[tuple[bytes, bytes]] = []
-        self.done: asyncio.Future[None] = cl.conn.loop.create_future()
+        # None at the body's end; a C relay's report where the loop must adopt the engine's socket (`taken_back`)
+        self.done: asyncio.Future[_relay.Report | None] = cl.conn.loop.create_future()
         self.extra = False
         self.ended = False
         self.last_written = False
@@ -758,6 +772,10 @@ class _Relay:
         self.offload: Callable[[_Relay], bool] | None = None
         self.owner: FrontProxy | None = None  # while the C relay has the stream: its proxy, and the stream's token
         self.token: int | None = None
+        # a request the C relay made (FrontProxy._request_in_c): the engine's socket, until the loop adopts it or
+        # the exchange ends; `on_head` is told what the report says of the reply's head
+        self.engine_sock: socket.socket | None = None
+        self.on_head: Callable[[tuple[float, int, float, int, int]], None] | None = None
 
     def feed(self, data: bytes) -> None:
         if self.quick:  # a stream's usual read, one token's chunk `SIZE CRLF DATA CRLF`, in as few steps as it takes
@@ -829,8 +847,12 @@ class _Relay:
     def taken_back(self, report: _relay.Report) -> None:
         """A report of the C relay on this stream (`Relayer.collect`, `cancel`): the reads it held for the first
         token, the arrival times of its tokens; where it ended there, the scan goes on here from where it stopped,
-        with what it left unrelayed (or the exchange fails: the client left)."""
-        token, reason, _errno, state, left, out, rest, times, _dropped, _relayed, held = report
+        with what it left unrelayed (or the exchange fails: the client left). A request the C relay made: what
+        came of the reply's head first; `done` resolves with the report where the loop must adopt the engine's
+        socket to go on (its head not plain, or its body's framing the loop's to scan)."""
+        token, reason, err, *_, times, _dropped, _relayed, held, head = report
+        if head is not None and self.on_head is not None:
+            self.on_head(head)
         rec, r = self.rec, self.rec_req
         if rec is not None and r is not None:
             if held and not self._look(rec, r, token, held):
@@ -846,6 +868,26 @@ class _Relay:
         if reason == _relay.CLIENT_GONE:
             self.fail(ConnectionResetError("the client left"))
             return
+        if self.engine_sock is not None:  # a request it made
+            if reason == _relay.CONNECT_FAILED:
+                self.fail(_Cut(f"engine unreachable: {os.strerror(err)}", 502))
+                return
+            if head is None or not head[4]:  # no head written to the client
+                if reason == _relay.HEAD:
+                    self.done.set_result(report)
+                elif reason == _relay.EOF:
+                    self.fail(_Cut("engine closed before its reply", 502))
+                else:
+                    self.fail(_Cut(f"engine: {os.strerror(err)}", 502))
+                return
+            if reason in (_relay.ODD, _relay.LAST):
+                self.done.set_result(report)
+                return
+        self.resume(report)
+
+    def resume(self, report: _relay.Report) -> None:
+        """Where the C relay stopped (`taken_back`), the body goes on here."""
+        _token, reason, _err, state, left, out, rest, *_ = report
         up_eof = reason in (_relay.EOF, _relay.READ_ERROR)
         try:
             up = self.up
@@ -1046,7 +1088,9 @@ class FrontProxy:
         self._relayer: Any = None  # _relay.Relayer, on the loop's thread while it serves
         self._relay_fd = -1
         self._relayed: dict[int, _Relay] = {}  # the streams the C relay has, by token
-        self.relayed_in_c_total = 0  # streams handed to it
+        self.relayed_in_c_total = 0  # streams it relayed (handed to it, or their head written there)
+        self.requests_in_c_total = 0  # requests it made on a new engine connection (`_request_in_c`)
+        self._engine_addr = _numeric_address(upstream)  # (family, sockaddr); None: a name (the loop connects)
         self._on_error = on_error
         self.errors_total = 0  # unexpected exceptions (a bug): each connection's ends it alone, never the proxy
         self._errors_said: set[str] = set()
@@ -1178,7 +1222,14 @@ class FrontProxy:
         except OSError:
             return
         try:
-            self._relayer = _relay.Relayer(fd, NOT_TOKENS, PROXY_RELAY_OUT_MAX_BYTES, PROXY_RELAY_TIMES_FLUSH_S)
+            self._relayer = _relay.Relayer(
+                fd,
+                NOT_TOKENS,
+                PROXY_RELAY_OUT_MAX_BYTES,
+                PROXY_RELAY_TIMES_FLUSH_S,
+                STREAM_CONTENT_TYPES,
+                MAX_HEAD_BYTES,
+            )
         except (OSError, RuntimeError, ValueError):
             os.close(fd)
             return
@@ -1567,14 +1618,13 @@ class FrontProxy:
         while not complete and (ev := _client_poll(cl)) is not NEED_DATA:
             sent.add(_body_event(ev))
             complete = isinstance(ev, _End)
-        relays: list[_Relay] = []
         up: _Upstream | None = None
 
         def failed(e: BaseException) -> None:  # the client left, or its body broke: the reply's wait ends
             if up is not None:
                 up.conn.abort(e)
-            for relay in relays:
-                relay.fail(e)
+            if ex.relay is not None:
+                ex.relay.fail(e)
 
         def body_ended(task: asyncio.Task) -> None:
             if not task.cancelled() and task.exception() is not None:
@@ -1583,7 +1633,14 @@ class FrontProxy:
         cl.conn.on_lost = lambda: failed(ConnectionResetError("the client left"))
         body: asyncio.Task | None = None
         try:
-            while True:
+            in_c = complete and cl.up is None and not self._pool and self._in_c(cl, req, props, sent)
+            if in_c:  # a new engine connection: the C relay makes the request
+                self._body_done(cl, None, work, ex)
+                up = await self._request_in_c(cl, ex, b"".join(sent.parts or ()))
+                if up is None:  # the reply went there whole (or failed: raised)
+                    return cl.request_ended
+                await self._pump_reply(cl, up, req, props, ex)  # its head is the loop's to read
+            while not in_c:
                 up = await self._upstream(cl)
                 try:
                     self._send(up, sent, ex)
@@ -1595,7 +1652,7 @@ class FrontProxy:
                     elif body is None:
                         body = asyncio.create_task(self._pump_body(cl, up, work, ex, sent))
                         body.add_done_callback(body_ended)
-                    await self._pump_reply(cl, up, req, props, ex, relays)
+                    await self._pump_reply(cl, up, req, props, ex)
                     break
                 except _Unanswered:
                     if sent.parts is None:
@@ -1615,10 +1672,13 @@ class FrontProxy:
                 body.remove_done_callback(body_ended)
                 body.cancel()
                 await asyncio.gather(body, return_exceptions=True)
+        assert up is not None
         up.idle_since_s = self._clock()
-        if not (up.clean and sent.complete):
+        cl.up = None
+        if up.clean and sent.complete:  # free at once for the next request, this client's or another's
+            self._release(up)  # (held until the client left, it was missed by the next client of a stream)
+        else:
             up.close()
-            cl.up = None
         return cl.request_ended
 
     def _send(self, up: _Upstream, sent: _Sent, ex: _Exchange) -> None:
@@ -1629,9 +1689,10 @@ class FrontProxy:
         except OSError as e:
             raise _engine_failed(up, ex, e) from None
 
-    def _body_done(self, cl: _Client, up: _Upstream, work: bool, ex: _Exchange) -> None:
+    def _body_done(self, cl: _Client, up: _Upstream | None, work: bool, ex: _Exchange) -> None:
         """The request's body is all sent: DEMAND from now; the client's EOF, with nothing more from it, is
-        passed on to the engine as a half-close (now, or when it comes)."""
+        passed on to the engine as a half-close (now, or when it comes) while the reply has not ended (`up`
+        None: the C relay makes the request, and half-closes for it)."""
         if work and not ex.demand:
             self._demand(+1)
             ex.demand = True
@@ -1639,7 +1700,18 @@ class FrontProxy:
             ex.rec = self.latency.begin(self._clock())
 
         def at_eof() -> None:
-            if cl.conn.eof and not cl.buffered() and not up.half_closed and not cl.conn.lost:
+            if not cl.conn.eof or cl.buffered() or cl.conn.lost:
+                return
+            relay, relayer = ex.relay, self._relayer
+            if relay is not None and relay.token is not None and relayer is not None:
+                self._relay_reports()  # the C relay may have ended the reply, its report not yet read
+            if relay is not None and relay.ended:
+                return  # the reply is over: the engine needs no EOF, its connection stays reusable
+            if up is None:
+                if relay is not None and relay.token is not None and relayer is not None:
+                    relayer.half_close(relay.token)
+                return
+            if not up.half_closed:
                 up.half_closed = True
                 try:
                     if up.conn.transport is not None:
@@ -1663,9 +1735,7 @@ class FrontProxy:
                 self._body_done(cl, up, work, ex)
                 return
 
-    async def _pump_reply(
-        self, cl: _Client, up: _Upstream, req: _Head, props: bool, ex: _Exchange, relays: list[_Relay]
-    ) -> None:
+    async def _pump_reply(self, cl: _Client, up: _Upstream, req: _Head, props: bool, ex: _Exchange) -> None:
         """The engine's response to the client: 1xx relayed (an HTTP/1.0 client gets none), the head, the body
         as it comes (each chunk of a stream at once); a /props reply to `props` with gpu_share added."""
         buf = b""
@@ -1698,7 +1768,7 @@ class FrontProxy:
         # a chunked stream to an HTTP/1.1 client passes as it came (framing it anew would write the same chunks)
         raw = framing == "chunked" and held is None and req.http_version == b"1.1"
         relay = _Relay(cl, ev, framing, length, raw, held)
-        relays.append(relay)
+        ex.relay = relay
         if ex.rec is not None:
             ctype = next((v for n, v in ev.lowered if n == b"content-type"), b"")
             self.latency.head(ex.rec, self._clock(), ev.status_code, is_stream_content_type(ctype))
@@ -1733,10 +1803,101 @@ class FrontProxy:
             else:
                 headers = _with_length(hop_filtered(ev.headers), len(added))
                 cl.conn.write(cl.response_head(ev.status_code, ev.reason, headers) + cl.body(added))
-        tail = cl.end(hop_filtered(relay.trailers))  # trailers only where the reply is chunked
-        if not relay.last_written:  # (the C relay writes `0 CRLF CRLF`, what this is without trailers)
-            cl.conn.write(tail)
-        await cl.conn.drain()
+        await _reply_end(cl, relay)
+
+    def _in_c(self, cl: _Client, req: _Head, props: bool, sent: _Sent) -> bool:
+        """Whether the C relay makes this request (whole, on a new engine connection: `_request_in_c`): an
+        HTTP/1.1 client's (a reply it relays is chunked), not HEAD, not a /props the loop adds to, the engine's
+        address numeric."""
+        return (
+            self._relayer is not None
+            and self._engine_addr is not None
+            and sent.parts is not None
+            and req.http_version == b"1.1"
+            and req.method != b"HEAD"
+            and not props
+            and cl.conn.fd >= 0
+        )
+
+    async def _request_in_c(self, cl: _Client, ex: _Exchange, data: bytes) -> _Upstream | None:
+        """The request (`data`: all of it) on a new engine connection, the connect, the write, the reply's head
+        and body made by the C relay (_relay.c): None when the reply went there to its end (_Cut or
+        ConnectionResetError raised where it failed); where its head is not plain, the connection, adopted by the
+        loop with what came of the reply, for `_pump_reply` to read."""
+        relayer, addr = self._relayer, self._engine_addr
+        assert relayer is not None and addr is not None and cl.req is not None
+        try:
+            sock = socket.socket(addr[0], socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        except OSError as e:  # out of fds
+            raise _Cut(f"engine unreachable: {e}", 502) from None
+        relay = _Relay(cl, ResponseHead(), "chunked", 0, True, None)
+        relay.engine_sock = sock  # closed at the end, unless adopted
+
+        def on_head(head: tuple[float, int, float, int, int]) -> None:
+            first_byte_s, status, head_s, streamed, written = head
+            if ex.first_byte_s is None:
+                ex.first_byte_s = first_byte_s
+            if status and ex.status is None:
+                ex.status = status
+                if ex.rec is not None:
+                    self.latency.head(ex.rec, head_s, status, bool(streamed))
+                if written:
+                    cl.head_written_chunked()
+                    self.relayed_in_c_total += 1
+
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            err = sock.connect_ex(addr[1])
+            if err not in (0, errno.EINPROGRESS):
+                raise _Cut(f"engine unreachable: {os.strerror(err)}", 502)
+            relay.on_head = on_head
+            if ex.rec is not None:
+                relay.rec, relay.rec_req, relay.clock = self.latency, ex.rec, self._clock
+            try:
+                token = relayer.request(
+                    sock.fileno(),
+                    cl.conn.fd,
+                    data,
+                    not cl.req.keep_alive,
+                    ex.rec is not None,
+                    PROXY_RELAY_HOLD_MAX_BYTES,
+                    PROXY_UPSTREAM_CONNECT_S,
+                )
+            except (OSError, RuntimeError) as e:  # out of fds or memory
+                raise _Cut(f"engine unreachable: {e}", 502) from None
+            relay.token, relay.owner = token, self
+            self._relayed[token] = relay
+            self.requests_in_c_total += 1
+            ex.relay = relay
+            if cl.conn.on_eof is not None:
+                cl.conn.on_eof()  # the client's EOF, if it came already
+            back = await relay.done
+            if back is not None:  # the loop goes on with the engine's connection
+                relay.engine_sock = None
+                _transport, conn = await asyncio.get_running_loop().create_connection(_Conn, sock=sock)
+                up = cl.up = _Upstream(conn, self._clock())
+                if back[1] == _relay.HEAD:
+                    conn.buf[:0] = back[6]  # what came, the head and any of the body after it, before what came since
+                    return up
+                # its body's framing is the loop's to scan from here (see _Relay.taken_back)
+                up.clean = False  # (not reused: made for this request)
+                relay.up, relay.done = conn, conn.loop.create_future()
+                conn.sink, cl.conn.feeder = relay.feed, conn
+                relay.resume(back)
+                if conn.buf:  # what the loop read before the sink was set
+                    relay.feed(conn.take())
+                if conn.eof:
+                    relay.feed(b"")
+                try:
+                    await relay.done
+                finally:
+                    conn.sink, cl.conn.feeder = None, None
+            await _reply_end(cl, relay)
+            return None
+        finally:
+            relay.unload()
+            if relay.engine_sock is not None:
+                sock.close()
 
     async def _seed(self) -> dict:
         """The engine's GPU entry, read on a worker thread at most once per PROXY_SEED_VIEW_MAX_AGE_S
@@ -1768,6 +1929,26 @@ class _Exchange:
     demand: bool = False
     rec: Request | None = None  # its latency record, from its body's end (work requests)
     cut_status: int | None = None  # the status the proxy answers it with, when it ends it (a _Cut)
+    relay: _Relay | None = None  # its reply's body, from the reply's head on
+
+
+async def _reply_end(cl: _Client, relay: _Relay) -> None:
+    """The response's end to the client, once its body was relayed: its last chunk and trailers where it is
+    chunked (but where the C relay wrote the last chunk), then until the client has taken it all but the high-water
+    mark."""
+    tail = cl.end(hop_filtered(relay.trailers))  # trailers only where the reply is chunked
+    if not relay.last_written:  # (the C relay writes `0 CRLF CRLF`, what this is without trailers)
+        cl.conn.write(tail)
+    await cl.conn.drain()
+
+
+def _numeric_address(addr: tuple[str, int]) -> tuple[int, Any] | None:
+    """(family, sockaddr) of a numeric host and its port; None for a name (the loop resolves it at each connect)."""
+    try:
+        info = socket.getaddrinfo(addr[0], addr[1], type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except (OSError, UnicodeError, OverflowError, TypeError):
+        return None
+    return (info[0][0], info[0][4]) if info else None
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

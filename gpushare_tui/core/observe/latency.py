@@ -112,11 +112,15 @@ def status_class_index(status: int | None) -> int:
     return 2 if 400 <= status < 500 else 3
 
 
+# the Content-Types (lower case, as prefixes) of a token stream: SSE, and NDJSON as Ollama streams
+STREAM_CONTENT_TYPES = (b"text/event-stream", b"application/x-ndjson")
+
+
 def is_stream_content_type(value: bytes | str) -> bool:
-    """Whether a response Content-Type is a token stream (SSE, or NDJSON as Ollama streams), whose chunks are
-    tokens: the proxy passes it to `head` as `streamed`."""
+    """Whether a response Content-Type is a token stream (STREAM_CONTENT_TYPES), whose chunks are tokens: the
+    proxy passes it to `head` as `streamed`."""
     v = value.lower() if isinstance(value, bytes) else value.lower().encode("latin-1", "replace")
-    return v.startswith(b"text/event-stream") or v.startswith(b"application/x-ndjson")
+    return v.startswith(STREAM_CONTENT_TYPES)
 
 
 _TEXT_KEYS = ("content", "text", "reasoning_content", "tool_calls")
