@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from gpushare_tui.core.engines import front_proxy as fp
 from gpushare_tui.core.host.budgets import (
     LATENCY_FIRST_TOKEN_SCAN_MAX_BYTES,
+    PROXY_MAX_HEAD_BYTES,
     PROXY_RELAY_HOLD_MAX_BYTES,
     PROXY_RELAY_OUT_MAX_BYTES,
 )
@@ -789,6 +790,7 @@ _HEADERS = [
     b" X-Folded: a",
     b"Bad Name: x",
     b"X-Long: " + b"v" * 9000,
+    b"X-Past-The-Budget: " + b"v" * PROXY_MAX_HEAD_BYTES,
 ]
 _BODIES = [
     b"5\r\nhello\r\n7\r\n world!\r\n0\r\n\r\n",

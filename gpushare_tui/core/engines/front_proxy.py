@@ -1692,7 +1692,7 @@ class FrontProxy:
     def _body_done(self, cl: _Client, up: _Upstream | None, work: bool, ex: _Exchange) -> None:
         """The request's body is all sent: DEMAND from now; the client's EOF, with nothing more from it, is
         passed on to the engine as a half-close (now, or when it comes) while the reply has not ended (`up`
-        None: the C relay makes the request, and half-closes for it)."""
+        None: the C relay makes the request, and half-closes for it while it has it)."""
         if work and not ex.demand:
             self._demand(+1)
             ex.demand = True
