@@ -44,8 +44,9 @@ def test_the_c_relay_is_built_from_its_source_where_a_compiler_is() -> None:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here: the proxy relays on the loop")
     assert fp._relay is not None, "the C relay was not built: pip install -e ."
-    source = Path(fp.__file__).with_name("_relay.c")
-    assert Path(fp._relay.__file__).stat().st_mtime >= source.stat().st_mtime, "_relay.c changed: pip install -e ."
+    for name in ("_relay.c", "picohttpparser.c", "picohttpparser.h"):
+        source = Path(fp.__file__).with_name(name)
+        assert Path(fp._relay.__file__).stat().st_mtime >= source.stat().st_mtime, f"{name} changed: pip install -e ."
 
 
 _relay = pytest.importorskip("gpushare_tui.core.engines._relay", reason="the C relay is not built here")
