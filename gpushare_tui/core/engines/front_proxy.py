@@ -1873,8 +1873,11 @@ class FrontProxy:
                 cl.conn.on_eof()  # the client's EOF, if it came already
             back = await relay.done
             if back is not None:  # the loop goes on with the engine's connection
-                relay.engine_sock = None
-                _transport, conn = await asyncio.get_running_loop().create_connection(_Conn, sock=sock)
+                relay.engine_sock = None  # (the transport's, from here)
+                try:
+                    _transport, conn = await asyncio.get_running_loop().create_connection(_Conn, sock=sock)
+                except OSError as e:  # the engine reset it meanwhile
+                    raise _Cut(f"engine: {e}", 502) from None
                 up = cl.up = _Upstream(conn, self._clock())
                 if back[1] == _relay.HEAD:
                     conn.buf[:0] = back[6]  # what came, the head and any of the body after it, before what came since
