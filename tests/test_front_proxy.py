@@ -641,9 +641,20 @@ def test_a_request_the_parser_refuses_gets_its_status_and_reaches_no_engine(prox
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
         b"HTTP/1.1 200 OK\r\nX: a\r\n folded\r\nContent-Length: 2\r\n\r\nok",
         b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD_BYTES + 10),  # never ends, over the budget
+        # over the budget with its end, in one write: the loop may read it whole (the budget holds then too)
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\nContent-Length: 2\r\n\r\nok",
         b"HTTP/1.1 200 OK\r\nContent-",  # the engine closes inside its head
     ],
-    ids=["bare-lf", "cl-and-te", "te-not-chunked", "two-lengths", "obs-fold", "over-budget", "cut"],
+    ids=[
+        "bare-lf",
+        "cl-and-te",
+        "te-not-chunked",
+        "two-lengths",
+        "obs-fold",
+        "over-budget",
+        "over-budget-whole",
+        "cut",
+    ],
 )
 def test_an_engines_malformed_head_gets_502_and_the_proxy_serves_on(proxy, upstream, head) -> None:
     upstream.raw_head = head

@@ -295,9 +295,9 @@ def parse_response_head(data: bytes | bytearray) -> tuple[ResponseHead, int] | N
     it is malformed (llhttp's verdict, or a transfer coding other than chunked, a Content-Length that is not
     one number), or not whole within MAX_HEAD_BYTES."""
     m = HEAD_END.search(data)
+    if (m.end() if m is not None else len(data)) > MAX_HEAD_BYTES:  # (however its reads came: its end in one or not)
+        raise _Cut("engine: a response head over the budget", 502)
     if m is None:
-        if len(data) > MAX_HEAD_BYTES:
-            raise _Cut("engine: a response head over the budget", 502)
         return None
     head = ResponseHead()
     parser = httptools.HttpResponseParser(head)
