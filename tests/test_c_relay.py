@@ -398,14 +398,13 @@ TAILS = {
 }
 
 
-class _HostileEngine:
-    """An engine that answers every request with HEAD, TOKENS (a write each, 5 ms apart) and the tail named by
-    the request's path (TAILS: each a write; "RST": a reset), then closes."""
+class _RawEngine:
+    """A TCP server that answers each connection on a thread of its own (`_answer`), its request's head read
+    first (`_head`)."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.closed_by_peer = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -416,14 +415,37 @@ class _HostileEngine:
                 return
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
+    @staticmethod
+    def _head(conn: socket.socket) -> bytes | None:
+        """What came up to the request head's end (None: the client left first)."""
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = conn.recv(65536)
+            if not data:
+                return None
+            head += data
+        return head
+
+    def _answer(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _HostileEngine(_RawEngine):
+    """An engine that answers every request with HEAD, TOKENS (a write each, 5 ms apart) and the tail named by
+    the request's path (TAILS: each a write; "RST": a reset), then closes."""
+
+    def __init__(self) -> None:
+        self.closed_by_peer = threading.Event()
+        super().__init__()
+
     def _answer(self, conn: socket.socket) -> None:
         with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                head += data
+            head = self._head(conn)
+            if head is None:
+                return
             tail = TAILS.get(head.split(b" ")[1].decode().strip("/"), ["flood"])
             try:
                 conn.sendall(HEAD)
@@ -443,9 +465,6 @@ class _HostileEngine:
             except OSError:
                 self.closed_by_peer.set()
             time.sleep(0.05)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _sockets() -> int:
@@ -704,34 +723,20 @@ def test_closing_the_proxy_with_a_stream_in_the_c_relay_ends_both_connections(ho
 # -- requests the C relay makes: the engine's response head read and written there ----------------------------
 
 
-class _ScriptedEngine:
+class _ScriptedEngine(_RawEngine):
     """An engine that answers each request with `reply` (its first 256 bytes written in pieces `cut` bytes long,
     2 ms apart), then closes; `requests` counts the requests it read whole."""
 
     def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
         self.reply = b""
         self.cut = 0
         self.requests = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
-            got = b""
-            while b"\r\n\r\n" not in got:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                got += data
+            if self._head(conn) is None:
+                return
             self.requests += 1
             reply, cut = self.reply, self.cut or len(self.reply) or 1
             try:
@@ -741,9 +746,6 @@ class _ScriptedEngine:
                 conn.sendall(reply[256:])
             except OSError:
                 pass
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

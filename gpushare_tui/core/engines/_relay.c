@@ -470,18 +470,24 @@ static void relay_got(Relayer *self, Stream *s, int index, const char *p, size_t
         watch(self, s, index);
 }
 
-static void relay_read(Relayer *self, Stream *s, int index) {
-    ssize_t n = recv(s->up_fd, self->in, READ_BYTES, MSG_DONTWAIT);
+/* A read of the engine's socket into `buf`: its length, or 0 where nothing came (the stream ended at the engine's
+   EOF or a read error, or the read would block). */
+static size_t engine_read(Relayer *self, Stream *s, char *buf, size_t cap) {
+    ssize_t n = recv(s->up_fd, buf, cap, MSG_DONTWAIT);
     if (n < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             stream_end(self, s, R_READ_ERROR, errno, NULL, 0);
-        return;
+        return 0;
     }
-    if (n == 0) {
+    if (n == 0)
         stream_end(self, s, R_EOF, 0, NULL, 0);
-        return;
-    }
-    relay_got(self, s, index, self->in, (size_t)n, (s->timed || s->holding) ? now_s() : 0);
+    return (size_t)n;
+}
+
+static void relay_read(Relayer *self, Stream *s, int index) {
+    size_t n = engine_read(self, s, self->in, READ_BYTES);
+    if (n)
+        relay_got(self, s, index, self->in, n, (s->timed || s->holding) ? now_s() : 0);
 }
 
 /* -- requests ---------------------------------------------------------------------------------------------- */
@@ -601,22 +607,15 @@ static void head_read(Relayer *self, Stream *s, int index) {
         s->head = grown;
         s->head_cap = cap;
     }
-    ssize_t n = recv(s->up_fd, s->head + s->head_len, s->head_cap - s->head_len, MSG_DONTWAIT);
-    if (n < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-            stream_end(self, s, R_READ_ERROR, errno, NULL, 0);
+    size_t n = engine_read(self, s, s->head + s->head_len, s->head_cap - s->head_len);
+    if (!n)
         return;
-    }
-    if (n == 0) {
-        stream_end(self, s, R_EOF, 0, NULL, 0);
-        return;
-    }
     double t = now_s();
     if (!s->head_len)
         s->first_byte_t = t;
     /* the head ends at its blank line: LF LF or LF CR LF (a bare LF is not plain: the loop says what it is) */
     size_t from = s->head_len > 2 ? s->head_len - 2 : 0;
-    s->head_len += (size_t)n;
+    s->head_len += n;
     const char *end = NULL;
     for (size_t k = from; k < s->head_len && end == NULL; k++)
         if (s->head[k] == '\n') {
@@ -766,6 +765,37 @@ static void *relay_thread(void *arg) {
 
 /* ---- the Python type ---------------------------------------------------------------------------------- */
 
+/* A sequence of at most PREFIX_MAX bytes objects of at most 31 bytes each into `out` (NUL-ended; `lower`: in
+   lower case) and their lengths; -1 with the Python error set where it is not one. */
+static int prefixes_of(PyObject *obj, const char *what, int lower, char out[PREFIX_MAX][32], int *lens, int *n) {
+    PyObject *seq = PySequence_Fast(obj, what);
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t np = PySequence_Fast_GET_SIZE(seq);
+    if (np > PREFIX_MAX) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s: more than %d", what, PREFIX_MAX);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < np; k++) {
+        char *b;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(seq, k), &b, &len) < 0 || len > 31) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "%s: one over 31 bytes", what);
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < len; j++)
+            out[k][j] = lower && b[j] >= 'A' && b[j] <= 'Z' ? (char)(b[j] + 32) : b[j];
+        out[k][len] = 0;
+        lens[k] = (int)len;
+    }
+    *n = (int)np;
+    Py_DECREF(seq);
+    return 0;
+}
+
 static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"notify_fd", "not_tokens", "out_max", "flush_s", "stream_types", "head_max", NULL};
     int notify_fd;
@@ -779,56 +809,11 @@ static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "a Relayer is initialised once");
         return -1;
     }
-    PyObject *seq = PySequence_Fast(not_tokens, "not_tokens: a sequence of bytes");
-    if (seq == NULL)
+    if (prefixes_of(not_tokens, "not_tokens", 0, self->prefixes, self->prefix_len, &self->n_prefixes) < 0)
         return -1;
-    Py_ssize_t np = PySequence_Fast_GET_SIZE(seq);
-    if (np > PREFIX_MAX) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "not_tokens: too many prefixes");
+    if (stream_types != NULL && prefixes_of(stream_types, "stream_types", 1, self->stream_types,
+                                            self->stream_type_len, &self->n_stream_types) < 0)
         return -1;
-    }
-    for (Py_ssize_t k = 0; k < np; k++) {
-        char *b;
-        Py_ssize_t len;
-        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(seq, k), &b, &len) < 0 || len > 31) {
-            Py_DECREF(seq);
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "not_tokens: a prefix over 31 bytes");
-            return -1;
-        }
-        memcpy(self->prefixes[k], b, (size_t)len);
-        self->prefix_len[k] = (int)len;
-    }
-    self->n_prefixes = (int)np;
-    Py_DECREF(seq);
-    if (stream_types != NULL) {
-        seq = PySequence_Fast(stream_types, "stream_types: a sequence of bytes");
-        if (seq == NULL)
-            return -1;
-        np = PySequence_Fast_GET_SIZE(seq);
-        if (np > PREFIX_MAX) {
-            Py_DECREF(seq);
-            PyErr_SetString(PyExc_ValueError, "stream_types: too many");
-            return -1;
-        }
-        for (Py_ssize_t k = 0; k < np; k++) {
-            char *b;
-            Py_ssize_t len;
-            if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(seq, k), &b, &len) < 0 || len > 31) {
-                Py_DECREF(seq);
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_ValueError, "stream_types: one over 31 bytes");
-                return -1;
-            }
-            for (Py_ssize_t j = 0; j < len; j++) /* compared with values lowered */
-                self->stream_types[k][j] = b[j] >= 'A' && b[j] <= 'Z' ? (char)(b[j] + 32) : b[j];
-            self->stream_types[k][len] = 0;
-            self->stream_type_len[k] = (int)len;
-        }
-        self->n_stream_types = (int)np;
-        Py_DECREF(seq);
-    }
     if (head_max < 1 || head_max > 16 * 1024 * 1024) {
         PyErr_SetString(PyExc_ValueError, "head_max: 1 byte to 16 MiB");
         return -1;
