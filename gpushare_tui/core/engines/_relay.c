@@ -1072,25 +1072,6 @@ static PyObject *Relayer_request(Relayer *self, PyObject *args) {
     return watched(self, s, index, EPOLLOUT);
 }
 
-static Stream *find(Relayer *self, long long token);
-
-/* half_close(token): the client's EOF, passed on to the engine (once the request is written) */
-static PyObject *Relayer_half_close(Relayer *self, PyObject *arg) {
-    long long token = PyLong_AsLongLong(arg);
-    if (token == -1 && PyErr_Occurred())
-        return NULL;
-    if (lock(self) < 0)
-        return NULL;
-    Stream *s = find(self, token);
-    if (s != NULL && s->reason == R_LIVE) {
-        if (s->phase == P_CONNECT || s->phase == P_SEND)
-            s->shut_up = 1;
-        else
-            shutdown(s->up_fd, SHUT_WR);
-    }
-    pthread_mutex_unlock(&self->mu);
-    Py_RETURN_NONE;
-}
 
 static Stream *find(Relayer *self, long long token) {
     int index = (int)(token & 0xffff);
@@ -1099,6 +1080,32 @@ static Stream *find(Relayer *self, long long token) {
         return NULL;
     Stream *s = &self->streams[index];
     return s->used && s->gen == gen ? s : NULL;
+}
+
+/* The stream of the token `arg` (NULL: not known), the lock taken; -1 where `arg` is no token or the relayer is
+   closed (the Python error set, the lock not taken). */
+static int locked_find(Relayer *self, PyObject *arg, long long *token, Stream **s) {
+    *token = PyLong_AsLongLong(arg);
+    if ((*token == -1 && PyErr_Occurred()) || lock(self) < 0)
+        return -1;
+    *s = find(self, *token);
+    return 0;
+}
+
+/* half_close(token): the client's EOF, passed on to the engine (once the request is written) */
+static PyObject *Relayer_half_close(Relayer *self, PyObject *arg) {
+    long long token;
+    Stream *s;
+    if (locked_find(self, arg, &token, &s) < 0)
+        return NULL;
+    if (s != NULL && s->reason == R_LIVE) {
+        if (s->phase == P_CONNECT || s->phase == P_SEND)
+            s->shut_up = 1;
+        else
+            shutdown(s->up_fd, SHUT_WR);
+    }
+    pthread_mutex_unlock(&self->mu);
+    Py_RETURN_NONE;
 }
 
 /* the read times kept, as a tuple of floats (they are the loop's now) */
@@ -1225,12 +1232,10 @@ static PyObject *Relayer_collect(Relayer *self, PyObject *unused) {
 /* cancel(token) -> report or None (not ours: ended and collected): the stream ends here now, whatever it was
    doing; its sockets are never touched by the thread again once this returns */
 static PyObject *Relayer_cancel(Relayer *self, PyObject *arg) {
-    long long token = PyLong_AsLongLong(arg);
-    if (token == -1 && PyErr_Occurred())
+    long long token;
+    Stream *s;
+    if (locked_find(self, arg, &token, &s) < 0)
         return NULL;
-    if (lock(self) < 0)
-        return NULL;
-    Stream *s = find(self, token);
     if (s == NULL) {
         pthread_mutex_unlock(&self->mu);
         Py_RETURN_NONE;
