@@ -39,7 +39,7 @@
    CONNECT_FAILED with ETIMEDOUT, as a refused one), writes the request, reads the response head (at most
    `head_max` bytes) and parses it (picohttpparser). A plain head - HTTP/1.1, a final status with a body, one
    `Transfer-Encoding: chunked` and no Content-Length, no Connection header, printable ASCII, CRLF line ends - is
-   written to the client as the loop writes one (`HTTP/1.1 STATUS REASON`, its headers less the hop-by-hop ones and
+   written to the client as the loop writes one (`HTTP/1.1 STATUS REASON`, its headers less `hop_headers` and
    the transfer coding, then `Transfer-Encoding: chunked`, and `Connection: close` where the client's connection
    ends after it), and its body is relayed as above, held for the first token where the reply is 2xx and the
    request timed, its reads timed where its Content-Type is one of `stream_types`. Any other head, a head over
@@ -150,6 +150,9 @@ typedef struct {
     char stream_types[PREFIX_MAX][32]; /* Content-Types (lower case, prefixes) whose chunks are tokens */
     int stream_type_len[PREFIX_MAX];
     int n_stream_types;
+    char hop_headers[PREFIX_MAX][32]; /* header names (lower case) that stay on their hop: the loop's HOP_HEADERS */
+    int hop_header_len[PREFIX_MAX];
+    int n_hop_headers;
     size_t head_max;
 } Relayer;
 
@@ -543,10 +546,11 @@ static size_t plain_head(Relayer *self, Stream *s, const char *head, size_t head
     size_t n = (size_t)snprintf(out, cap, "HTTP/1.1 %d %.*s\r\n", status, (int)msg_len, msg);
     for (size_t k = 0; k < n_headers && n < cap; k++) {
         const struct phr_header *h = &headers[k];
-        if (lower_eq(h->name, h->name_len, "transfer-encoding") || lower_eq(h->name, h->name_len, "keep-alive") ||
-            lower_eq(h->name, h->name_len, "proxy-connection") || lower_eq(h->name, h->name_len, "te") ||
-            lower_eq(h->name, h->name_len, "upgrade"))
-            continue; /* hop-by-hop (the loop's HOP_HEADERS), the transfer coding: written last */
+        int skip = lower_eq(h->name, h->name_len, "transfer-encoding"); /* written last */
+        for (int j = 0; j < self->n_hop_headers && !skip; j++)
+            skip = lower_eq(h->name, h->name_len, self->hop_headers[j]);
+        if (skip)
+            continue;
         n += (size_t)snprintf(out + n, cap - n, "%.*s: %.*s\r\n", (int)h->name_len, h->name, (int)h->value_len,
                               h->value);
     }
@@ -797,13 +801,14 @@ static int prefixes_of(PyObject *obj, const char *what, int lower, char out[PREF
 }
 
 static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"notify_fd", "not_tokens", "out_max", "flush_s", "stream_types", "head_max", NULL};
+    static char *names[] = {"notify_fd", "not_tokens", "out_max", "flush_s", "stream_types", "head_max", "hop_headers",
+                            NULL};
     int notify_fd;
-    PyObject *not_tokens, *stream_types = NULL;
+    PyObject *not_tokens, *stream_types = NULL, *hop_headers = NULL;
     Py_ssize_t out_max, head_max = 64 * 1024;
     double flush_s;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOnd|On", names, &notify_fd, &not_tokens, &out_max, &flush_s,
-                                     &stream_types, &head_max))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOnd|OnO", names, &notify_fd, &not_tokens, &out_max, &flush_s,
+                                     &stream_types, &head_max, &hop_headers))
         return -1;
     if (self->thread_started || self->mu_ready) {
         PyErr_SetString(PyExc_RuntimeError, "a Relayer is initialised once");
@@ -813,6 +818,9 @@ static int Relayer_init(Relayer *self, PyObject *args, PyObject *kw) {
         return -1;
     if (stream_types != NULL && prefixes_of(stream_types, "stream_types", 1, self->stream_types,
                                             self->stream_type_len, &self->n_stream_types) < 0)
+        return -1;
+    if (hop_headers != NULL && prefixes_of(hop_headers, "hop_headers", 1, self->hop_headers, self->hop_header_len,
+                                           &self->n_hop_headers) < 0)
         return -1;
     if (head_max < 1 || head_max > 16 * 1024 * 1024) {
         PyErr_SetString(PyExc_ValueError, "head_max: 1 byte to 16 MiB");
@@ -1071,7 +1079,6 @@ static PyObject *Relayer_request(Relayer *self, PyObject *args) {
     }
     return watched(self, s, index, EPOLLOUT);
 }
-
 
 static Stream *find(Relayer *self, long long token) {
     int index = (int)(token & 0xffff);

@@ -34,6 +34,7 @@ class Relayer:
         flush_s: float,
         stream_types: Sequence[bytes] = (),
         head_max: int = 65536,
+        hop_headers: Sequence[bytes] = (),
     ) -> None: ...
     def start(self, up_fd: int, client_fd: int, timed: bool, hold_max: int = -1) -> int: ...
     def request(

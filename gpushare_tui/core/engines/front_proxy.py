@@ -1229,6 +1229,7 @@ class FrontProxy:
                 PROXY_RELAY_TIMES_FLUSH_S,
                 STREAM_CONTENT_TYPES,
                 MAX_HEAD_BYTES,
+                sorted(HOP_HEADERS),
             )
         except (OSError, RuntimeError, ValueError):
             os.close(fd)
