@@ -879,6 +879,28 @@ def test_a_plain_streamed_head_is_written_by_the_c_relay_as_the_loop_writes_it(s
     assert b"Keep-Alive" not in head and body == b"".join(TOKENS) + b"0\r\n\r\n"
 
 
+def test_a_kept_engine_connection_the_engine_closed_leaves_the_next_request_to_the_c_relay(scripted_engine) -> None:
+    """llama-server closes a stream's connection after its last chunk without saying so in its head: the proxy
+    keeps it for the next request as any clean reply's, and the engine's close comes after. The next request is
+    still the C relay's to make, on a new connection (it was the loop's, for every stream: the closed one in the
+    pool counted as an engine connection to reuse)."""
+    stream = b"".join(TOKENS) + b"0\r\n\r\n"
+    scripted_engine.reply = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + stream
+    )
+    scripted_engine.cut = 0
+    with fp.FrontProxy(("127.0.0.1", 0), ("127.0.0.1", scripted_engine.port)) as p:
+        with socket.create_connection(("127.0.0.1", p.port), timeout=10) as s:  # HTTP/1.0: the loop's
+            s.sendall(b"GET /x HTTP/1.0\r\n\r\n")
+            while s.recv(65536):
+                pass
+        wait_for(lambda: len(p._pool) == 1 and p._pool[0].conn.eof, 5, what="the kept connection closed by the engine")
+        assert p.requests_in_c_total == 0
+        reply = _fetch(p.port, "x")
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and reply.endswith(b"\r\n\r\n" + stream), reply[:300]
+        assert p.requests_in_c_total == 1 and not p._pool
+
+
 def test_an_engine_that_refuses_or_does_not_answer_the_connect_gets_a_502(scripted_engine) -> None:
     """The engine's port closed: 502 at once. Its backlog full (the SYN dropped): 502 after the connect budget,
     the C relay's deadline, the proxy serving meanwhile."""

@@ -1503,14 +1503,21 @@ class FrontProxy:
                 raise _Cut(f"request body stalled for {self.body_idle_s:g} s", 408) from None
             cl.pull(data)
 
+    def _pooled(self, now_s: float) -> _Upstream | None:
+        """The most recently used idle engine connection that may carry a request, or None; those that may not
+        (the engine closed them after their reply, as llama-server closes each stream's, or they idled too long)
+        are closed on the way."""
+        while self._pool:
+            up = self._pool.pop()
+            if up.reusable(now_s):
+                return up
+            up.close()
+        return None
+
     async def _upstream(self, cl: _Client) -> _Upstream:
         now = self._clock()
-        while cl.up is None and self._pool:
-            pooled = self._pool.pop()
-            if pooled.reusable(now):
-                cl.up = pooled
-            else:
-                pooled.close()
+        if cl.up is None:
+            cl.up = self._pooled(now)
         up = cl.up
         if up is not None and up.reusable(now):
             up.reused = True
@@ -1634,7 +1641,9 @@ class FrontProxy:
         cl.conn.on_lost = lambda: failed(ConnectionResetError("the client left"))
         body: asyncio.Task | None = None
         try:
-            in_c = complete and cl.up is None and not self._pool and self._in_c(cl, req, props, sent)
+            if cl.up is None:  # a kept engine connection carries it, else a new one (a closed one is no reason)
+                cl.up = self._pooled(self._clock())
+            in_c = complete and cl.up is None and self._in_c(cl, req, props, sent)
             if in_c:  # a new engine connection: the C relay makes the request
                 self._body_done(cl, None, work, ex)
                 up = await self._request_in_c(cl, ex, b"".join(sent.parts or ()))
