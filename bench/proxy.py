@@ -1,23 +1,26 @@
 """What the front proxy (gpushare_tui/core/engines/front_proxy.py) costs a real llama-server's clients, beside
 nginx: one engine under `gpushare-tui launch` (its supervisor runs the proxy, as users run it), reached three
-ways in one run, in an order that rotates each round (a drift of the machine's load hits all alike):
+ways in one run, in an order that rotates each round, each path's window cut in `--slices` taken in turn, the order
+reversed at each turn (A B C C B A A B C: the engine's own rate drifts by tens of % over a minute on a shared
+machine, and a drift, linear within the round, hits every path alike instead of the one whose window it falls in):
 
 - direct: the engine's internal port;
 - ours: the public port (the proxy, in a process of its own beside the supervisor);
 - nginx: nginx 1.22 on the same engine, `proxy_buffering off`, HTTP/1.1 keep-alive upstream, one worker (what
   a user would put in front of it otherwise). Without nginx installed this path is skipped (one line says so).
 
-    python -m bench.proxy [--levels 1,8,32,64] [--rounds 2] [--window-s 6] [--n-predict 96] [--keep-alive]
+    python -m bench.proxy [--levels 1,8,32,64] [--rounds 2] [--window-s 6] [--slices 3] [--n-predict 96]
+                          [--keep-alive]
     python -m bench.proxy --lateness [--lateness-streams 1,32]
 
 Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
-rate), round and path: tokens/s received by the clients in the window, TTFT p50/p99 (request sent -> first token
-event), and CPU per streamed token: ours the supervisor's whole CPU (its proxy process, pace loop and monitor
-included), its proxy's alone (its process; a thread named gpushare-proxy before it had one), and its proxy's with
-what the supervisor spent over its spend in the same round's direct window (the proxy's whole cost: the pace loop
-and monitor run either way); nginx its worker's. Streamed `/completion`s back to back, a new connection per
-request (--keep-alive: one per client). The clients are asyncio coroutines on raw sockets (cheap: on 2 shared
-cores a heavier client would measure itself). Prints a table per round and a summary per level; writes
+rate), round and path: tokens/s received by the clients in the window (its slices, each after its own warm-up), TTFT
+p50/p99 (request sent -> first token event), and CPU per streamed token: ours the supervisor's whole CPU (its proxy
+process, pace loop and monitor included), its proxy's alone (its process; a thread named gpushare-proxy before it had
+one), and its proxy's with what the supervisor spent over its spend in the same round's direct window (the proxy's
+whole cost: the pace loop and monitor run either way); nginx its worker's. Streamed `/completion`s back to back, a new
+connection per request (--keep-alive: one per client). The clients are asyncio coroutines on raw sockets (cheap: on 2
+shared cores a heavier client would measure itself). Prints a table per round and a summary per level; writes
 bench/results/proxy.json.
 
 Measured here, 2026-12-05 05:34 (2 cores shared with other engineers' jobs, load average 1.6-2.3 through the
@@ -413,34 +416,40 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
             cpu_of = {"ours": [sup.supervisor_pid, *proxy_pids], "nginx": front.pids() if front else []}
 
             paths = [p for p in PATHS if ports[p] is not None]
+            slice_s = a.window_s / a.slices
+            # CPU is read over each slice's warm-up and window alike; tokens are counted in the windows
+            counted = a.window_s / (a.window_s + a.slices * a.warmup_s)
             for rnd in range(a.rounds):
                 order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
+                runs = {path: Run() for path in order}
+                used_s = {path: [0.0, 0.0, 0.0] for path in order}  # its CPU, the proxy's, the supervisor's
+                for k in range(a.slices):
+                    for path in order if k % 2 == 0 else order[::-1]:
+                        pids = cpu_of.get(path, [])
+                        before, thread_before = cpu_s(pids), sup.proxy_cpu_s(proxy_pids)
+                        sup_before = cpu_s([sup.supervisor_pid])
+                        r = asyncio.run(measure(ports[path], level, request, a.warmup_s, slice_s, a.keep_alive))
+                        used_s[path][0] += cpu_s(pids) - before
+                        used_s[path][1] += sup.proxy_cpu_s(proxy_pids) - thread_before
+                        used_s[path][2] += cpu_s([sup.supervisor_pid]) - sup_before
+                        runs[path].tokens += r.tokens
+                        runs[path].ttft_ms += r.ttft_ms
                 got: dict[str, dict] = {}
                 for path in order:
                     pids = cpu_of.get(path, [])
-                    before, thread_before = cpu_s(pids), sup.proxy_cpu_s(proxy_pids)
-                    sup_before = cpu_s([sup.supervisor_pid])
-                    r = asyncio.run(measure(ports[path], level, request, a.warmup_s, a.window_s, a.keep_alive))
-                    used = cpu_s(pids) - before
-                    thread_used = sup.proxy_cpu_s(proxy_pids) - thread_before
-                    sup_used = cpu_s([sup.supervisor_pid]) - sup_before
+                    r, (used, thread_used, sup_used) = runs[path], used_s[path]
                     got[path] = {
                         "level": level,
                         "round": rnd + 1,
                         "path": path,
                         "order": order.index(path) + 1,
+                        "slices": a.slices,
                         "tok_s": r.tokens / a.window_s,
                         "ttft_ms": [pct(r.ttft_ms, 0.5), pct(r.ttft_ms, 0.99)],
-                        # the window and its warm-up: CPU per token received over the whole measurement
-                        "cpu_us_per_token": used / r.tokens * 1e6 * a.window_s / (a.window_s + a.warmup_s)
-                        if pids and r.tokens
-                        else None,
+                        # the windows and their warm-ups: CPU per token received over the whole measurement
+                        "cpu_us_per_token": used / r.tokens * 1e6 * counted if pids and r.tokens else None,
                         # ours: the proxy's thread alone (the supervisor's pace loop and monitor left out)
-                        "proxy_thread_us_per_token": thread_used
-                        / r.tokens
-                        * 1e6
-                        * a.window_s
-                        / (a.window_s + a.warmup_s)
+                        "proxy_thread_us_per_token": thread_used / r.tokens * 1e6 * counted
                         if path == "ours" and r.tokens
                         else None,
                         # the supervisor process alone (its pace loop and monitor), in every path's window
@@ -453,9 +462,9 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                     # what the proxy costs: its process, and what the supervisor spent over its spend while the
                     # same engine was reached direct (its pace loop and monitor run either way)
                     extra_s = max(0.0, ours["supervisor_cpu_s"] - got["direct"]["supervisor_cpu_s"])
-                    ours["proxy_and_extra_us_per_token"] = ours["proxy_thread_us_per_token"] + extra_s / ours[
-                        "tokens"
-                    ] * 1e6 * a.window_s / (a.window_s + a.warmup_s)
+                    ours["proxy_and_extra_us_per_token"] = (
+                        ours["proxy_thread_us_per_token"] + extra_s / ours["tokens"] * 1e6 * counted
+                    )
                 direct = got["direct"]["tok_s"]
                 for path in paths:
                     row = got[path]
@@ -546,12 +555,15 @@ def main() -> None:
     ap.add_argument("--levels", default="1,8,32,64")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window-s", type=float, default=6.0)
+    ap.add_argument("--slices", type=int, default=3, help="each path's window in this many slices, taken in turn")
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--n-predict", type=int, default=96)
     ap.add_argument("--keep-alive", action="store_true", help="one connection per client (default: one per request)")
     ap.add_argument("--lateness", action="store_true", help="the pacing edges' lateness instead (see the docstring)")
     ap.add_argument("--lateness-streams", default="1,32")
     a = ap.parse_args()
+    if a.slices < 1 or a.window_s <= 0 or a.rounds < 1:
+        ap.error("--slices and --rounds must be at least 1, --window-s above 0")
     server = llama_server_path()
     RESULTS.mkdir(exist_ok=True)
     model = write_tiny_llama(str(RESULTS / "proxy-bench.gguf"))
