@@ -562,8 +562,8 @@ def main() -> None:
     ap.add_argument("--lateness", action="store_true", help="the pacing edges' lateness instead (see the docstring)")
     ap.add_argument("--lateness-streams", default="1,32")
     a = ap.parse_args()
-    if a.slices < 1 or a.window_s <= 0 or a.rounds < 1:
-        ap.error("--slices and --rounds must be at least 1, --window-s above 0")
+    if a.slices < 1 or a.window_s <= 0 or a.rounds < 1 or a.warmup_s < 0:
+        ap.error("--slices and --rounds must be at least 1, --window-s above 0, --warmup-s not below 0")
     server = llama_server_path()
     RESULTS.mkdir(exist_ok=True)
     model = write_tiny_llama(str(RESULTS / "proxy-bench.gguf"))
