@@ -11,7 +11,17 @@ machine, and a drift, linear within the round, hits every path alike instead of 
 
     python -m bench.proxy [--levels 1,8,32,64] [--rounds 2] [--window-s 6] [--slices 3] [--n-predict 96]
                           [--keep-alive]
+    python -m bench.proxy --mix [--levels ...] [--rounds ...] [--window-s ...]
     python -m bench.proxy --lateness [--lateness-streams 1,32]
+
+--mix: each stream takes the three paths in turn, request by request (stream j starting at path j), so every path
+meets the engine in the same state: the slices above still leave a round's engine drift in each path's figure (the
+tiny model's own rate moves by 10-40 % within seconds on this shared machine: direct at one stream 1,165 then 1,596
+tok/s in two 4 s windows a few seconds apart). A path's tok/s is then a stream's while on it (its tokens in the
+window over the seconds its requests spent there, connect to last chunk), so a proxy's per-request cost (its
+TTFT, its end) counts as it would for a client that always took it; its TTFT is paired with direct's request by
+request. What it cannot show: a proxy carrying all of a level's load (it carries a third of it here). CPU per
+token: the proxy process's over its tokens, the supervisor's over every path's (it runs for all of them alike).
 
 Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
 rate), round and path: tokens/s received by the clients in the window (its slices, each after its own warm-up), TTFT
@@ -167,6 +177,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import signal
@@ -277,6 +288,75 @@ async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run,
             writer = None
     if writer is not None:
         writer.close()
+
+
+@dataclass
+class PathRun:
+    """One path's requests in a --mix measurement: token events in the window, the seconds its requests spent in
+    the window (request sent or connection opened -> last chunk), token events over the whole measurement."""
+
+    tokens: int = 0
+    busy_s: float = 0.0
+    tokens_all: int = 0
+    ttft_ms: list[float] = field(default_factory=list)
+    request_ms: list[float] = field(default_factory=list)  # each whole request's, connect to last chunk
+
+
+async def mixed_stream(
+    ports: list[int], first: int, request: bytes, t0: float, t1: float, runs: list[PathRun], keep_alive: bool
+) -> None:
+    """Back-to-back streamed completions until t1, each to the next of `ports` in turn (starting at `first`): the
+    paths see the engine in the same state, request by request."""
+    conns: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+    k = first
+    try:
+        while time.monotonic() < t1:
+            i, k = k % len(ports), k + 1
+            run = runs[i]
+            start = time.monotonic()
+            if i not in conns:
+                conns[i] = await asyncio.open_connection("127.0.0.1", ports[i])
+            reader, writer = conns[i]
+            sent = time.monotonic()
+            writer.write(request)
+            first_token, buf, done, tokens_in = True, b"", False, 0
+            while not done:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                now = time.monotonic()
+                buf += data
+                n = buf.count(b'"content"')
+                if n:
+                    if first_token:
+                        run.ttft_ms.append((now - sent) * 1000)
+                        first_token = False
+                    run.tokens_all += n
+                    if t0 <= now < t1:
+                        tokens_in += n
+                done = b"\r\n0\r\n\r\n" in buf or buf.endswith(b"0\r\n\r\n")
+                buf = buf[buf.rfind(b'"content"') + 1 :] if n else buf[-16:]
+            end = time.monotonic()
+            if done:
+                run.request_ms.append((end - start) * 1000)
+            run.tokens += tokens_in
+            run.busy_s += max(0.0, min(end, t1) - max(start, t0))
+            if not done or not keep_alive:
+                conns.pop(i)[1].close()
+    finally:
+        for _reader, writer in conns.values():
+            writer.close()
+
+
+async def measure_mixed(
+    ports: list[int], level: int, request: bytes, warmup_s: float, window_s: float, keep_alive: bool
+) -> list[PathRun]:
+    """`level` streams, each taking the paths in turn request by request (stream j starting at path j)."""
+    runs = [PathRun() for _ in ports]
+    t0 = time.monotonic() + warmup_s
+    t1 = t0 + window_s
+    await asyncio.gather(*(mixed_stream(ports, j, request, t0, t1, runs, keep_alive) for j in range(level)))
+    return runs
 
 
 async def measure(port: int, level: int, request: bytes, warmup_s: float, window_s: float, keep_alive: bool) -> Run:
@@ -483,20 +563,103 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
             if front is not None:
                 front.stop()
             sup.stop()
+    summarise(rows)
+    return rows
+
+
+def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str | None) -> list[dict]:
+    """--mix: each stream takes the paths in turn, request by request, so every path meets the engine in the same
+    state (its own rate drifts by tens of % over seconds here); a path's tok/s is a stream's while on it (its
+    tokens over the seconds its requests took, connect to last chunk), its CPU per token over the whole run (ours:
+    its proxy process's over its tokens, the supervisor's over every path's)."""
+    request = request_bytes(a.n_predict, a.keep_alive)
+    rows: list[dict] = []
+    print(f"load average at start: {os.getloadavg()}")
+    print(
+        "level round path    tok/s a stream  vs direct  TTFT p50/p99 ms  request p50 ms"
+        "   CPU µs/token (ours: all / proxy)   load"
+    )
+    for level in (int(x) for x in a.levels.split(",")):
+        argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+        sup = Supervised.start(argv, KEY, f"proxy-bench-{level}")
+        front = None
+        try:
+            front = Nginx(nginx, sup.engine_port) if nginx else None
+            ports = {"direct": sup.engine_port, "ours": sup.port} | ({"nginx": front.port} if front else {})
+            proxy_pids = sup.proxy_pids()
+            # the supervisor (pace loop, monitor) runs for every path alike: its CPU is counted over all the
+            # paths' tokens, the proxy's over its own
+            cpu_of = {"ours": proxy_pids, "nginx": front.pids() if front else []}
+            paths = [p for p in PATHS if p in ports]
+            for rnd in range(a.rounds):
+                order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
+                before = {path: cpu_s(cpu_of.get(path, [])) for path in order}
+                sup_before = cpu_s([sup.supervisor_pid])
+                runs = asyncio.run(
+                    measure_mixed([ports[p] for p in order], level, request, a.warmup_s, a.window_s, a.keep_alive)
+                )
+                used = {path: cpu_s(cpu_of.get(path, [])) - before[path] for path in order}
+                sup_us_per_token = (cpu_s([sup.supervisor_pid]) - sup_before) / max(1, sum(r.tokens_all for r in runs))
+                sup_us_per_token *= 1e6
+                got: dict[str, dict] = {}
+                for path, r in zip(order, runs, strict=True):
+                    pids = cpu_of.get(path, [])
+                    own = used[path] / r.tokens_all * 1e6 if pids and r.tokens_all else None
+                    got[path] = {
+                        "level": level,
+                        "round": rnd + 1,
+                        "path": path,
+                        "mix": True,
+                        "tok_s": r.tokens / r.busy_s if r.busy_s else 0.0,
+                        "ttft_ms": [pct(r.ttft_ms, 0.5), pct(r.ttft_ms, 0.99)],
+                        # ours: its proxy process's and the supervisor's share (see above)
+                        "cpu_us_per_token": own + sup_us_per_token if own is not None and path == "ours" else own,
+                        "proxy_thread_us_per_token": own if path == "ours" else None,
+                        "supervisor_us_per_token": sup_us_per_token,
+                        "tokens": r.tokens,
+                        "busy_s": r.busy_s,
+                        "requests": len(r.ttft_ms),
+                        "request_ms_p50": pct(r.request_ms, 0.5),
+                        "load_avg_1m": os.getloadavg()[0],
+                    }
+                direct = got["direct"]["tok_s"]
+                for path in paths:
+                    row = got[path]
+                    row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
+                    rows.append(row)
+                    cpu, thread = row["cpu_us_per_token"], row["proxy_thread_us_per_token"]
+                    shown = "-" if cpu is None else f"{cpu:6.1f}" + ("" if thread is None else f" / {thread:5.1f}")
+                    print(
+                        f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:14.1f} {row['vs_direct'] * 100:8.1f}%"
+                        f"  {row['ttft_ms'][0]:6.2f}/{row['ttft_ms'][1]:<7.1f}  {row['request_ms_p50']:10.2f}"
+                        f"     {shown:>15}   {row['load_avg_1m']:.2f}",
+                        flush=True,
+                    )
+        finally:
+            if front is not None:
+                front.stop()
+            sup.stop()
+    summarise(rows)
+    return rows
+
+
+def summarise(rows: list[dict]) -> None:
+    """Per level, the medians over rounds: ours÷nginx CPU a token, tok/s vs direct, TTFT p50 ours − direct."""
     print("\nper level (median of rounds): ours÷nginx CPU/token, tok/s vs direct, TTFT p50 ours − direct")
     for level in sorted({r["level"] for r in rows}):
         ours_cpu, nginx_cpu = _med(rows, level, "ours", "cpu"), _med(rows, level, "nginx", "cpu")
         thread = _med(rows, level, "ours", "thread")
         marginal = _med(rows, level, "ours", "marginal")
+        extra = ""  # (--mix: none; the supervisor's spend there is every path's)
+        if not math.isnan(marginal):
+            extra = f" + the supervisor's over direct {marginal:6.1f} µs ({marginal / nginx_cpu:4.2f}×),"
         ttft = _med(rows, level, "ours", "ttft") - _med(rows, level, "direct", "ttft")
         print(
             f"level {level:3}: CPU ours {ours_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}× nginx), its proxy"
-            f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×), + the supervisor's over direct {marginal:6.1f} µs"
-            f" ({marginal / nginx_cpu:4.2f}×), nginx {nginx_cpu:6.1f} µs;"
+            f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×),{extra} nginx {nginx_cpu:6.1f} µs;"
             f" tok/s ours {_med(rows, level, 'ours', 'ratio') * 100:5.1f}%,"
             f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms"
         )
-    return rows
 
 
 def _med(rows: list[dict], level: int, path: str, what: str) -> float:
@@ -559,6 +722,9 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--n-predict", type=int, default=96)
     ap.add_argument("--keep-alive", action="store_true", help="one connection per client (default: one per request)")
+    ap.add_argument(
+        "--mix", action="store_true", help="each stream takes the paths in turn, request by request (see the docstring)"
+    )
     ap.add_argument("--lateness", action="store_true", help="the pacing edges' lateness instead (see the docstring)")
     ap.add_argument("--lateness-streams", default="1,32")
     a = ap.parse_args()
@@ -575,8 +741,8 @@ def main() -> None:
         nginx = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
         if nginx is None:
             print("nginx is not installed: its path is skipped (apt-get install nginx)")
-        rows = throughput(a, server, model, nginx)
-        (RESULTS / "proxy.json").write_text(json.dumps(rows, indent=1))
+        rows = (throughput_mixed if a.mix else throughput)(a, server, model, nginx)
+        (RESULTS / ("proxy-mix.json" if a.mix else "proxy.json")).write_text(json.dumps(rows, indent=1))
     finally:
         remove(shm_file(KEY))
 
