@@ -20,7 +20,9 @@ tiny model's own rate moves by 10-40 % within seconds on this shared machine: di
 tok/s in two 4 s windows a few seconds apart). A path's tok/s is then a stream's while on it (its tokens in the
 window over the seconds its requests spent there, connect to last chunk), so a proxy's per-request cost (its
 TTFT, its end) counts as it would for a client that always took it; its TTFT is paired with direct's request by
-request. What it cannot show: a proxy carrying all of a level's load (it carries a third of it here). CPU per
+request. What it cannot show: a proxy carrying all of a level's load (it carries a third of it here). With
+--keep-alive, direct still connects for each request (llama-server closes each stream's connection: a request on
+a kept one it closed is sent again on a new one, timed from there); ours and nginx keep the client's. CPU per
 token: the proxy process's over its tokens, the supervisor's over every path's (it runs for all of them alike).
 
 Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
@@ -254,6 +256,31 @@ def request_bytes(n_predict: int, keep_alive: bool) -> bytes:
     return head % len(raw) + raw
 
 
+class StreamScan:
+    """A streamed reply, read by read: its token events, and whether its last chunk (`0 CRLF CRLF`) came. Its head
+    is skipped first: a head may end in `0 CRLF CRLF` too (llama-server's to a kept-alive request ends in
+    `Keep-Alive: timeout=5, max=100`)."""
+
+    def __init__(self) -> None:
+        self.buf = b"\r\n"  # (the body's start counts as a chunk's end)
+        self.in_body = False
+        self.done = False
+
+    def feed(self, data: bytes) -> int:
+        """The token events in `data`."""
+        buf = self.buf + data
+        if not self.in_body:
+            end = buf.find(b"\r\n\r\n", 2)
+            if end < 0:
+                self.buf = buf
+                return 0
+            self.in_body, buf = True, b"\r\n" + buf[end + 4 :]
+        n = buf.count(b'"content"')
+        self.done = b"\r\n0\r\n\r\n" in buf
+        self.buf = buf[buf.rfind(b'"content"') + 1 :] if n else buf[-16:]
+        return n
+
+
 async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run, keep_alive: bool) -> None:
     """Back-to-back streamed completions until t1; counts token events in [t0, t1)."""
     reader = writer = None
@@ -264,25 +291,21 @@ async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run,
         sent = time.monotonic()
         writer.write(request)
         first = True
-        buf = b""
-        done = False
-        while not done:
+        scan = StreamScan()
+        while not scan.done:
             data = await reader.read(65536)
             if not data:
                 writer.close()
                 writer = None
                 break
             now = time.monotonic()
-            buf += data
-            n = buf.count(b'"content"')
+            n = scan.feed(data)
             if n:
                 if first:
                     run.ttft_ms.append((now - sent) * 1000)
                     first = False
                 if t0 <= now < t1:
                     run.tokens += n
-            done = b"\r\n0\r\n\r\n" in buf or buf.endswith(b"0\r\n\r\n")
-            buf = buf[buf.rfind(b'"content"') + 1 :] if n else buf[-16:]
         if not keep_alive and writer is not None:
             writer.close()
             writer = None
@@ -314,19 +337,20 @@ async def mixed_stream(
             i, k = k % len(ports), k + 1
             run = runs[i]
             start = time.monotonic()
-            if i not in conns:
+            kept = i in conns
+            if not kept:
                 conns[i] = await asyncio.open_connection("127.0.0.1", ports[i])
             reader, writer = conns[i]
             sent = time.monotonic()
             writer.write(request)
-            first_token, buf, done, tokens_in = True, b"", False, 0
-            while not done:
+            first_token, scan, tokens_in, answered = True, StreamScan(), 0, False
+            while not scan.done:
                 data = await reader.read(65536)
                 if not data:
                     break
+                answered = True
                 now = time.monotonic()
-                buf += data
-                n = buf.count(b'"content"')
+                n = scan.feed(data)
                 if n:
                     if first_token:
                         run.ttft_ms.append((now - sent) * 1000)
@@ -334,14 +358,16 @@ async def mixed_stream(
                     run.tokens_all += n
                     if t0 <= now < t1:
                         tokens_in += n
-                done = b"\r\n0\r\n\r\n" in buf or buf.endswith(b"0\r\n\r\n")
-                buf = buf[buf.rfind(b'"content"') + 1 :] if n else buf[-16:]
             end = time.monotonic()
-            if done:
+            if kept and not answered:  # a kept connection the server closed since (llama-server closes each
+                conns.pop(i)[1].close()  # stream's): the same request again, on a new one, timed from there
+                k -= 1
+                continue
+            if scan.done:
                 run.request_ms.append((end - start) * 1000)
             run.tokens += tokens_in
             run.busy_s += max(0.0, min(end, t1) - max(start, t0))
-            if not done or not keep_alive:
+            if not scan.done or not keep_alive:
                 conns.pop(i)[1].close()
     finally:
         for _reader, writer in conns.values():
