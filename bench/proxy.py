@@ -239,6 +239,7 @@ http {{
 class Run:
     tokens: int = 0  # token events received inside the window
     ttft_ms: list[float] = field(default_factory=list)
+    errors: int = 0  # replies not 200 (nginx's 502 where the engine closed a kept upstream connection)
 
 
 def request_bytes(n_predict: int, keep_alive: bool) -> bytes:
@@ -257,24 +258,33 @@ def request_bytes(n_predict: int, keep_alive: bool) -> bytes:
 
 
 class StreamScan:
-    """A streamed reply, read by read: its token events, and whether its last chunk (`0 CRLF CRLF`) came. Its head
-    is skipped first: a head may end in `0 CRLF CRLF` too (llama-server's to a kept-alive request ends in
-    `Keep-Alive: timeout=5, max=100`)."""
+    """A reply, read by read: its token events, and whether it ended (a chunked body's last chunk, `0 CRLF CRLF`,
+    or a Content-Length body's last byte: an error's, as nginx's 502). The head is read first: a head may end in
+    `0 CRLF CRLF` too (llama-server's to a kept-alive request ends in `Keep-Alive: timeout=5, max=100`)."""
 
     def __init__(self) -> None:
         self.buf = b"\r\n"  # (the body's start counts as a chunk's end)
-        self.in_body = False
+        self.status = 0  # the reply's, once its head came
+        self.length: int | None = None  # a Content-Length body's bytes still to come
         self.done = False
 
     def feed(self, data: bytes) -> int:
         """The token events in `data`."""
         buf = self.buf + data
-        if not self.in_body:
+        if not self.status:
             end = buf.find(b"\r\n\r\n", 2)
             if end < 0:
                 self.buf = buf
                 return 0
-            self.in_body, buf = True, b"\r\n" + buf[end + 4 :]
+            head, buf = buf[2:end].lower(), b"\r\n" + buf[end + 4 :]
+            self.status = int(head.split(b" ", 2)[1])
+            if b"transfer-encoding: chunked" not in head:
+                at = head.find(b"content-length:")
+                self.length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
+        if self.length is not None:  # not a stream: its bytes counted, no token in them
+            self.length -= len(buf) - 2
+            self.buf, self.done = b"\r\n", self.length <= 0
+            return 0
         n = buf.count(b'"content"')
         self.done = b"\r\n0\r\n\r\n" in buf
         self.buf = buf[buf.rfind(b'"content"') + 1 :] if n else buf[-16:]
@@ -306,6 +316,7 @@ async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run,
                     first = False
                 if t0 <= now < t1:
                     run.tokens += n
+        run.errors += scan.done and scan.status != 200
         if not keep_alive and writer is not None:
             writer.close()
             writer = None
@@ -323,6 +334,7 @@ class PathRun:
     tokens_all: int = 0
     ttft_ms: list[float] = field(default_factory=list)
     request_ms: list[float] = field(default_factory=list)  # each whole request's, connect to last chunk
+    errors: int = 0  # replies not 200
 
 
 async def mixed_stream(
@@ -365,6 +377,7 @@ async def mixed_stream(
                 continue
             if scan.done:
                 run.request_ms.append((end - start) * 1000)
+                run.errors += scan.status != 200
             run.tokens += tokens_in
             run.busy_s += max(0.0, min(end, t1) - max(start, t0))
             if not scan.done or not keep_alive:
@@ -561,6 +574,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                         # the supervisor process alone (its pace loop and monitor), in every path's window
                         "supervisor_cpu_s": sup_used,
                         "tokens": r.tokens,
+                        "errors": r.errors,
                         "load_avg_1m": os.getloadavg()[0],
                     }
                 ours = got.get("ours")
@@ -582,7 +596,8 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                     shown += "" if marginal is None else f" / {marginal:5.1f}"
                     print(
                         f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%"
-                        f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}  {shown:>15}   {row['load_avg_1m']:.2f}",
+                        f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}  {shown:>15}   {row['load_avg_1m']:.2f}"
+                        + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
                         flush=True,
                     )
         finally:
@@ -646,6 +661,7 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
                         "busy_s": r.busy_s,
                         "requests": len(r.ttft_ms),
                         "request_ms_p50": pct(r.request_ms, 0.5),
+                        "errors": r.errors,
                         "load_avg_1m": os.getloadavg()[0],
                     }
                 direct = got["direct"]["tok_s"]
@@ -658,7 +674,8 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
                     print(
                         f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:14.1f} {row['vs_direct'] * 100:8.1f}%"
                         f"  {row['ttft_ms'][0]:6.2f}/{row['ttft_ms'][1]:<7.1f}  {row['request_ms_p50']:10.2f}"
-                        f"     {shown:>15}   {row['load_avg_1m']:.2f}",
+                        f"     {shown:>15}   {row['load_avg_1m']:.2f}"
+                        + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
                         flush=True,
                     )
         finally:
