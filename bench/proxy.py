@@ -167,6 +167,28 @@ half, the kernel 30 %: accept, connect and close of two connections, three sends
 uvloop 10 %, llhttp 3 %); tried and not kept: a connect without uvloop's create_connection (82-116 against 93-108 µs
 a connect), accepts from a reader left on the listening socket instead of sock_accept (43-65 against 58-73 µs).
 
+2026-12-07 06:41-07:42, another machine (an AMD EPYC under KVM, where a wake-up costs 2-3× the last one's: nginx
+23-46 µs a token), --mix, 3 rounds, medians (tok/s vs direct, ours / nginx; CPU µs a token: the proxy process /
+nginx; TTFT p50 ours − direct), a new connection per request, 20 s windows, load 0.7-3.7:
+
+    streams   tok/s vs direct         CPU: proxy / nginx        TTFT p50 ours − direct
+    1         96.4 % / 99.1 %         41.2 / 31.9 (1.29×)       +0.65 ms
+    8         99.7 % / 100.0 %        45.5 / 39.5 (1.15×)       +0.94 ms
+    32        99.5 % / 100.1 %        35.3 / 34.2 (1.03×)       +2.11 ms (the engine's queue: 92-95 ms)
+    64        99.6 % / 99.9 %         34.7 / 34.0 (1.02×)       +0.59 ms
+
+and with --keep-alive, 15 s windows, load 1.0-4.9: 94.4 % / 96.6 %, 100.3 / 99.9, 99.7 / 99.5, 99.2 / 99.4; CPU
+1.31×, 1.08×, 1.01×, 0.99×; TTFT +0.56, +0.30, +1.95, +13.8 ms (64 streams: ~190-230 ms of queue); nginx answered
+1-11 requests a round 502 at 8 streams and more (an upstream connection llama-server had closed). At one stream
+the rounds scatter by ±3 % for both proxies (direct's rate 1,160-1,720 tok/s between rounds). What one stream
+still pays per request, the loop's part between the accept and the request handed to the C relay (marks in an
+in-process FrontProxy, 8-token requests back to back, p50, µs): the accept to its task's first step 66-70, the
+client's transport 54-58, its first read 26-32, the request's parse and exchange to `_request_in_c` ~60-100, the
+engine socket and its connect ~70-110, the C relay's `request` 19-25: ~370-475 µs, against nginx's whole added
+TTFT of ~200-300 µs (paired, one request at a time: ours +0.42-0.58 ms over direct, nginx +0.19-0.28); no one
+step dominates (the syscalls are the largest: accept 15-24, connect 40, close 45), so what is left is the accept
+and the request's head in C.
+
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
 stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's
