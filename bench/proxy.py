@@ -167,7 +167,7 @@ half, the kernel 30 %: accept, connect and close of two connections, three sends
 uvloop 10 %, llhttp 3 %); tried and not kept: a connect without uvloop's create_connection (82-116 against 93-108 µs
 a connect), accepts from a reader left on the listening socket instead of sock_accept (43-65 against 58-73 µs).
 
-2026-12-07 06:41-07:42, another machine (an AMD EPYC under KVM, where a wake-up costs 2-3× the last one's: nginx
+2026-12-07 06:18-07:35, another machine (an AMD EPYC under KVM, where a wake-up costs 2-3× the last one's: nginx
 23-46 µs a token), --mix, 3 rounds, medians (tok/s vs direct, ours / nginx; CPU µs a token: the proxy process /
 nginx; TTFT p50 ours − direct), a new connection per request, 20 s windows, load 0.7-3.7:
 
@@ -200,6 +200,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -210,6 +211,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -541,22 +543,34 @@ class Nginx:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def engine_paths(
+    server: str, model: str, nginx: str | None, level: int
+) -> Iterator[tuple[Supervised, Nginx | None, dict[str, int]]]:
+    """A level's llama-server (`-np` the level) under `launch`, nginx in front of it where installed, and each
+    path's port (no nginx: no "nginx" key); both ended on the way out."""
+    argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
+    sup = Supervised.start(argv, KEY, f"proxy-bench-{level}")
+    front = None
+    try:
+        front = Nginx(nginx, sup.engine_port) if nginx else None
+        yield sup, front, {"direct": sup.engine_port, "ours": sup.port} | ({"nginx": front.port} if front else {})
+    finally:
+        if front is not None:
+            front.stop()
+        sup.stop()
+
+
 def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None) -> list[dict]:
     request = request_bytes(a.n_predict, a.keep_alive)
     rows: list[dict] = []
     print(f"load average at start: {os.getloadavg()}")
     print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy / + extra)   load")
     for level in (int(x) for x in a.levels.split(",")):
-        argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
-        sup = Supervised.start(argv, KEY, f"proxy-bench-{level}")
-        front = None
-        try:
-            front = Nginx(nginx, sup.engine_port) if nginx else None
-            ports = {"direct": sup.engine_port, "ours": sup.port, "nginx": front.port if front else None}
+        with engine_paths(server, model, nginx, level) as (sup, front, ports):
             proxy_pids = sup.proxy_pids()
             cpu_of = {"ours": [sup.supervisor_pid, *proxy_pids], "nginx": front.pids() if front else []}
-
-            paths = [p for p in PATHS if ports[p] is not None]
+            paths = [p for p in PATHS if p in ports]
             slice_s = a.window_s / a.slices
             # CPU is read over each slice's warm-up and window alike; tokens are counted in the windows
             counted = a.window_s / (a.window_s + a.slices * a.warmup_s)
@@ -622,10 +636,6 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                         + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
                         flush=True,
                     )
-        finally:
-            if front is not None:
-                front.stop()
-            sup.stop()
     summarise(rows)
     return rows
 
@@ -643,12 +653,7 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
         "   CPU µs/token (ours: all / proxy)   load"
     )
     for level in (int(x) for x in a.levels.split(",")):
-        argv = [server, "-m", model, "-t", "1", "-np", str(level), "-c", str(level * CTX_PER_SLOT)]
-        sup = Supervised.start(argv, KEY, f"proxy-bench-{level}")
-        front = None
-        try:
-            front = Nginx(nginx, sup.engine_port) if nginx else None
-            ports = {"direct": sup.engine_port, "ours": sup.port} | ({"nginx": front.port} if front else {})
+        with engine_paths(server, model, nginx, level) as (sup, front, ports):
             proxy_pids = sup.proxy_pids()
             # the supervisor (pace loop, monitor) runs for every path alike: its CPU is counted over all the
             # paths' tokens, the proxy's over its own
@@ -700,10 +705,6 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
                         + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
                         flush=True,
                     )
-        finally:
-            if front is not None:
-                front.stop()
-            sup.stop()
     summarise(rows)
     return rows
 
