@@ -315,6 +315,40 @@ class StreamScan:
         return n
 
 
+@dataclass
+class Reply:
+    """One request's reply as a client saw it (`exchange`)."""
+
+    scan: StreamScan
+    ttft_ms: float | None = None  # request sent -> first token event
+    tokens_in: int = 0  # token events in the window
+    tokens_all: int = 0
+    answered: bool = False  # any byte came (else the connection ended first)
+
+
+async def exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes, t0: float, t1: float
+) -> Reply:
+    """`request` sent, its reply read to its end (`reply.scan.done`) or the connection's."""
+    sent = time.monotonic()
+    writer.write(request)
+    reply = Reply(StreamScan())
+    while not reply.scan.done:
+        data = await reader.read(65536)
+        if not data:
+            break
+        reply.answered = True
+        now = time.monotonic()
+        n = reply.scan.feed(data)
+        if n:
+            if reply.ttft_ms is None:
+                reply.ttft_ms = (now - sent) * 1000
+            reply.tokens_all += n
+            if t0 <= now < t1:
+                reply.tokens_in += n
+    return reply
+
+
 async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run, keep_alive: bool) -> None:
     """Back-to-back streamed completions until t1; counts token events in [t0, t1)."""
     reader = writer = None
@@ -322,26 +356,12 @@ async def stream_loop(port: int, request: bytes, t0: float, t1: float, run: Run,
         if writer is None:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert reader is not None
-        sent = time.monotonic()
-        writer.write(request)
-        first = True
-        scan = StreamScan()
-        while not scan.done:
-            data = await reader.read(65536)
-            if not data:
-                writer.close()
-                writer = None
-                break
-            now = time.monotonic()
-            n = scan.feed(data)
-            if n:
-                if first:
-                    run.ttft_ms.append((now - sent) * 1000)
-                    first = False
-                if t0 <= now < t1:
-                    run.tokens += n
-        run.errors += scan.done and scan.status != 200
-        if not keep_alive and writer is not None:
+        reply = await exchange(reader, writer, request, t0, t1)
+        if reply.ttft_ms is not None:
+            run.ttft_ms.append(reply.ttft_ms)
+        run.tokens += reply.tokens_in
+        run.errors += reply.scan.done and reply.scan.status != 200
+        if not reply.scan.done or not keep_alive:
             writer.close()
             writer = None
     if writer is not None:
@@ -376,35 +396,21 @@ async def mixed_stream(
             kept = i in conns
             if not kept:
                 conns[i] = await asyncio.open_connection("127.0.0.1", ports[i])
-            reader, writer = conns[i]
-            sent = time.monotonic()
-            writer.write(request)
-            first_token, scan, tokens_in, answered = True, StreamScan(), 0, False
-            while not scan.done:
-                data = await reader.read(65536)
-                if not data:
-                    break
-                answered = True
-                now = time.monotonic()
-                n = scan.feed(data)
-                if n:
-                    if first_token:
-                        run.ttft_ms.append((now - sent) * 1000)
-                        first_token = False
-                    run.tokens_all += n
-                    if t0 <= now < t1:
-                        tokens_in += n
+            reply = await exchange(*conns[i], request, t0, t1)
             end = time.monotonic()
-            if kept and not answered:  # a kept connection the server closed since (llama-server closes each
-                conns.pop(i)[1].close()  # stream's): the same request again, on a new one, timed from there
+            if kept and not reply.answered:  # a kept connection the server closed since (llama-server closes
+                conns.pop(i)[1].close()  # each stream's): the same request again, on a new one, timed from there
                 k -= 1
                 continue
-            if scan.done:
+            if reply.ttft_ms is not None:
+                run.ttft_ms.append(reply.ttft_ms)
+            if reply.scan.done:
                 run.request_ms.append((end - start) * 1000)
-                run.errors += scan.status != 200
-            run.tokens += tokens_in
+                run.errors += reply.scan.status != 200
+            run.tokens += reply.tokens_in
+            run.tokens_all += reply.tokens_all
             run.busy_s += max(0.0, min(end, t1) - max(start, t0))
-            if not scan.done or not keep_alive:
+            if not reply.scan.done or not keep_alive:
                 conns.pop(i)[1].close()
     finally:
         for _reader, writer in conns.values():
@@ -621,21 +627,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
                     ours["proxy_and_extra_us_per_token"] = (
                         ours["proxy_thread_us_per_token"] + extra_s / ours["tokens"] * 1e6 * counted
                     )
-                direct = got["direct"]["tok_s"]
-                for path in paths:
-                    row = got[path]
-                    row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
-                    rows.append(row)
-                    cpu, thread = row["cpu_us_per_token"], row["proxy_thread_us_per_token"]
-                    marginal = row.get("proxy_and_extra_us_per_token")
-                    shown = "-" if cpu is None else f"{cpu:6.1f}" + ("" if thread is None else f" / {thread:5.1f}")
-                    shown += "" if marginal is None else f" / {marginal:5.1f}"
-                    print(
-                        f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%"
-                        f"  {row['ttft_ms'][0]:6.1f}/{row['ttft_ms'][1]:<7.1f}  {shown:>15}   {row['load_avg_1m']:.2f}"
-                        + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
-                        flush=True,
-                    )
+                report_round(got, paths, rows)
     summarise(rows)
     return rows
 
@@ -691,22 +683,34 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
                         "errors": r.errors,
                         "load_avg_1m": os.getloadavg()[0],
                     }
-                direct = got["direct"]["tok_s"]
-                for path in paths:
-                    row = got[path]
-                    row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
-                    rows.append(row)
-                    cpu, thread = row["cpu_us_per_token"], row["proxy_thread_us_per_token"]
-                    shown = "-" if cpu is None else f"{cpu:6.1f}" + ("" if thread is None else f" / {thread:5.1f}")
-                    print(
-                        f"{level:5} {rnd + 1:5} {path:6} {row['tok_s']:14.1f} {row['vs_direct'] * 100:8.1f}%"
-                        f"  {row['ttft_ms'][0]:6.2f}/{row['ttft_ms'][1]:<7.1f}  {row['request_ms_p50']:10.2f}"
-                        f"     {shown:>15}   {row['load_avg_1m']:.2f}"
-                        + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
-                        flush=True,
-                    )
+                report_round(got, paths, rows)
     summarise(rows)
     return rows
+
+
+def report_round(got: dict[str, dict], paths: list[str], rows: list[dict]) -> None:
+    """A round's rows (`got`, by path): each path's tok/s against direct's, kept in `rows` and printed (--mix rows:
+    a stream's tok/s, and the request's p50)."""
+    direct = got["direct"]["tok_s"]
+    for path in paths:
+        row = got[path]
+        row["vs_direct"] = row["tok_s"] / direct if direct else float("nan")
+        rows.append(row)
+        cpu, thread = row["cpu_us_per_token"], row["proxy_thread_us_per_token"]
+        marginal = row.get("proxy_and_extra_us_per_token")
+        shown = "-" if cpu is None else f"{cpu:6.1f}" + ("" if thread is None else f" / {thread:5.1f}")
+        shown += "" if marginal is None else f" / {marginal:5.1f}"
+        ttft_p50, ttft_p99 = row["ttft_ms"]
+        if row.get("mix"):
+            measured = f"{row['tok_s']:14.1f} {row['vs_direct'] * 100:8.1f}%  {ttft_p50:6.2f}/{ttft_p99:<7.1f}"
+            measured += f"  {row['request_ms_p50']:10.2f}   "
+        else:
+            measured = f"{row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%  {ttft_p50:6.1f}/{ttft_p99:<7.1f}"
+        print(
+            f"{row['level']:5} {row['round']:5} {path:6} {measured}  {shown:>15}   {row['load_avg_1m']:.2f}"
+            + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
+            flush=True,
+        )
 
 
 def summarise(rows: list[dict]) -> None:
