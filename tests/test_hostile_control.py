@@ -11,6 +11,7 @@ import json
 import os
 import random
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -511,7 +512,9 @@ def test_status_cli_gives_up_on_a_sustained_flood_in_one_line(procs, gpu_key: st
                 if s is None:
                     break
                 held.append(s)
-            time.sleep(0.01)
+            # woken the moment one is dropped (its EOF or timeout reply): the freed worker is taken again before
+            # `status` retries, most times (a 10 ms sleep here left it to `status` in about a third of the runs)
+            select.select([s for s in held if s.fileno() >= 0], [], [], 0.01)
         for s in held:
             s.close()
 
@@ -519,12 +522,15 @@ def test_status_cli_gives_up_on_a_sustained_flood_in_one_line(procs, gpu_key: st
     t.start()
     try:
         time.sleep(0.5)
-        t0 = time.monotonic()
-        r = cli("status", str(p.pid), timeout=60)
-        took = time.monotonic() - t0
-        print(f"status under a sustained flood: exit {r.returncode} in {took:.2f} s: {r.stderr.strip()}")
-        if r.returncode == 0:
-            pytest.skip("the status request won a worker between the flood's connections")
+        for _ in range(3):  # a request may still win a worker freed between two of the flood's connections
+            t0 = time.monotonic()
+            r = cli("status", str(p.pid), timeout=60)
+            took = time.monotonic() - t0
+            print(f"status under a sustained flood: exit {r.returncode} in {took:.2f} s: {r.stderr.strip()}")
+            if r.returncode != 0:
+                break
+        else:
+            pytest.skip("the status request won a worker between the flood's connections three times")
         assert r.returncode == 1 and "Traceback" not in r.stderr
         (line,) = r.stderr.strip().splitlines()
         assert line.startswith(f"gpushare-tui: engine {p.pid}: busy: ") and "still busy after" in line
