@@ -1,15 +1,18 @@
 """core/engines/front_proxy.py against a real llama-server (issue 26): pipelining after a chunked body, `Expect:
 100-continue`, a body that never comes (no DEMAND, cut after the body-idle budget), a reply that takes longer
-than every budget of the proxy's, HTTP/1.0, a refused upgrade, a half-close, and the same replies through the
-proxy as direct for any byte stream (hypothesis)."""
+than every budget of the proxy's, HTTP/1.0, a refused upgrade, a half-close, a connection's first bytes read
+before its socket is the loop's (clients that reset at once, a bad head answered whole), and the same replies
+through the proxy as direct for any byte stream (hypothesis)."""
 
 from __future__ import annotations
 
 import http.client
 import io
 import json
+import os
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -241,6 +244,56 @@ def test_a_client_leaving_during_the_wait_ends_demand_and_the_engine_connection(
     s.close()
     wait_for(lambda: proxy.in_flight == 0 and proxy.connections == 0, 10, what="the request to end with its client")
     wait_for(lambda: proxy.changes == [True, False], 5, what="DEMAND to fall")
+
+
+# -- a connection's first bytes, read before the loop makes the socket its transport ----------------------
+
+
+def test_clients_that_reset_as_they_send_their_request_leave_no_connection_demand_or_fd(engine, proxy) -> None:
+    """A request whole in a new connection's first bytes goes to the engine before the socket is the loop's
+    transport: clients that reset (RST) right after sending, some before the proxy read them and some after,
+    end their own exchanges only."""
+    body = json.dumps({"prompt": "the", "n_predict": 32, "stream": True, "cache_prompt": False}).encode()
+    request = _post(b"/completion", body)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for i in range(40):
+        s = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() resets
+        s.sendall(request)
+        if i % 2:
+            time.sleep(0.005)  # read, maybe sent on, by now
+        s.close()
+    wait_for(lambda: proxy.in_flight == 0 and proxy.connections == 0, 20, what="every exchange to end")
+    wait_for(lambda: bool(proxy.changes) and proxy.changes[-1] is False, 5, what="DEMAND to fall")
+    wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds_before + 2, 10, what="the proxy's fds to be closed")
+    via = replies(proxy.port, [HEALTH, request], ["GET", "POST"])
+    assert [status for status, _ in via] == [200, 200], via
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        b"GET /health HTTP/1.1\nHost: x\n\n",
+        HEALTH + b"GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+    ],
+)
+def test_a_bad_head_in_a_connections_first_bytes_is_answered_whole_before_the_close(proxy, bad: bytes) -> None:
+    """Its answer is written before the socket is the loop's transport, and sent before the close."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(bad)
+        got = _read_all(s)
+    statuses, body = [], b""
+    while got:  # each reply: its head, then a body of its Content-Length
+        head, _, got = got.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = int(next(v for n, _, v in (h.partition(b": ") for h in lines) if n == b"Content-Length"))
+        statuses.append(lines[0][9:12])
+        body, got = got[:length], got[length:]
+    # (a bad head after a good one was closed on, unanswered, while the first reply's state stood)
+    assert statuses == [b"200"] * bad.count(HEALTH) + [b"501" if b"gzip" in bad else b"400"], statuses
+    assert json.loads(body)["error"], body
 
 
 # -- any byte stream: the same replies through the proxy as direct ----------------------------------------

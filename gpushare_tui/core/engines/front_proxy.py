@@ -47,12 +47,16 @@ to HTTP/1.1 when the engine delimits the body by closing, delimited by closing t
 close`). The loop is uvloop's (libuv, C). Per-request and per-chunk accounting belongs where `_Exchange` and
 `_Relay.feed` already are (one clock read there costs ~0.1 µs).
 
-DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none) to
-the end of its response, or either side closing; a GET/HEAD of NO_DEMAND_PATHS (a health check, a scrape) is
-no work. `on_demand(True)` is called when the first request in flight arrives, `on_demand(False)`
-DEMAND_FALL_GRACE_S after the last one ended if none came meanwhile, on the proxy's thread. Per-request
-timings (head received, first response byte, response end; monotonic seconds) are kept for the benchmark
-and an exporter (`timings`).
+A new connection is served from its accept's callback: its first bytes are read there, and a request whole in
+them goes to the C relay before the loop makes the socket a transport (`_Conn.attach`, then: the transport and
+the task that serves the connection cost the loop ~100 µs, on the request's way before).
+
+DEMAND is "the engine has work": a request counts from the end of its body (its head, when it has none; one the
+C relay makes, from when it has it) to the end of its response, or either side closing; a GET/HEAD of
+NO_DEMAND_PATHS (a health check, a scrape) is no work. `on_demand(True)` is called when the first request in
+flight arrives, `on_demand(False)` DEMAND_FALL_GRACE_S after the last one ended if none came meanwhile, on the
+proxy's thread. Per-request timings (head received, first response byte, response end; monotonic seconds) are
+kept for the benchmark and an exporter (`timings`).
 
 With `seed_view` (the engine's GPU entry, spec §5), the proxy answers `GET /gpu/peers` itself and adds
 `"opencoti": {"gpu_share": {enabled, gpu_key, self, peers, ...}}` to a JSON-object reply of `GET /props`,
@@ -79,8 +83,9 @@ import resource
 import socket
 import threading
 import time
+import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -336,11 +341,19 @@ class _Conn(asyncio.Protocol):
     """One socket (a client's or the engine's) on the loop. A coroutine reads it (`read`) and writes it
     (`write`, `drain`); while `sink` is set, each read is handed to it instead, on the loop's callback (b"":
     the peer's EOF or the connection lost). Reading pauses while PROXY_PIPELINE_BUFFER_BYTES wait unread, and
-    while `feeder` (the connection whose reads are written here) would overfill this one's write buffer."""
+    while `feeder` (the connection whose reads are written here) would overfill this one's write buffer.
 
-    def __init__(self) -> None:
+    `sock`: an accepted socket, not yet the loop's transport: `read` waits for it to be readable and reads it
+    itself (a request whole in what came goes to the engine with no transport made: the loop's part of a
+    request's latency); `attach` makes it one (as `drain`, and `read` after a write, do first); what is written
+    before is written at the attach."""
+
+    def __init__(self, sock: socket.socket | None = None) -> None:
         self.loop = asyncio.get_running_loop()  # made on the loop's thread, by the loop (a protocol factory)
         self.transport: asyncio.Transport | None = None
+        self.sock = sock  # until attached
+        self.attaching = False
+        self.unsent: list[bytes] = []  # written before the attach
         self.buf = bytearray()
         self.eof = False
         self.lost = False
@@ -353,14 +366,17 @@ class _Conn(asyncio.Protocol):
         self._drained: asyncio.Future[None] | None = None
         self._read_paused = False
         self.write_paused = False
-        self.fd = -1
+        self.fd = sock.fileno() if sock is not None else -1
 
     # -- the protocol (the loop's callbacks) ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        t = self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         self.fd = sock.fileno() if sock is not None else -1
+        if self.unsent:  # before anything written from now
+            unsent, self.unsent = self.unsent, []
+            t.write(b"".join(unsent))  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
         sink = self.sink
@@ -415,6 +431,42 @@ class _Conn(asyncio.Protocol):
 
     # -- for coroutines -----------------------------------------------------------------------------------
 
+    def read_at_once(self) -> None:
+        """What has come on the accepted socket by now (at most PROXY_PIPELINE_BUFFER_BYTES), into `buf`, without
+        waiting (b"" or an error: `eof`, and `lost`)."""
+        sock = self.sock
+        if sock is None or self.attaching or self.eof:
+            return
+        try:
+            data = sock.recv(PROXY_PIPELINE_BUFFER_BYTES, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.eof = self.lost = True
+            return
+        if data:
+            self.buf += data
+        else:
+            self.eof = True
+
+    async def attach(self) -> None:
+        """The accepted socket made the loop's transport (now, unless it is already); ConnectionResetError
+        where it cannot be (the peer reset it meanwhile)."""
+        sock = self.sock
+        if sock is None or self.attaching:
+            return
+        self.attaching = True  # (what is written meanwhile waits in `unsent` for `connection_made`)
+        try:  # (uvloop's TCP transports set TCP_NODELAY: each response head is written at once)
+            await self.loop.connect_accepted_socket(lambda: self, sock)
+        except OSError as e:
+            self.eof = self.lost = True
+            self.unsent.clear()
+            sock.close()
+            raise ConnectionResetError(f"connection lost: {e}") from None
+        finally:
+            self.sock = None
+            self.attaching = False
+
     def buffered(self) -> int:
         return len(self.buf)
 
@@ -434,7 +486,14 @@ class _Conn(asyncio.Protocol):
 
     async def read(self, timeout_s: float | None = None) -> bytes:
         """What has come since the last read (b"" at EOF); TimeoutError when nothing came within `timeout_s`."""
-        if not self.buf and not self.eof and self.failed is None:
+        sock = self.sock
+        if sock is not None and self.unsent:  # what was written goes first
+            await self.attach()
+        if sock is not None and not self.attaching and not self.unsent:  # not yet a transport: read here
+            if not self.buf and not self.eof and self.failed is None:
+                await _readable(self.loop, sock, timeout_s)
+                self.read_at_once()
+        elif not self.buf and not self.eof and self.failed is None:
             waiter = self._waiter = self.loop.create_future()
             # a timer that fails the wait, not asyncio.timeout: no context object, task lookup or cancel to undo
             timer = self.loop.call_later(timeout_s, _expire, waiter) if timeout_s is not None else None
@@ -451,6 +510,10 @@ class _Conn(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         """ConnectionResetError when the peer is gone."""
         t = self.transport
+        if t is None and self.sock is not None and not self.lost:
+            if data:
+                self.unsent.append(data)
+            return
         if self.lost or t is None or t.is_closing():
             raise ConnectionResetError("connection lost")
         if data:
@@ -458,6 +521,8 @@ class _Conn(asyncio.Protocol):
 
     async def drain(self) -> None:
         """Until the write buffer is below its high-water mark; ConnectionResetError when the peer is gone."""
+        if self.sock is not None:
+            await self.attach()
         if self.write_paused and not self.lost:
             self._drained = self.loop.create_future()
             try:
@@ -468,8 +533,12 @@ class _Conn(asyncio.Protocol):
             raise ConnectionResetError("connection lost")
 
     def close(self) -> None:
+        """Closed once what was written is sent (`drain` first where it was written before an attach)."""
         if self.transport is not None:
             self.transport.close()
+        elif self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 class _Head:
@@ -948,7 +1017,10 @@ class _Relay:
 
     def _out(self, data: bytes) -> None:
         t = self.transport
-        if t is None or t.is_closing():
+        if t is None:  # the client's socket not yet the loop's (a request the C relay made): written at its attach
+            self.cl.conn.write(data)
+            return
+        if t.is_closing():
             raise ConnectionResetError("the client left")
         t.write(data)
 
@@ -1346,7 +1418,11 @@ class FrontProxy:
                     stop.set_result(PROXY_ACCEPT_BACKOFF_S)
                     return
                 self._open += 1
-                asyncio.create_task(self._client(conn))
+                cl = _Client(_Conn(conn), self._clock())
+                try:
+                    cl.task = _start_eagerly(self._client(cl))
+                except Exception as e:  # a bug (its connection's step ended it): said, and the port keeps accepting
+                    self._unexpected("a connection", e)
             if not stop.done():
                 stop.set_result(0.0)
 
@@ -1404,22 +1480,20 @@ class FrontProxy:
             except Exception:  # a callback's failure must not take the proxy down
                 pass
 
-    async def _client(self, conn: socket.socket) -> None:
+    async def _client(self, cl: _Client) -> None:
+        """A connection, started in the accept's callback (`_start_eagerly`): a request whole in its first bytes
+        goes to the engine before the loop makes its socket a transport (`_Conn.attach`). Until its first
+        suspension there is no current task: nothing before it may need one."""
         try:
-            await self._serve_client(conn)
+            await self._serve_client(cl)
         finally:
             self._open -= 1
             if self._room is not None:
                 self._room.set()
 
-    async def _serve_client(self, sock: socket.socket) -> None:
-        try:  # (uvloop's TCP transports set TCP_NODELAY: each response head is written at once)
-            _transport, conn = await asyncio.get_running_loop().connect_accepted_socket(_Conn, sock)
-        except (OSError, asyncio.CancelledError):
-            sock.close()
-            return
-        cl = _Client(conn, self._clock())
-        cl.task = asyncio.current_task()
+    async def _serve_client(self, cl: _Client) -> None:
+        conn = cl.conn
+        conn.read_at_once()
         self._clients.add(cl)
         try:
             while True:
@@ -1433,6 +1507,7 @@ class FrontProxy:
                 cl.served += 1
                 if not cl.reusable():
                     return
+                cl.responded = False  # (a next head that breaks the rules is answered its 4xx)
                 cl.evictable_since = self._clock()
                 if self._room is not None:  # a newcomer waiting at the cap may now take its place
                     self._room.set()
@@ -1448,6 +1523,11 @@ class FrontProxy:
         finally:
             self._clients.discard(cl)
             self._release(cl.up)
+            if conn.unsent:  # an answer written before the socket was the loop's: sent before the close
+                try:
+                    await conn.drain()
+                except (OSError, asyncio.CancelledError):
+                    pass
             conn.close()
 
     def _release(self, up: _Upstream | None) -> None:
@@ -1540,6 +1620,7 @@ class FrontProxy:
         assert ready is not None
         if ready.is_set():
             return
+        await cl.conn.attach()  # (the client's leaving is seen on its transport)
         waiter = asyncio.ensure_future(ready.wait())
         cl.conn.on_lost = lambda: (waiter.cancel(), None)[1]
         try:
@@ -1646,10 +1727,12 @@ class FrontProxy:
             in_c = complete and cl.up is None and self._in_c(cl, req, props, sent)
             if in_c:  # a new engine connection: the C relay makes the request
                 self._body_done(cl, None, work, ex)
-                up = await self._request_in_c(cl, ex, b"".join(sent.parts or ()))
+                up = await self._request_in_c(cl, ex, b"".join(sent.parts or ()), work)
                 if up is None:  # the reply went there whole (or failed: raised)
                     return cl.request_ended
                 await self._pump_reply(cl, up, req, props, ex)  # its head is the loop's to read
+            if not in_c:
+                await cl.conn.attach()  # (its transport sees the client leave; the relay writes to it)
             while not in_c:
                 up = await self._upstream(cl)
                 try:
@@ -1699,13 +1782,19 @@ class FrontProxy:
         except OSError as e:
             raise _engine_failed(up, ex, e) from None
 
-    def _body_done(self, cl: _Client, up: _Upstream | None, work: bool, ex: _Exchange) -> None:
-        """The request's body is all sent: DEMAND from now; the client's EOF, with nothing more from it, is
-        passed on to the engine as a half-close (now, or when it comes) while the reply has not ended (`up`
-        None: the C relay makes the request, and half-closes for it while it has it)."""
+    def _work_begun(self, work: bool, ex: _Exchange) -> None:
+        """DEMAND from now, for a work request (once)."""
         if work and not ex.demand:
             self._demand(+1)
             ex.demand = True
+
+    def _body_done(self, cl: _Client, up: _Upstream | None, work: bool, ex: _Exchange) -> None:
+        """The request's body is all sent: DEMAND from now (`up` None: the C relay makes the request, and DEMAND
+        is told once it has it: `_request_in_c`); the client's EOF, with nothing more from it, is passed on to the
+        engine as a half-close (now, or when it comes) while the reply has not ended (`up` None: the C relay
+        half-closes for it while it has it)."""
+        if up is not None:
+            self._work_begun(work, ex)
         if work and ex.rec is None:  # TTFT and e2e count from here (a resend does not restart them)
             ex.rec = self.latency.begin(self._clock())
 
@@ -1829,11 +1918,12 @@ class FrontProxy:
             and cl.conn.fd >= 0
         )
 
-    async def _request_in_c(self, cl: _Client, ex: _Exchange, data: bytes) -> _Upstream | None:
+    async def _request_in_c(self, cl: _Client, ex: _Exchange, data: bytes, work: bool) -> _Upstream | None:
         """The request (`data`: all of it) on a new engine connection, the connect, the write, the reply's head
-        and body made by the C relay (_relay.c): None when the reply went there to its end (_Cut or
-        ConnectionResetError raised where it failed); where its head is not plain, the connection, adopted by the
-        loop with what came of the reply, for `_pump_reply` to read."""
+        and body made by the C relay (_relay.c), DEMAND told once it has it (not before: the line to the
+        supervisor, and what it wakes there, would be on the request's way): None when the reply went there to
+        its end (_Cut or ConnectionResetError raised where it failed); where its head is not plain, the
+        connection, adopted by the loop with what came of the reply, for `_pump_reply` to read."""
         relayer, addr = self._relayer, self._engine_addr
         assert relayer is not None and addr is not None and cl.req is not None
         try:
@@ -1879,6 +1969,10 @@ class FrontProxy:
             self._relayed[token] = relay
             self.requests_in_c_total += 1
             ex.relay = relay
+            self._work_begun(work, ex)
+            if cl.conn.sock is not None:  # the request is on its way: the client's socket is made the loop's now
+                await cl.conn.attach()
+                relay.transport = cl.conn.transport
             if cl.conn.on_eof is not None:
                 cl.conn.on_eof()  # the client's EOF, if it came already
             back = await relay.done
@@ -1953,6 +2047,40 @@ async def _reply_end(cl: _Client, relay: _Relay) -> None:
     if not relay.last_written:  # (the C relay writes `0 CRLF CRLF`, what this is without trailers)
         cl.conn.write(tail)
     await cl.conn.drain()
+
+
+def _start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task | None:
+    """Run `coro` now, on the caller's stack, to its first suspension (Python 3.12's eager tasks), then a Task
+    carries it on (returned; None when it ended first). Until it suspends there is no current task: it must not
+    need one (asyncio.timeout, current_task) before. An exception it raises before is raised here."""
+    try:
+        waits_on = coro.send(None)
+    except StopIteration:
+        return None
+    return asyncio.ensure_future(_carried_on(coro, waits_on))
+
+
+async def _carried_on(coro: Coroutine[Any, Any, None], waits_on: Any) -> None:
+    await _resumed(coro, waits_on)
+
+
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, None], waits_on: Any) -> Generator[Any, None, None]:
+    """`coro`, suspended on `waits_on` (what it yielded: a future, or None for a bare yield), driven by the
+    Task that drives this: each wake-up sent on, each exception (a cancel) thrown in."""
+    while True:
+        try:
+            yield waits_on
+        except BaseException as e:
+            try:
+                waits_on = coro.throw(e)
+            except StopIteration:
+                return
+        else:
+            try:
+                waits_on = coro.send(None)
+            except StopIteration:
+                return
 
 
 def _numeric_address(addr: tuple[str, int]) -> tuple[int, Any] | None:
@@ -2050,7 +2178,8 @@ def _name_thread(name: bytes) -> None:
         pass
 
 
-async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout_s: float | None = None) -> None:
+    """Until `sock` is readable (TimeoutError after `timeout_s`)."""
     fut: asyncio.Future[None] = loop.create_future()
 
     def ready() -> None:
@@ -2058,7 +2187,10 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
             fut.set_result(None)
 
     loop.add_reader(sock.fileno(), ready)
+    timer = loop.call_later(timeout_s, _expire, fut) if timeout_s is not None else None
     try:
         await fut
     finally:
         loop.remove_reader(sock.fileno())
+        if timer is not None:
+            timer.cancel()
