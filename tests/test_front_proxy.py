@@ -35,6 +35,9 @@ class _Upstream(socketserver.ThreadingTCPServer):
         self.raw_body: list[bytes] = []  # /raw: a chunked reply's body bytes as the test made them, a write each
         self.raw_head = b""  # /head: the whole reply as the test made it (then the origin closes)
         self.connections = 0  # accepted
+        self.used = 0  # connections that carried a request
+        self.ended = 0  # connections ended
+        self.idle_answer: bytes | None = None  # not None: a connection with no request in 50 ms gets it, then closed
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -49,6 +52,17 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         srv: _Upstream = self.server  # type: ignore[assignment]
         srv.connections += 1
+        try:
+            self._serve(srv)
+        finally:
+            srv.ended += 1
+
+    def _serve(self, srv: _Upstream) -> None:
+        if srv.idle_answer is not None and not select.select([self.connection], [], [], 0.05)[0]:
+            self.wfile.write(srv.idle_answer)  # (b"": just closed, as an origin with a short idle timeout)
+            self.wfile.flush()
+            return
+        used = False
         while True:
             head = b""
             while not head.endswith(b"\r\n\r\n"):
@@ -56,6 +70,9 @@ class _Handler(socketserver.StreamRequestHandler):
                 if not line:
                     return
                 head += line
+            if not used:
+                used = True
+                srv.used += 1
             lines = head.decode().split("\r\n")
             path = lines[0].split(" ")[1]
             length = next((int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length:")), 0)
@@ -242,7 +259,40 @@ def test_an_engine_connection_is_free_for_the_next_client_once_its_reply_ended(p
         assert kept.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
         assert httpx.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"  # another client, meanwhile
         assert kept.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
-    assert upstream.connections == 1 and proxy.requests_total == 3
+    # (and one more made ahead for a next request: unused)
+    assert upstream.used == 1 and upstream.connections <= 2 and proxy.requests_total == 3
+
+
+@pytest.mark.parametrize("idle_answer", [None, b"", b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n"])
+def test_one_engine_connection_is_made_ahead_and_one_the_engine_ended_or_wrote_to_is_not_used(
+    proxy, upstream, idle_answer: bytes | None
+) -> None:
+    """A request the C relay makes on a new engine connection (a stream: each ends its connection, as
+    llama-server's) has the next one's connect made ahead, off its way: at most one, closed unused after
+    UPSTREAM_REUSE_IDLE_S. One the engine closed meanwhile, or wrote to unasked, is not used: the next request
+    goes on a new one (on it, it would have failed: a 502, or the engine's bytes taken for its reply)."""
+    from gpushare_tui.core.engines.front_proxy import UPSTREAM_REUSE_IDLE_S
+
+    upstream.release.set()
+    upstream.idle_answer = idle_answer
+    url = f"http://127.0.0.1:{proxy.port}/stream"
+    stream = "".join(f"data: {i}\n\n" for i in range(5))
+    assert httpx.get(url).text == stream
+    wait_for(lambda: upstream.connections == 2, 5, what="a connection made ahead")
+    if idle_answer is None:
+        assert httpx.get(url).text == stream  # on it
+        wait_for(lambda: upstream.connections == 3, 5, what="the next one made ahead")
+        assert upstream.used == 2 and proxy.requests_in_c_total == 2
+        time.sleep(UPSTREAM_REUSE_IDLE_S)
+        wait_for(lambda: upstream.ended == 3, 5, what="the one made ahead to be closed unused")
+        assert upstream.used == 2 and upstream.connections == 3
+        return
+    for n in range(2, 5):
+        wait_for(lambda: upstream.ended == upstream.connections, 5, what="the engine to end the one made ahead")
+        reply = httpx.get(url)
+        assert reply.status_code == 200 and reply.text == stream, reply.text
+        assert upstream.used == n
+    assert proxy.requests_in_c_total == 4
 
 
 def test_the_engine_closing_an_idle_keepalive_connection_is_reconnected(proxy, upstream) -> None:
