@@ -846,3 +846,30 @@ def test_the_proxy_process_serves_says_demand_and_comes_back_after_a_kill(upstre
     finally:
         p.close()
     assert p.proc is not None and p.proc.poll() is not None  # none left
+
+
+def test_clients_that_all_send_at_once_are_each_answered_as_a_kept_alive_one_is(proxy, upstream) -> None:
+    """New connections are taken PROXY_ACCEPTS_PER_WAKE at a wake of the listening socket (each request whole in
+    its first bytes sent on from its accept): a burst of 96 is answered whole, over several wakes, and a client
+    already connected is served meanwhile."""
+    request = b"GET /len HTTP/1.1\r\nHost: x\r\n\r\n"
+    socks = []
+    try:
+        with httpx.Client() as kept:
+            assert kept.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
+            for _ in range(96):  # connected and sent before the proxy's loop takes any of them
+                s = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+                s.sendall(request)
+                socks.append(s)
+            assert kept.get(f"http://127.0.0.1:{proxy.port}/len").text == "hello"
+        for s in socks:
+            reply = b""
+            while not reply.endswith(b"hello"):
+                data = s.recv(65536)
+                assert data, reply
+                reply += data
+            assert reply.startswith(b"HTTP/1.1 200 "), reply
+    finally:
+        for s in socks:
+            s.close()
+    assert proxy.requests_total == 98

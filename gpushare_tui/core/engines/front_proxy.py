@@ -94,6 +94,7 @@ import uvloop
 
 from ..host.budgets import (
     PROXY_ACCEPT_BACKOFF_S,
+    PROXY_ACCEPTS_PER_WAKE,
     PROXY_BODY_IDLE_S,
     PROXY_ENGINE_WAIT_S,
     PROXY_FD_HEADROOM,
@@ -1408,7 +1409,9 @@ class FrontProxy:
         stop: asyncio.Future[float] = loop.create_future()
 
         def ready() -> None:
-            while self._open < self.max_connections and not stop.done():
+            for _ in range(PROXY_ACCEPTS_PER_WAKE):  # (more at the next readiness: others served between)
+                if self._open >= self.max_connections or stop.done():
+                    break
                 try:
                     conn, _addr = sock.accept()
                 except BlockingIOError:
@@ -1427,6 +1430,8 @@ class FrontProxy:
                     cl.task = _start_eagerly(self._client(cl))
                 except Exception as e:  # a bug (its connection's step ended it): said, and the port keeps accepting
                     self._unexpected("a connection", e)
+            else:
+                return
             if not stop.done():
                 stop.set_result(0.0)
 
