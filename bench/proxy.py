@@ -189,6 +189,27 @@ TTFT of ~200-300 µs (paired, one request at a time: ours +0.42-0.58 ms over dir
 step dominates (the syscalls are the largest: accept 15-24, connect 40, close 45), so what is left is the accept
 and the request's head in C.
 
+2026-12-07 09:15-10:00, the same machine: a new connection served from its accept (its first bytes read there, a
+request whole in them sent on before the loop makes the socket a transport), DEMAND told once the C relay has the
+request (the line to the supervisor was on its way), and the next request's engine connection connected ahead (the
+connect was ~50-90 µs of the loop's time on each stream's way). Paired, one request at a time, 16 tokens, an engine
+under `launch` per tree, 120 requests a path (load 1.4-1.9; TTFT and whole request ours − direct, p50 of the
+pairs, ms): before +0.73 / +0.82 / +0.57 / +0.78 and +1.25 / +1.27 / +0.92 / +1.07; the first two alone +0.53 /
++0.48 / +0.45 / +0.46 and +0.74 / +0.56 / +0.79 / +0.61; all three +0.60 / +0.40 / +0.27 / +0.27 and +0.44 / +0.14
+/ +0.34 / +0.09 (asyncio and blocking clients in turn). --mix after them, 20 s windows, 3 rounds, 09:55-10:01
+(load 1.1-4.6: the 32- and 64-stream levels' own threads):
+
+    streams   tok/s vs direct         CPU: proxy / nginx        TTFT p50 ours − direct (per round)
+    1         98.3 % / 97.5 %         37.4 / 28.8 (1.30×)       +0.41 / +0.39 / +0.36 ms
+    8         99.4 % / 99.9 %         34.2 / 27.6 (1.24×)       +0.74 / +0.36 / +0.49 ms
+    32        99.3 % / 99.4 %         32.3 / 29.5 (1.10×)       -0.05 / +0.76 / +2.55 ms (nginx -0.88 / -0.80 / +3.59)
+    64        99.6 % / 99.7 %         34.4 / 32.7 (1.05×)       +5.0 / +4.5 / -0.3 ms (nginx +1.9 / +14.4 / +2.2)
+
+(at 32 and 64 streams a request's TTFT is 70-280 ms of the engine's queue, and where in it a request lands moves
+its p50 by milliseconds through either proxy). Where one stream's proxy CPU goes (the proxy process's threads,
+96 tokens a request): the C relay's thread ~29 µs a token (one epoll_wait, recv and send: nginx's worker ~25-28
+µs in all), the loop ~0.75 ms a request.
+
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
 stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's

@@ -488,10 +488,10 @@ class _Conn(asyncio.Protocol):
 
     async def read(self, timeout_s: float | None = None) -> bytes:
         """What has come since the last read (b"" at EOF); TimeoutError when nothing came within `timeout_s`."""
-        sock = self.sock
-        if sock is not None and self.unsent:  # what was written goes first
+        if self.sock is not None and self.unsent:  # what was written goes first (then it is the transport's)
             await self.attach()
-        if sock is not None and not self.attaching and not self.unsent:  # not yet a transport: read here
+        sock = self.sock
+        if sock is not None and not self.attaching:  # not yet a transport: read here
             if not self.buf and not self.eof and self.failed is None:
                 await _readable(self.loop, sock, timeout_s)
                 self.read_at_once()
