@@ -152,6 +152,7 @@ def proxy(upstream):
     p.changes = changes  # type: ignore[attr-defined]
     yield p
     p.close()
+    assert p.errors_total == 0  # no connection ended by a bug (a client's retry would hide it)
 
 
 def test_requests_pass_through_and_demand_follows_each_one(proxy) -> None:

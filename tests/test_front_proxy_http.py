@@ -63,6 +63,7 @@ def proxy(engine):
     p.changes = changes  # type: ignore[attr-defined]
     yield p
     p.close()
+    assert p.errors_total == 0  # no connection ended by a bug (a client's retry would hide it)
 
 
 def _healthy(port: int) -> bool:
