@@ -839,8 +839,11 @@ def test_any_response_head_comes_the_same_through_the_c_relays_request_as_throug
 
 def _dechunked(reply: bytes) -> tuple[bytes, bytes, bytes]:
     """A reply as (head, body's data, what followed its last chunk) where its head says chunked and its body parses
-    as such; else (head, body, b"")."""
+    as such; else (head, body, b""). `head`: its 1xx heads too (a final head is read after them)."""
     head, _, body = reply.partition(b"\r\n\r\n")
+    while head.startswith(b"HTTP/1.1 1") and body.startswith(b"HTTP/"):  # 1xx, then the final head
+        final, _, body = body.partition(b"\r\n\r\n")
+        head += b"\r\n\r\n" + final
     if b"transfer-encoding: chunked" not in head.lower():
         return head, body, b""
     data, pos = b"", 0

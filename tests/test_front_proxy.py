@@ -26,6 +26,9 @@ from testkit.wait import wait_for
 class _Upstream(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # (socketserver's 5: a burst of connects overflows it, and one caught as its last ACK is dropped waits out
+    # TCP's retransmission backoff, tens of seconds on a loaded machine, through any proxy or none)
+    request_queue_size = 128
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
