@@ -16,6 +16,7 @@ import psutil
 import pytest
 from llama_env import Engines, end_pid, proc_state, read_join_line
 
+from gpushare_tui.core.engines.activity.llama import CPU_ACTIVE_CORES as LLAMA_CPU_ACTIVE_CORES
 from gpushare_tui.core.engines.llama_server import port_in_use
 from gpushare_tui.core.registry.segment import Segment, shm_path
 from testkit.cli import cli_argv, cli_argv_threads_at_exit, run_cli, status_json
@@ -308,15 +309,22 @@ def test_cpu_time_alone_never_raises_active(procs, gpu_key, runtime_dir):
     with Segment.attach_readonly(shm_path(gpu_key)) as seg:
         pid = next(r.pid for r in seg.read_slots() if r.name == "busy")
         try:
-            assert psutil.Process(pid).cpu_percent(0.5) > 30  # burning more than CPU_ACTIVE_CORES
-            seen = []
-            t_end = time.monotonic() + 2.0
-            while time.monotonic() < t_end:
-                seen.append(next(r.active for r in seg.read_slots() if r.pid == pid))
-                time.sleep(0.02)
+            engine = psutil.Process(pid)
+            for _ in range(3):  # a window in which it burned past the monitor's threshold (a CPU hog may starve it)
+                engine.cpu_percent(None)
+                seen = []
+                t_end = time.monotonic() + 2.0
+                while time.monotonic() < t_end:
+                    seen.append(next(r.active for r in seg.read_slots() if r.pid == pid))
+                    time.sleep(0.02)
+                burned_pct = engine.cpu_percent(None)
+                assert seen and not any(seen), burned_pct
+                if burned_pct > 100 * LLAMA_CPU_ACTIVE_CORES:
+                    break
+            else:
+                pytest.fail(f"the engine burned {burned_pct:.0f} % at most: below the threshold, nothing was tested")
         finally:
             end_pid(pid)
-    assert seen and not any(seen)
 
 
 def test_paced_engines_report_running_not_stopped(engines):
