@@ -11,19 +11,28 @@ machine, and a drift, linear within the round, hits every path alike instead of 
 
     python -m bench.proxy [--levels 1,8,32,64] [--rounds 2] [--window-s 6] [--slices 3] [--n-predict 96]
                           [--keep-alive]
-    python -m bench.proxy --mix [--levels ...] [--rounds ...] [--window-s ...]
+    python -m bench.proxy --mix [--control] [--levels ...] [--rounds ...] [--window-s ...]
     python -m bench.proxy --lateness [--lateness-streams 1,32]
 
---mix: each stream takes the three paths in turn, request by request (stream j starting at path j), so every path
-meets the engine in the same state: the slices above still leave a round's engine drift in each path's figure (the
-tiny model's own rate moves by 10-40 % within seconds on this shared machine: direct at one stream 1,165 then 1,596
-tok/s in two 4 s windows a few seconds apart). A path's tok/s is then a stream's while on it (its tokens in the
-window over the seconds its requests spent there, connect to last chunk), so a proxy's per-request cost (its
-TTFT, its end) counts as it would for a client that always took it; its TTFT is paired with direct's request by
-request. What it cannot show: a proxy carrying all of a level's load (it carries a third of it here). With
---keep-alive, direct still connects for each request (llama-server closes each stream's connection: a request on
-a kept one it closed is sent again on a new one, timed from there); ours and nginx keep the client's. CPU per
-token: the proxy process's over its tokens, the supervisor's over every path's (it runs for all of them alike).
+--mix: the streams go in groups of one a path (the last group smaller), a group's members sending their requests
+at the same instant, each member taking the paths in turn request by request (member j starting at path j); one
+stream alone takes them in an order drawn for each round of them. Every path then meets the engine in the same
+state: the slices above still leave a round's engine drift in each path's figure (the tiny model's own rate moves by
+10-40 % within seconds on this shared machine: direct at one stream 1,165 then 1,596 tok/s in two 4 s windows a few
+seconds apart), and requests sent at the same instant enter the same decoding step. A path's tok/s is a stream's
+while on it (its tokens in the window over the seconds its requests spent there, connect to last chunk), so a
+proxy's per-request cost (its TTFT, its end) counts as it would for a client that always took it. Each request is
+also paired with direct's of its turn (sent with it; one stream alone: of its round of the paths): the median and
+mean of its TTFT less direct's, and the median of its tokens/s over direct's. At 32 and 64 streams a TTFT is 70-280
+ms of the engine's queue and a proxy's ~0.3 ms now and then moves a request to the next decoding step (~10 ms
+later): each path's p50 then moves by milliseconds with where the requests land (an unpaired p50 difference read
+-0.9 to +14 ms through either proxy), while the paired median reads the delay of the typical request. --control
+adds the direct path a second time (`direct2`): what the comparison reads between two paths alike, its resolution.
+What it cannot show: a proxy carrying all of a level's load (it carries a third of it here). With --keep-alive,
+direct still connects for each request (llama-server closes each stream's connection: a request on a kept one it
+closed is sent again on a new one, timed from there); ours and nginx keep the client's. CPU per token: the proxy
+process's over its tokens, the supervisor's over every path's (it runs for all of them alike); read from the
+processes' CPU-time clocks (ns: /proc's 10 ms ticks were ±10 % of a proxy's CPU in a short window).
 
 Per level (llama-server `-np` = the level, `-t 1`, the tiny test model: 1,000-3,000 tok/s on this CPU, a GPU-like
 rate), round and path: tokens/s received by the clients in the window (its slices, each after its own warm-up), TTFT
@@ -225,6 +234,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -240,6 +250,7 @@ import httpx
 import psutil
 
 from bench.pacing import llama_server_path
+from gpushare_tui.core.engines.activity.tree import process_cpu_ns
 from gpushare_tui.core.engines.llama_server import free_port
 from gpushare_tui.core.pacing import control
 from testkit.shm import remove, shm_file
@@ -250,6 +261,7 @@ RESULTS = ROOT / "bench" / "results"
 CLI = [sys.executable, "-m", "gpushare_tui"]
 CTX_PER_SLOT = 160  # the prompt (a few tokens) and --n-predict fit in each slot's share of -c
 PATHS = ("direct", "ours", "nginx")
+CONTROL = "direct2"  # --mix --control: the direct path again
 KEY = f"bench-proxy-{os.getpid()}"  # its registry segment, removed at the end
 PROXY_THREAD = "gpushare-proxy"  # front_proxy.THREAD_NAME (the code before it named no thread: 0)
 NGINX_CONF = """
@@ -403,28 +415,59 @@ class PathRun:
 
 
 async def mixed_stream(
-    ports: list[int], first: int, request: bytes, t0: float, t1: float, runs: list[PathRun], keep_alive: bool
+    ports: list[int],
+    first: int,
+    request: bytes,
+    t0: float,
+    t1: float,
+    runs: list[PathRun],
+    keep_alive: bool,
+    together: asyncio.Barrier | None = None,
+    turns: dict[int, dict[int, tuple[float, float]]] | None = None,
 ) -> None:
     """Back-to-back streamed completions until t1, each to the next of `ports` in turn (starting at `first`): the
-    paths see the engine in the same state, request by request."""
+    paths see the engine in the same state, request by request. `together`: the barrier this stream's group meets
+    before each request (its members send at once, one a path); `turns`: each request's (TTFT ms, tokens/s from its
+    connect to its last chunk) in the window, by turn and path index (a turn: one request of each member; alone,
+    one of each path, in an order drawn for each such turn: in a fixed order a direct request that followed the
+    other direct path's was 2-7 ms slower than that one, round after round)."""
     conns: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
     k = first
+    turn = 0
+    shuffled = list(range(len(ports)))
     try:
         while time.monotonic() < t1:
-            i, k = k % len(ports), k + 1
+            if together is not None:
+                try:
+                    await together.wait()
+                except asyncio.BrokenBarrierError:  # a member saw the window's end
+                    break
+            if together is None and turns is not None:  # alone: each round of the paths in an order of its own
+                if k % len(ports) == 0:
+                    shuffled = random.sample(range(len(ports)), len(ports))
+                i = shuffled[k % len(ports)]
+            else:
+                i = k % len(ports)
+            k += 1
             run = runs[i]
             start = time.monotonic()
-            kept = i in conns
-            if not kept:
-                conns[i] = await asyncio.open_connection("127.0.0.1", ports[i])
-            reply = await exchange(*conns[i], request, t0, t1)
+            while True:
+                kept = i in conns
+                if not kept:
+                    conns[i] = await asyncio.open_connection("127.0.0.1", ports[i])
+                reply = await exchange(*conns[i], request, t0, t1)
+                if kept and not reply.answered:  # a kept connection the server closed since (llama-server closes
+                    conns.pop(i)[1].close()  # each stream's): the same request again, on a new one, timed from there
+                    start = time.monotonic()
+                    continue
+                break
             end = time.monotonic()
-            if kept and not reply.answered:  # a kept connection the server closed since (llama-server closes
-                conns.pop(i)[1].close()  # each stream's): the same request again, on a new one, timed from there
-                k -= 1
-                continue
             if reply.ttft_ms is not None:
                 run.ttft_ms.append(reply.ttft_ms)
+                if turns is not None and t0 <= start < t1 and reply.scan.done and end > start:
+                    key = turn if together is not None else turn // len(ports)
+                    turns.setdefault(key, {})[i] = (reply.ttft_ms, reply.tokens_all / (end - start))
+            turn += 1
             if reply.scan.done:
                 run.request_ms.append((end - start) * 1000)
                 run.errors += reply.scan.status != 200
@@ -434,19 +477,42 @@ async def mixed_stream(
             if not reply.scan.done or not keep_alive:
                 conns.pop(i)[1].close()
     finally:
+        if together is not None:
+            await together.abort()  # the others end at their next meeting
         for _reader, writer in conns.values():
             writer.close()
 
 
 async def measure_mixed(
     ports: list[int], level: int, request: bytes, warmup_s: float, window_s: float, keep_alive: bool
-) -> list[PathRun]:
-    """`level` streams, each taking the paths in turn request by request (stream j starting at path j)."""
+) -> tuple[list[PathRun], list[dict[int, tuple[float, float]]]]:
+    """`level` streams in groups of one a path (the last group smaller), a group's members sending together, each
+    member taking the paths in turn request by request (member j starting at path j); and each group turn's requests
+    by path index (`mixed_stream`'s `turns`; a group of one: each of its rounds of the paths)."""
     runs = [PathRun() for _ in ports]
     t0 = time.monotonic() + warmup_s
     t1 = t0 + window_s
-    await asyncio.gather(*(mixed_stream(ports, j, request, t0, t1, runs, keep_alive) for j in range(level)))
-    return runs
+    sizes = [len(ports)] * (level // len(ports)) + ([level % len(ports)] if level % len(ports) else [])
+    groups: list[tuple[asyncio.Barrier | None, dict[int, dict[int, tuple[float, float]]]]] = [
+        (asyncio.Barrier(size) if size > 1 else None, {}) for size in sizes
+    ]
+    await asyncio.gather(
+        *(
+            # a group of one beside others would pair requests seconds apart: only a stream alone is paired so
+            mixed_stream(
+                ports, j, request, t0, t1, runs, keep_alive, together, turns if size > 1 or level == 1 else None
+            )
+            for size, (together, turns) in zip(sizes, groups, strict=True)
+            for j in range(size)
+        )
+    )
+    return runs, [t for _, turns in groups for t in turns.values()]
+
+
+def paired(turns: list[dict[int, tuple[float, float]]], path: int, base: int) -> tuple[list[float], list[float]]:
+    """In each turn that has both: the TTFT of `path` less `base`'s (ms), and its request's tokens/s over `base`'s."""
+    both = [(t[path], t[base]) for t in turns if path in t and base in t]
+    return [p[0] - b[0] for p, b in both], [p[1] / b[1] for p, b in both if b[1] > 0]
 
 
 async def measure(port: int, level: int, request: bytes, warmup_s: float, window_s: float, keep_alive: bool) -> Run:
@@ -482,14 +548,9 @@ def thread_cpu_s(pid: int, name: str) -> float:
 
 
 def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system
-    return total
+    """The processes' CPU seconds, to the ns (their CPU-time clocks: /proc's user and system times come in 10 ms
+    ticks, ±10 % of a proxy's CPU over a 5 s window at one stream)."""
+    return sum(process_cpu_ns(pid) or 0 for pid in pids) / 1e9
 
 
 @dataclass
@@ -592,7 +653,7 @@ def throughput(a: argparse.Namespace, server: str, model: str, nginx: str | None
     request = request_bytes(a.n_predict, a.keep_alive)
     rows: list[dict] = []
     print(f"load average at start: {os.getloadavg()}")
-    print("level round path    tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy / + extra)   load")
+    print("level round path     tok/s   vs direct  TTFT p50/p99 ms   CPU µs/token (ours: all / proxy / + extra)   load")
     for level in (int(x) for x in a.levels.split(",")):
         with engine_paths(server, model, nginx, level) as (sup, front, ports):
             proxy_pids = sup.proxy_pids()
@@ -662,8 +723,8 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
     rows: list[dict] = []
     print(f"load average at start: {os.getloadavg()}")
     print(
-        "level round path    tok/s a stream  vs direct  TTFT p50/p99 ms  request p50 ms"
-        "   CPU µs/token (ours: all / proxy)   load"
+        "level round path     tok/s a stream  vs direct (paired)  TTFT p50/p99 ms  paired −direct ms (median/mean)"
+        "  request p50 ms   CPU µs/token (ours: all / proxy)   load"
     )
     for level in (int(x) for x in a.levels.split(",")):
         with engine_paths(server, model, nginx, level) as (sup, front, ports):
@@ -672,11 +733,13 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
             # paths' tokens, the proxy's over its own
             cpu_of = {"ours": proxy_pids, "nginx": front.pids() if front else []}
             paths = [p for p in PATHS if p in ports]
+            if a.control:  # a second direct path: what the comparison reads between two paths alike
+                ports, paths = ports | {CONTROL: ports["direct"]}, [*paths, CONTROL]
             for rnd in range(a.rounds):
                 order = paths[rnd % len(paths) :] + paths[: rnd % len(paths)]
                 before = {path: cpu_s(cpu_of.get(path, [])) for path in order}
                 sup_before = cpu_s([sup.supervisor_pid])
-                runs = asyncio.run(
+                runs, turns = asyncio.run(
                     measure_mixed([ports[p] for p in order], level, request, a.warmup_s, a.window_s, a.keep_alive)
                 )
                 used = {path: cpu_s(cpu_of.get(path, [])) - before[path] for path in order}
@@ -686,6 +749,7 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
                 for path, r in zip(order, runs, strict=True):
                     pids = cpu_of.get(path, [])
                     own = used[path] / r.tokens_all * 1e6 if pids and r.tokens_all else None
+                    ttft_less, rate_over = paired(turns, order.index(path), order.index("direct"))
                     got[path] = {
                         "level": level,
                         "round": rnd + 1,
@@ -693,6 +757,14 @@ def throughput_mixed(a: argparse.Namespace, server: str, model: str, nginx: str 
                         "mix": True,
                         "tok_s": r.tokens / r.busy_s if r.busy_s else 0.0,
                         "ttft_ms": [pct(r.ttft_ms, 0.5), pct(r.ttft_ms, 0.99)],
+                        # this path's TTFT less direct's, request for request (sent together, or one after the
+                        # other by one stream alone): the median and mean of the pairs, and how many
+                        "ttft_paired_ms": [statistics.median(ttft_less), statistics.mean(ttft_less)]
+                        if ttft_less and path != "direct"
+                        else None,
+                        "pairs": len(ttft_less),
+                        # its request's tokens/s over direct's, request for request: the median
+                        "vs_direct_paired": statistics.median(rate_over) if rate_over else None,
                         # ours: its proxy process's and the supervisor's share (see above)
                         "cpu_us_per_token": own + sup_us_per_token if own is not None and path == "ours" else own,
                         "proxy_thread_us_per_token": own if path == "ours" else None,
@@ -723,12 +795,17 @@ def report_round(got: dict[str, dict], paths: list[str], rows: list[dict]) -> No
         shown += "" if marginal is None else f" / {marginal:5.1f}"
         ttft_p50, ttft_p99 = row["ttft_ms"]
         if row.get("mix"):
-            measured = f"{row['tok_s']:14.1f} {row['vs_direct'] * 100:8.1f}%  {ttft_p50:6.2f}/{ttft_p99:<7.1f}"
+            rate = row.get("vs_direct_paired")
+            measured = f"{row['tok_s']:14.1f} {row['vs_direct'] * 100:8.1f}%"
+            measured += f" ({rate * 100:5.1f}%)" if rate is not None and row["path"] != "direct" else " " * 9
+            measured += f"  {ttft_p50:6.2f}/{ttft_p99:<7.1f}"
+            paired = row.get("ttft_paired_ms")
+            measured += f"  {paired[0]:+7.3f} / {paired[1]:+7.3f} ({row['pairs']:4})" if paired else " " * 28
             measured += f"  {row['request_ms_p50']:10.2f}   "
         else:
             measured = f"{row['tok_s']:7.0f} {row['vs_direct'] * 100:8.1f}%  {ttft_p50:6.1f}/{ttft_p99:<7.1f}"
         print(
-            f"{row['level']:5} {row['round']:5} {path:6} {measured}  {shown:>15}   {row['load_avg_1m']:.2f}"
+            f"{row['level']:5} {row['round']:5} {path:7} {measured}  {shown:>15}   {row['load_avg_1m']:.2f}"
             + (f"   {row['errors']} replies not 200" if row["errors"] else ""),
             flush=True,
         )
@@ -745,22 +822,31 @@ def summarise(rows: list[dict]) -> None:
         if not math.isnan(marginal):
             extra = f" + the supervisor's over direct {marginal:6.1f} µs ({marginal / nginx_cpu:4.2f}×),"
         ttft = _med(rows, level, "ours", "ttft") - _med(rows, level, "direct", "ttft")
+        paired = "".join(
+            f"; paired {path}: TTFT − direct {_med(rows, level, path, 'paired'):+.3f} ms,"
+            f" tok/s {_med(rows, level, path, 'paired_ratio') * 100:5.1f}%"
+            for path in (*PATHS[1:], CONTROL)
+            if not math.isnan(_med(rows, level, path, "paired"))
+        )
         print(
             f"level {level:3}: CPU ours {ours_cpu:6.1f} µs ({ours_cpu / nginx_cpu:4.2f}× nginx), its proxy"
             f" {thread:6.1f} µs ({thread / nginx_cpu:4.2f}×),{extra} nginx {nginx_cpu:6.1f} µs;"
             f" tok/s ours {_med(rows, level, 'ours', 'ratio') * 100:5.1f}%,"
-            f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms"
+            f" nginx {_med(rows, level, 'nginx', 'ratio') * 100:5.1f}%; TTFT p50 ours − direct {ttft:+.2f} ms" + paired
         )
 
 
 def _med(rows: list[dict], level: int, path: str, what: str) -> float:
-    """The median over rounds of one path's `what` (cpu: µs/token, ratio: tok/s vs direct, ttft: p50 ms)."""
+    """The median over rounds of one path's `what` (cpu: µs/token, ratio: tok/s vs direct, ttft: p50 ms, paired: the
+    median of its TTFT less direct's, request for request; paired_ratio: of its request's tok/s over direct's)."""
     get = {
         "cpu": lambda r: r["cpu_us_per_token"],
         "thread": lambda r: r.get("proxy_thread_us_per_token"),
         "marginal": lambda r: r.get("proxy_and_extra_us_per_token"),
         "ratio": lambda r: r["vs_direct"],
         "ttft": lambda r: r["ttft_ms"][0],
+        "paired": lambda r: r["ttft_paired_ms"][0] if r.get("ttft_paired_ms") else None,
+        "paired_ratio": lambda r: r.get("vs_direct_paired"),
     }
     xs = [get[what](r) for r in rows if r["level"] == level and r["path"] == path]
     xs = [x for x in xs if x is not None]
@@ -816,6 +902,7 @@ def main() -> None:
     ap.add_argument(
         "--mix", action="store_true", help="each stream takes the paths in turn, request by request (see the docstring)"
     )
+    ap.add_argument("--control", action="store_true", help="--mix: the direct path twice (the comparison's own spread)")
     ap.add_argument("--lateness", action="store_true", help="the pacing edges' lateness instead (see the docstring)")
     ap.add_argument("--lateness-streams", default="1,32")
     a = ap.parse_args()
