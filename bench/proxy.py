@@ -219,11 +219,39 @@ its p50 by milliseconds through either proxy). Where one stream's proxy CPU goes
 96 tokens a request): the C relay's thread ~29 µs a token (one epoll_wait, recv and send: nginx's worker ~25-28
 µs in all), the loop ~0.75 ms a request.
 
+2026-12-07 11:55-12:30, the same machine, --mix with each group's requests sent together and paired (this file's
+code as it is now; the proxy's code unchanged since 9a7c359), a new connection per request, load 0.9-2.0 through one
+and eight streams, 1.8-5.2 through 32 and 64 (the level's own clients, engine and proxies). One stream, 5 rounds of
+60 s (tok/s vs direct, paired median in brackets; TTFT ours − direct, paired median; CPU µs a token, the proxy
+process / nginx; load):
+
+    round   ours                    nginx                   TTFT ours / nginx    CPU proxy / nginx     load
+    1       99.3 % (99.4 %)         98.0 % (98.8 %)         +0.364 / +0.207      42.5 / 33.3 (1.28x)   1.43
+    2       99.4 % (98.8 %)         98.8 % (98.8 %)         +0.338 / +0.207      41.2 / 31.1 (1.32x)   1.91
+    3       98.2 % (98.6 %)         97.4 % (98.6 %)         +0.348 / +0.220      44.1 / 34.1 (1.29x)   1.42
+    4       99.7 % (99.6 %)         98.4 % (98.1 %)         +0.435 / +0.386      45.2 / 35.3 (1.28x)   2.00
+    5      100.7 % (100.2 %)        98.8 % (98.6 %)         +0.346 / +0.278      42.8 / 32.7 (1.31x)   1.28
+
+(pooled over the rounds: ours 99.5 %, nginx 98.3 %). 8, 32 and 64 streams, 3 rounds of 30 s: tok/s ours 99.6-99.9 %
+(nginx 99.4-100.0 %); TTFT paired median ours +0.009 / +0.046 / +0.075, +0.034 / +0.036 / -0.060, +0.353 / +0.274 /
++0.373 ms (nginx +0.13 / +0.13 / +0.23, +0.13 / +0.23 / +0.03, +0.44 / +0.25 / +0.69), paired mean ours -0.20 to
++0.84 ms (nginx -0.13 to +0.90); CPU the proxy 1.15 / 1.07 / 1.03x nginx (medians). The unpaired p50 differences at
+64 streams read +1.4 / +1.3 / +2.7 ms for ours and -0.3 / +0.6 / -2.4 for nginx: with --control (4 paths, 30 s,
+3 rounds) the direct path against itself read -0.6 / -1.7 / +0.4 ms there, and -0.04 to +0.09 ms paired at every
+level: at 64 streams a p50 difference resolves no better than ~2 ms. The supervisor's own CPU is the same whichever
+path carries the stream (one stream, 8 s, by thread: through ours 12.1 ms a second, direct 11.3: the pace loop's
+unpaced rounds 7-7.5, the monitor 3-3.6, the proxy's control line 0.6-0.8), ~10 µs a token at this engine's rate:
+the "all" column's 1.54-1.59x nginx at one stream is the proxy's 1.3x and that.
+
 --lateness: the pacing edges' lateness (SIGCONT/SIGSTOP after their window edge: Supervisor.lateness_summary,
 what `status` shows) of a supervised engine A paced against a busy peer B (two engines, weights 1:1, B with one
 stream through its proxy), while A serves N streams through its proxy: what sharing the supervisor's
 interpreter with the proxy costs the pace loop. (A proxied engine publishes DEMAND only from its proxy, and one
-without DEMAND is not paced: the least load that has edges is one stream, the baseline.)
+without DEMAND is not paced: the least load that has edges is one stream, the baseline.) 2026-12-07 12:13-12:20,
+10 s windows, the code before the proxy had a process of its own (954ddac^: a thread of the supervisor) and this
+code, alternating in one job (p50 / p99 / max µs at 1 and 32 streams; load 1.1-3.2): before 452 / 809 / 942 and
+396 / 1,782 / 5,478, now 218 / 522 / 828 and 265 / 662 / 1,548; before 525 / 847 / 879 and 464 / 4,188 / 9,165,
+now 232 / 572 / 662 and 262 / 574 / 1,323.
 """
 
 from __future__ import annotations
