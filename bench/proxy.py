@@ -936,6 +936,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.slices < 1 or a.window_s <= 0 or a.rounds < 1 or a.warmup_s < 0:
         ap.error("--slices and --rounds must be at least 1, --window-s above 0, --warmup-s not below 0")
+    if a.control and not a.mix:
+        ap.error("--control is a --mix option")
     server = llama_server_path()
     RESULTS.mkdir(exist_ok=True)
     model = write_tiny_llama(str(RESULTS / "proxy-bench.gguf"))
