@@ -2016,10 +2016,7 @@ class FrontProxy:
         """A socket to the engine's numeric address, its connect begun: the one made ahead where it is still
         quiet (connected or connecting, nothing from the engine; the connect is ~50-90 µs of the loop's time on
         a request's way), else a new one. OSError where none can be made."""
-        spare, self._spare = self._spare, None
-        if self._spare_timer is not None:
-            self._spare_timer.cancel()
-            self._spare_timer = None
+        spare = self._take_spare()
         if spare is not None:
             try:
                 spare.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
@@ -2052,11 +2049,16 @@ class FrontProxy:
             return
         self._spare_timer = self._loop.call_later(UPSTREAM_REUSE_IDLE_S, self._drop_spare)
 
-    def _drop_spare(self) -> None:
+    def _take_spare(self) -> socket.socket | None:
+        """The engine connection made ahead, if any, no longer the proxy's to close (its timer cancelled)."""
         spare, self._spare = self._spare, None
         if self._spare_timer is not None:
             self._spare_timer.cancel()
             self._spare_timer = None
+        return spare
+
+    def _drop_spare(self) -> None:
+        spare = self._take_spare()
         if spare is not None:
             spare.close()
 
